@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs every Debian package Tessera needs to build, test and benchmark,
+# then configures and builds the Release preset. Idempotent: safe to run twice.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libdnnl-dev                      # oneDNN: CPU matmul (fp32, bf16)
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake --preset release >/dev/null
+cmake --build --preset release -j"$(nproc)"

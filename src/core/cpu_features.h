@@ -1,0 +1,29 @@
+// What this CPU can do, detected once at run time with cpuid (the binary is
+// built for generic x86-64 and must run anywhere).
+#pragma once
+
+#include <string>
+
+namespace tessera {
+
+struct CpuFeatures {
+  std::string brand;        // "AMD EPYC ..." from cpuid's brand string
+  bool avx2 = false;
+  bool fma = false;
+  bool avx512f = false;
+  bool avx512_bf16 = false;  // bf16 dot products (vdpbf16ps)
+  bool amx_bf16 = false;     // AMX tiles with bf16
+  int logical_cores = 1;
+  // True when bf16 matmuls run natively (AVX512-BF16 or AMX); elsewhere
+  // Tessera computes them in fp32 and says so once.
+  bool has_bf16_matmul() const { return avx512_bf16 || amx_bf16; }
+  std::string summary() const;  // "avx2 fma avx512f avx512_bf16"
+};
+
+const CpuFeatures& cpu_features();
+
+// The ISA oneDNN dispatches to, e.g. "avx512_core_bf16".
+std::string onednn_isa();
+std::string onednn_version();
+
+}  // namespace tessera

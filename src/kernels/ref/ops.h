@@ -1,0 +1,11 @@
+// Reference kernels: plain loops, single-threaded, written to be obviously
+// right. They are the oracle for src/kernels/cpu and never run on hot paths.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/precision.h"
+
+namespace tessera::ref {
+#include "kernels/ops.inc"
+}  // namespace tessera::ref

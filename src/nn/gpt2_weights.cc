@@ -1,0 +1,210 @@
+#include "nn/gpt2_weights.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tessera {
+
+namespace {
+
+// One HF tensor and where it lives in the arena: layer `layer` (or -1) of
+// parameter `id`, a (rows, cols) matrix or a vector (cols == 0). Conv1D
+// weights are stored transposed in HF files.
+struct Slot {
+  std::string name;
+  int id;
+  int layer;
+  int64_t rows, cols;
+  bool transpose;
+};
+
+std::vector<Slot> slots(const GPTConfig& c) {
+  const int64_t C = c.channels;
+  std::vector<Slot> s;
+  s.push_back({"wte.weight", kWte, -1, c.vocab, C, false});
+  s.push_back({"wpe.weight", kWpe, -1, c.context, C, false});
+  for (int l = 0; l < c.layers; l++) {
+    std::string h = fmt::format("h.{}.", l);
+    s.push_back({h + "ln_1.weight", kLn1W, l, C, 0, false});
+    s.push_back({h + "ln_1.bias", kLn1B, l, C, 0, false});
+    s.push_back({h + "attn.c_attn.weight", kQkvW, l, 3 * C, C, true});
+    s.push_back({h + "attn.c_attn.bias", kQkvB, l, 3 * C, 0, false});
+    s.push_back({h + "attn.c_proj.weight", kAttProjW, l, C, C, true});
+    s.push_back({h + "attn.c_proj.bias", kAttProjB, l, C, 0, false});
+    s.push_back({h + "ln_2.weight", kLn2W, l, C, 0, false});
+    s.push_back({h + "ln_2.bias", kLn2B, l, C, 0, false});
+    s.push_back({h + "mlp.c_fc.weight", kFcW, l, 4 * C, C, true});
+    s.push_back({h + "mlp.c_fc.bias", kFcB, l, 4 * C, 0, false});
+    s.push_back({h + "mlp.c_proj.weight", kFcProjW, l, C, 4 * C, true});
+    s.push_back({h + "mlp.c_proj.bias", kFcProjB, l, C, 0, false});
+  }
+  s.push_back({"ln_f.weight", kLnfW, -1, C, 0, false});
+  s.push_back({"ln_f.bias", kLnfB, -1, C, 0, false});
+  return s;
+}
+
+// Shape of a slot as stored in the HF file.
+std::vector<int64_t> hf_shape(const Slot& s) {
+  if (s.cols == 0) return {s.rows};
+  return s.transpose ? std::vector<int64_t>{s.cols, s.rows} : std::vector<int64_t>{s.rows, s.cols};
+}
+
+float* slot_ptr(const Arena& a, const Slot& s) {
+  float* base = a.tensor(s.id).f32();
+  int64_t size = s.rows * (s.cols == 0 ? 1 : s.cols);
+  return base + (s.layer < 0 ? 0 : s.layer * size);
+}
+
+std::string shape_str(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+bool is_ignored(std::string_view name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+  };
+  return ends_with(".attn.bias") || ends_with(".attn.masked_bias") || name == "lm_head.weight";
+}
+
+}  // namespace
+
+std::string hf_config_path(const std::string& weights_path) {
+  return (std::filesystem::path(weights_path).parent_path() / "config.json").string();
+}
+
+Result<GPTConfig> read_hf_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(fmt::format("{}: cannot open", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corruption(fmt::format("{}: not a JSON object", path));
+  GPTConfig c;
+  struct Field {
+    const char* key;
+    int* dst;
+  } fields[] = {{"n_layer", &c.layers}, {"n_head", &c.heads}, {"n_embd", &c.channels},
+                {"n_positions", &c.context}, {"vocab_size", &c.vocab}};
+  for (const Field& f : fields) {
+    auto it = j.find(f.key);
+    if (it == j.end() || !it->is_number_integer())
+      return Status::Corruption(fmt::format("{}: missing or non-integer \"{}\"", path, f.key));
+    int64_t v = it->get<int64_t>();
+    if (v <= 0 || v > (1 << 24)) return Status::Corruption(fmt::format("{}: \"{}\" = {} is out of range", path, f.key, v));
+    *f.dst = static_cast<int>(v);
+  }
+  Status st = c.validate();
+  if (!st.ok()) return st.With(path);
+  return c;
+}
+
+Status write_hf_config(const GPTConfig& c, const std::string& path) {
+  nlohmann::ordered_json j;
+  j["model_type"] = "gpt2";
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["n_layer"] = c.layers;
+  j["n_head"] = c.heads;
+  j["n_embd"] = c.channels;
+  j["n_positions"] = c.context;
+  j["n_ctx"] = c.context;
+  j["vocab_size"] = c.vocab;
+  j["layer_norm_epsilon"] = 1e-5;
+  j["activation_function"] = "gelu_new";
+  std::string text = j.dump(2) + "\n";
+  std::span<const std::byte> piece(reinterpret_cast<const std::byte*>(text.data()), text.size());
+  return io::write_file_atomic(path, std::span<const std::span<const std::byte>>(&piece, 1));
+}
+
+Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
+  const GPTConfig& c = model.config();
+  std::vector<Slot> all = slots(c);
+  std::set<std::string> expected;
+  for (const Slot& s : all) expected.insert(s.name);
+  // The file's names without the optional prefix.
+  std::map<std::string, const io::TensorInfo*> by_name;
+  for (const io::TensorInfo& t : f.tensors()) {
+    std::string_view name = t.name;
+    if (name.starts_with("transformer.")) name.remove_prefix(12);
+    if (is_ignored(name)) continue;
+    if (!expected.count(std::string(name)))
+      return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' for a GPT-2 with {}", f.path(), t.name,
+                                                 c.str()));
+    by_name[std::string(name)] = &t;
+  }
+  model.params().zero();
+  std::vector<float> buf;
+  for (const Slot& s : all) {
+    auto it = by_name.find(s.name);
+    if (it == by_name.end()) return Status::InvalidArgument(fmt::format("{}: missing tensor '{}'", f.path(), s.name));
+    const io::TensorInfo& t = *it->second;
+    std::vector<int64_t> want = hf_shape(s);
+    if (t.shape != want)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model ({}) needs {}", f.path(),
+                                                 t.name, shape_str(t.shape), c.str(), shape_str(want)));
+    buf.resize(t.numel());
+    RETURN_IF_ERROR(f.read_f32(t.name, buf));
+    float* dst = slot_ptr(model.params(), s);
+    if (s.transpose) {  // file (cols=in, rows=out) -> arena (rows, cols)
+      for (int64_t i = 0; i < s.cols; i++)
+        for (int64_t o = 0; o < s.rows; o++) dst[o * s.cols + i] = buf[i * s.rows + o];
+    } else {
+      std::copy(buf.begin(), buf.end(), dst);
+    }
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback, Backend backend) {
+  ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(path));
+  GPTConfig c;
+  std::string cfg_path = hf_config_path(path);
+  if (std::filesystem::exists(cfg_path)) {
+    ASSIGN_OR_RETURN(c, read_hf_config(cfg_path));
+  } else if (fallback) {
+    c = *fallback;
+    RETURN_IF_ERROR(c.validate());
+  } else {
+    return Status::InvalidArgument(
+        fmt::format("{}: no config.json beside the weights; give the model shape with flags", path));
+  }
+  auto model = std::make_unique<GPT>(c, backend);
+  RETURN_IF_ERROR(load_hf_weights(*model, f));
+  return model;
+}
+
+std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& a) {
+  std::vector<HfTensor> out;
+  for (const Slot& s : slots(model.config())) {
+    HfTensor t{s.name, hf_shape(s), {}};
+    int64_t n = s.rows * (s.cols == 0 ? 1 : s.cols);
+    const float* src = slot_ptr(a, s);
+    t.data.resize(n);
+    if (s.transpose) {
+      for (int64_t o = 0; o < s.rows; o++)
+        for (int64_t i = 0; i < s.cols; i++) t.data[i * s.rows + o] = src[o * s.cols + i];
+    } else {
+      std::copy(src, src + n, t.data.begin());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Status save_hf(const GPT& model, const std::string& path) {
+  std::vector<HfTensor> tensors = to_hf_tensors(model, model.params());
+  io::SafetensorsWriter w;
+  for (const HfTensor& t : tensors) w.add(t.name, io::StDType::kF32, t.shape, t.data.data());
+  w.set_metadata("format", "pt");
+  w.set_metadata("producer", "tessera " TESSERA_VERSION);
+  RETURN_IF_ERROR(w.write(path));
+  return write_hf_config(model.config(), hf_config_path(path));
+}
+
+}  // namespace tessera

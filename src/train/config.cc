@@ -1,0 +1,223 @@
+#include "train/config.h"
+
+#include <algorithm>
+#include <functional>
+#include <variant>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace tessera {
+
+namespace {
+
+struct Key {
+  const char* name;  // "section.key"
+  std::variant<int TrainConfig::*, float TrainConfig::*, std::string TrainConfig::*,
+               std::function<int&(TrainConfig&)>, std::function<float&(TrainConfig&)>>
+      field;
+  const char* help;
+  double min = -1e300;  // numeric lower bound (inclusive)
+};
+
+template <typename T>
+std::function<T&(TrainConfig&)> at(T& (*f)(TrainConfig&)) {
+  return f;
+}
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      {"model.layers", at<int>([](TrainConfig& c) -> int& { return c.model.layers; }), "transformer blocks (L)", 1},
+      {"model.heads", at<int>([](TrainConfig& c) -> int& { return c.model.heads; }), "attention heads (NH)", 1},
+      {"model.dim", at<int>([](TrainConfig& c) -> int& { return c.model.channels; }), "channels (C)", 1},
+      {"model.vocab", at<int>([](TrainConfig& c) -> int& { return c.model.vocab; }),
+       "vocabulary size (V); must match the tokenizer", 1},
+      {"model.context", at<int>([](TrainConfig& c) -> int& { return c.model.context; }),
+       "maximum sequence length (positions)", 1},
+      {"model.init_from", &TrainConfig::init_from,
+       "HF-layout safetensors to start from; its config.json replaces the shape keys"},
+      {"data.train", &TrainConfig::train_data, "training shards: a path or a glob"},
+      {"data.val", &TrainConfig::val_data, "validation shards: a path or a glob"},
+      {"train.micro_batch", &TrainConfig::micro_batch, "sequences per micro-step per rank (B)", 1},
+      {"train.seq", &TrainConfig::seq, "tokens per sequence (T), at most model.context", 1},
+      {"train.grad_accum", &TrainConfig::grad_accum, "micro-steps per optimizer step", 1},
+      {"train.steps", &TrainConfig::steps, "optimizer steps", 1},
+      {"train.lr", at<float>([](TrainConfig& c) -> float& { return c.opt.lr; }), "peak learning rate", 0},
+      {"train.min_lr", at<float>([](TrainConfig& c) -> float& { return c.opt.min_lr; }),
+       "learning rate at the end of the cosine decay", 0},
+      {"train.warmup", at<int>([](TrainConfig& c) -> int& { return c.opt.warmup; }), "linear warmup steps", 0},
+      {"train.weight_decay", at<float>([](TrainConfig& c) -> float& { return c.opt.weight_decay; }),
+       "AdamW decoupled weight decay (2-D weights only)", 0},
+      {"train.grad_clip", at<float>([](TrainConfig& c) -> float& { return c.opt.grad_clip; }),
+       "maximum global gradient norm (0: no clipping)", 0},
+      {"train.beta1", at<float>([](TrainConfig& c) -> float& { return c.opt.beta1; }), "AdamW beta1", 0},
+      {"train.beta2", at<float>([](TrainConfig& c) -> float& { return c.opt.beta2; }), "AdamW beta2", 0},
+      {"train.seed", &TrainConfig::seed, "seed for initialisation and data order", 0},
+      {"train.dtype", &TrainConfig::dtype, "\"fp32\" or \"bf16\" (bf16 matmul inputs; fp32 master weights)"},
+      {"train.eval_every", &TrainConfig::eval_every, "steps between validation passes (0: start and end only)", 0},
+      {"train.eval_batches", &TrainConfig::eval_batches, "validation batches per pass", 1},
+      {"parallel.dp", &TrainConfig::dp, "data-parallel ranks (only 1 until data parallelism lands)", 1},
+      {"parallel.tp", &TrainConfig::tp, "tensor-parallel ranks (only 1 for now)", 1},
+      {"parallel.pp", &TrainConfig::pp, "pipeline stages (only 1 for now)", 1},
+      {"parallel.zero", &TrainConfig::zero, "ZeRO stage (only 0 for now)", 0},
+      {"checkpoint.dir", &TrainConfig::checkpoint_dir, "where the final weights (and later checkpoints) go"},
+      {"checkpoint.every", &TrainConfig::checkpoint_every, "steps between checkpoints (0: final weights only)", 0},
+      {"checkpoint.keep", &TrainConfig::checkpoint_keep, "checkpoints kept", 1},
+      {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none)"},
+  };
+  return k;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); j++)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const Key* find_key(std::string_view name) {
+  for (const Key& k : keys())
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+Status unknown_key(const std::string& where, std::string_view name) {
+  const Key* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  for (const Key& k : keys()) {
+    size_t d = edit_distance(name, k.name);
+    if (d < best_d) best_d = d, best = &k;
+  }
+  return Status::InvalidArgument(fmt::format("{}: unknown key '{}' (did you mean '{}'?)", where, name, best->name));
+}
+
+// One value, from TOML (node) or from --set text (parsed as TOML too).
+Status assign(TrainConfig& c, const Key& k, const toml::node& v, const std::string& where) {
+  auto type_error = [&](const char* want) {
+    return Status::InvalidArgument(fmt::format("{}: '{}' must be {}", where, k.name, want));
+  };
+  auto check_min = [&](double x) -> Status {
+    if (x < k.min) return Status::InvalidArgument(fmt::format("{}: '{}' must be >= {}, got {}", where, k.name, k.min, x));
+    return Status::OK();
+  };
+  auto as_int = [&](int& dst) -> Status {
+    auto x = v.value_exact<int64_t>();
+    if (!x) return type_error("an integer");
+    if (*x > INT32_MAX || *x < INT32_MIN) return type_error("a 32-bit integer");
+    RETURN_IF_ERROR(check_min(static_cast<double>(*x)));
+    dst = static_cast<int>(*x);
+    return Status::OK();
+  };
+  auto as_float = [&](float& dst) -> Status {
+    auto x = v.value<double>();  // integers are accepted for floats
+    if (!x || v.is_string() || v.is_boolean()) return type_error("a number");
+    RETURN_IF_ERROR(check_min(*x));
+    dst = static_cast<float>(*x);
+    return Status::OK();
+  };
+  return std::visit(
+      [&](auto&& f) -> Status {
+        using F = std::decay_t<decltype(f)>;
+        if constexpr (std::is_same_v<F, int TrainConfig::*>) return as_int(c.*f);
+        if constexpr (std::is_same_v<F, float TrainConfig::*>) return as_float(c.*f);
+        if constexpr (std::is_same_v<F, std::function<int&(TrainConfig&)>>) return as_int(f(c));
+        if constexpr (std::is_same_v<F, std::function<float&(TrainConfig&)>>) return as_float(f(c));
+        if constexpr (std::is_same_v<F, std::string TrainConfig::*>) {
+          auto s = v.value<std::string>();
+          if (!s || !v.is_string()) return type_error("a string");
+          c.*f = *s;
+          return Status::OK();
+        }
+        return Status::Internal("unhandled key type");
+      },
+      k.field);
+}
+
+Status validate(const TrainConfig& c, const std::string& where) {
+  auto bad = [&](std::string msg) { return Status::InvalidArgument(where + ": " + msg); };
+  if (c.init_from.empty()) RETURN_IF_ERROR(c.model.validate().With(where));
+  if (c.dtype != "fp32" && c.dtype != "bf16") return bad(fmt::format("train.dtype must be \"fp32\" or \"bf16\", got \"{}\"", c.dtype));
+  if (c.init_from.empty() && c.seq > c.model.context)
+    return bad(fmt::format("train.seq ({}) exceeds model.context ({})", c.seq, c.model.context));
+  if (c.dp != 1 || c.tp != 1 || c.pp != 1 || c.zero != 0)
+    return bad(fmt::format("parallel dp={} tp={} pp={} zero={} is not supported yet: only dp=tp=pp=1, zero=0 until "
+                           "the parallel training work lands",
+                           c.dp, c.tp, c.pp, c.zero));
+  if (c.train_data.empty()) return bad("data.train is required");
+  if (c.opt.min_lr > c.opt.lr) return bad("train.min_lr must not exceed train.lr");
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<TrainConfig> load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  TrainConfig c;
+  // Debian's toml++ is built with exceptions: parse errors throw.
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
+                                               e.description()));
+  }
+  for (auto&& [section, node] : root) {
+    const toml::table* t = node.as_table();
+    if (!t) return unknown_key(path, std::string(section.str()));
+    for (auto&& [key, value] : *t) {
+      std::string name = fmt::format("{}.{}", section.str(), key.str());
+      const Key* k = find_key(name);
+      if (!k) return unknown_key(path, name);
+      RETURN_IF_ERROR(assign(c, *k, value, fmt::format("{}:{}", path, value.source().begin.line)));
+    }
+  }
+  for (const std::string& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos)
+      return Status::InvalidArgument(fmt::format("--set '{}': expected section.key=value", o));
+    std::string name = o.substr(0, eq), text = o.substr(eq + 1);
+    const Key* k = find_key(name);
+    if (!k) return unknown_key("--set", name);
+    // Parse the value as TOML; a bare word is taken as a string.
+    toml::table v;
+    try {
+      v = toml::parse("v = " + text);
+    } catch (const toml::parse_error&) {
+      try {
+        v = toml::parse("v = '" + text + "'");
+      } catch (const toml::parse_error&) {
+        return Status::InvalidArgument(fmt::format("--set '{}': cannot parse the value", o));
+      }
+    }
+    RETURN_IF_ERROR(assign(c, *k, *v.get("v"), "--set"));
+  }
+  c.opt.steps = c.steps;
+  RETURN_IF_ERROR(validate(c, path));
+  return c;
+}
+
+std::vector<ConfigKeyDoc> config_key_docs() {
+  TrainConfig defaults;
+  std::vector<ConfigKeyDoc> out;
+  for (const Key& k : keys()) {
+    ConfigKeyDoc d{k.name, "", "", k.help};
+    std::visit(
+        [&](auto&& f) {
+          using F = std::decay_t<decltype(f)>;
+          if constexpr (std::is_same_v<F, int TrainConfig::*>) d.type = "int", d.default_value = std::to_string(defaults.*f);
+          if constexpr (std::is_same_v<F, float TrainConfig::*>) d.type = "float", d.default_value = fmt::format("{}", defaults.*f);
+          if constexpr (std::is_same_v<F, std::function<int&(TrainConfig&)>>) d.type = "int", d.default_value = std::to_string(f(defaults));
+          if constexpr (std::is_same_v<F, std::function<float&(TrainConfig&)>>) d.type = "float", d.default_value = fmt::format("{}", f(defaults));
+          if constexpr (std::is_same_v<F, std::string TrainConfig::*>) d.type = "string", d.default_value = "\"" + defaults.*f + "\"";
+        },
+        k.field);
+    out.push_back(d);
+  }
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,47 @@
+// Training configuration: a TOML file (toml++) plus --set overrides. Every
+// key is listed once in config.cc's key table, which drives parsing, type
+// checks, "did you mean" for unknown keys, and docs/config.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "nn/gpt.h"
+#include "train/optimizer.h"
+
+namespace tessera {
+
+struct TrainConfig {
+  GPTConfig model{4, 4, 128, 256, 128};
+  std::string init_from;  // safetensors to start from (overrides the shape)
+  std::string train_data, val_data;  // paths or globs of token shards
+  int micro_batch = 8;
+  int seq = 128;
+  int grad_accum = 1;
+  int steps = 100;
+  OptimizerConfig opt;  // lr, min_lr, warmup, weight_decay, grad_clip, ...
+  int seed = 1337;
+  std::string dtype = "fp32";
+  int eval_every = 50;   // 0: only at the start and the end
+  int eval_batches = 8;
+  int dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string checkpoint_dir = "runs/default";
+  int checkpoint_every = 0;  // 0: only the final weights
+  int checkpoint_keep = 1;
+  std::string metrics;  // JSON-lines path; empty: none
+};
+
+// Parses a TOML file and then "section.key=value" overrides. Errors name the
+// file, the key and what is wrong (unknown key with the closest valid one,
+// wrong type, out of range), one line each.
+Result<TrainConfig> load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// Every key as "section.key", with its type, default and meaning (for docs
+// and --help).
+struct ConfigKeyDoc {
+  std::string key, type, default_value, help;
+};
+std::vector<ConfigKeyDoc> config_key_docs();
+
+}  // namespace tessera

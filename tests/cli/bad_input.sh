@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Bad input gets one clear error line on stderr, a non-zero exit, no crash.
+set -uo pipefail
+tessera=$1; tests=$2
+ref=$tests/reference
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect_error NAME PATTERN -- command...: exit 1 or 2, one stderr line matching PATTERN.
+expect_error() {
+  local name=$1 pattern=$2; shift 3
+  "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  local lines; lines=$(wc -l <"$tmp/err")
+  if [ $rc -ne 1 ] && [ $rc -ne 2 ]; then
+    echo "FAIL $name: exit $rc (want 1 or 2)"; cat "$tmp/err"; failures=$((failures+1)); return
+  fi
+  if [ "$lines" -ne 1 ] || ! grep -qiE "$pattern" "$tmp/err"; then
+    echo "FAIL $name: stderr should be one line matching /$pattern/, got:"; cat "$tmp/err"; failures=$((failures+1)); return
+  fi
+  echo "ok   $name: $(cat "$tmp/err")"
+}
+
+# Weights of the wrong shape: a config.json that disagrees with the tensors.
+mkdir -p "$tmp/wrong"; cp "$ref/gpt2_tiny.safetensors" "$tmp/wrong/"
+sed 's/"n_embd": 64/"n_embd": 32/' "$ref/config.json" >"$tmp/wrong/config.json"
+expect_error wrong-shape "shape" -- "$tessera" eval --weights "$tmp/wrong/gpt2_tiny.safetensors" --tokens "$ref/eval.bin" --batch 4 --seq 16
+
+# Token ids >= vocab: byte tokens (up to 255) against a model with V=99.
+printf 'the quick brown fox jumps over the lazy dog, zzzzzzzz ~~~~ {{{{ }}}} ||||\n%.0s' {1..4} >"$tmp/doc.txt"
+"$tessera" prepare --input "$tmp/doc.txt" --out "$tmp/bytes" --val-fraction 0 >/dev/null
+expect_error token-out-of-vocab "outside the vocabulary" -- "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$tmp/bytes/train_000000.bin" --batch 1 --seq 16
+
+# T > context.
+expect_error seq-over-context "context" -- "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$ref/eval.bin" --batch 1 --seq 64
+
+# Unknown flags.
+expect_error unknown-flag "bogus" -- "$tessera" eval --bogus --weights "$ref/gpt2_tiny.safetensors" --tokens "$ref/eval.bin"
+expect_error unknown-command "unknown command .train2." -- "$tessera" train2
+
+# Truncated weights and token files.
+head -c 1000 "$ref/gpt2_tiny.safetensors" >"$tmp/wrong/trunc.safetensors"; cp "$ref/config.json" "$tmp/wrong/"
+expect_error truncated-weights "trunc.safetensors" -- "$tessera" eval --weights "$tmp/wrong/trunc.safetensors" --tokens "$ref/eval.bin"
+head -c 1100 "$ref/eval.bin" >"$tmp/trunc.bin"
+expect_error truncated-tokens "trunc.bin" -- "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$tmp/trunc.bin" --batch 1 --seq 16
+head -c 100 "$ref/eval.bin" >"$tmp/short.bin"
+expect_error header-only "short.bin" -- "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$tmp/short.bin"
+
+# Too few tokens for one batch.
+expect_error too-few-tokens "fewer than one batch" -- "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$ref/eval.bin" --batch 16 --seq 16
+
+# Config typos, wrong types and unsupported layouts in `tessera train`.
+printf '[model]\nlayers = 1\n[data]\ntrain = "%s"\n[train]\nsteps = 1\n' "$tmp/bytes/train_000000.bin" >"$tmp/ok.toml"
+expect_error config-typo "did you mean 'train.micro_batch'" -- "$tessera" train --config "$tmp/ok.toml" --set train.micro_bach=4
+expect_error config-type "must be an integer" -- "$tessera" train --config "$tmp/ok.toml" --set train.steps=many
+expect_error config-parallel "not supported yet" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.dp=2
+printf '[model]\nlayers = \n' >"$tmp/broken.toml"
+expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"
+
+[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
+echo "all bad-input cases gave one clear line"

@@ -1,0 +1,170 @@
+// tessera bench gemm | train: the oneDNN matmul peak, and training-step
+// throughput with MFU against that measured peak.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/cpu_features.h"
+#include "kernels/cpu/ops.h"
+#include "nn/gpt.h"
+#include "obs/op_timer.h"
+#include "tools/commands.h"
+#include "train/flops.h"
+#include "train/optimizer.h"
+
+namespace tessera::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+MatmulPrecision parse_dtype(const std::string& s) {
+  return s == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
+}
+
+// Best GFLOP/s of out (n,n) = a (n,n) @ b (n,n)^T over `iters` runs.
+double gemm_gflops(int n, MatmulPrecision prec, int iters) {
+  std::vector<float> a(int64_t{n} * n), b(int64_t{n} * n), c(int64_t{n} * n);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  cpu::matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n, prec);  // warm up, build primitive
+  double best = 0.0;
+  for (int i = 0; i < iters; i++) {
+    auto t0 = Clock::now();
+    cpu::matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n, prec);
+    best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+struct GemmArgs {
+  std::string dtype = "fp32";
+  std::vector<int> sizes = {1024, 2048, 4096};
+  int iters = 5;
+};
+
+int run_gemm(const GemmArgs& a) {
+  MatmulPrecision prec = parse_dtype(a.dtype);
+  double peak = 0.0;
+  for (int n : a.sizes) {
+    double g = gemm_gflops(n, prec, a.iters);
+    peak = std::max(peak, g);
+    std::printf("{\"m\": %d, \"n\": %d, \"k\": %d, \"dtype\": \"%s\", \"gflops\": %.1f}\n", n, n, n,
+                a.dtype.c_str(), g);
+  }
+  std::printf("{\"dtype\": \"%s\", \"peak_gflops\": %.1f, \"isa\": \"%s\"}\n", a.dtype.c_str(), peak,
+              onednn_isa().c_str());
+  return kExitOk;
+}
+
+struct TrainArgs {
+  GPTConfig model{12, 12, 768, 50257, 0};
+  int batch = 8, seq = 256, steps = 5, warmup = 1;
+  std::string dtype = "fp32";
+  double peak_gflops = 0.0;  // 0: measure
+};
+
+int run_train_bench(TrainArgs a) {
+  if (a.model.context <= 0) a.model.context = a.seq;
+  if (Status st = a.model.validate(); !st.ok()) return fail(st);
+  if (a.seq > a.model.context)
+    return fail(Status::InvalidArgument(fmt::format("--seq {} exceeds --context {}", a.seq, a.model.context)));
+  MatmulPrecision prec = parse_dtype(a.dtype);
+  double peak = a.peak_gflops > 0 ? a.peak_gflops : gemm_gflops(4096, prec, 3);
+
+  GPT model(a.model, Backend::kCPUProfiled);
+  model.set_precision(prec);
+  model.init_weights(1234);
+  AdamW opt(model);
+  OptimizerConfig oc;
+  oc.steps = a.warmup + a.steps;
+  const int BT = a.batch * a.seq;
+  std::vector<int> inputs(BT), targets(BT);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(0, a.model.vocab - 1);
+  for (int i = 0; i < BT; i++) {
+    inputs[i] = tok(rng);
+    targets[i] = tok(rng);
+  }
+
+  std::vector<double> step_s;
+  double fwd_s = 0, bwd_s = 0, opt_s = 0;
+  OpTimes sum;
+  for (int s = 0; s < a.warmup + a.steps; s++) {
+    op_times().reset();
+    auto t0 = Clock::now();
+    float loss = model.forward(inputs.data(), targets.data(), a.batch, a.seq);
+    double t_fwd = seconds_since(t0);
+    model.zero_grad();
+    model.backward();
+    double t_bwd = seconds_since(t0) - t_fwd;
+    opt.step(model, oc, lr_at(oc, s));
+    double total = seconds_since(t0);
+    std::fprintf(stderr, "step %d: loss %.4f, %.0f ms\n", s, loss, total * 1e3);
+    if (s < a.warmup) continue;
+    step_s.push_back(total);
+    fwd_s += t_fwd;
+    bwd_s += t_bwd;
+    opt_s += total - t_fwd - t_bwd;
+    for (int k = 0; k < static_cast<int>(OpKind::kCount); k++) sum.seconds[k] += op_times().seconds[k];
+  }
+  std::sort(step_s.begin(), step_s.end());
+  double median = step_s[step_s.size() / 2];
+  double flops = flops_per_token(a.model, a.seq) * BT;
+  double mfu = flops / median / (peak * 1e9);
+  const double n = a.steps;
+  auto ms = [&](OpKind k) { return sum.seconds[static_cast<int>(k)] / n * 1e3; };
+  double mean_ms = (fwd_s + bwd_s + opt_s) / n * 1e3;
+  double kernels_ms = sum.total() / n * 1e3;
+  std::printf(
+      "{\"step_ms\": %.1f, \"tokens_per_s\": %.1f, \"mfu\": %.3f, \"peak_gflops\": %.1f, \"achieved_gflops\": %.1f, "
+      "\"dtype\": \"%s\", \"params\": %lld, \"batch\": %d, \"seq\": %d, \"forward_ms\": %.1f, \"backward_ms\": %.1f, "
+      "\"optimizer_ms\": %.1f, \"matmul_ms\": %.1f, \"attention_ms\": %.1f, \"layernorm_ms\": %.1f, "
+      "\"elementwise_ms\": %.1f, \"crossentropy_ms\": %.1f, \"encoder_ms\": %.1f, \"adamw_ms\": %.1f, "
+      "\"untimed_ms\": %.1f}\n",
+      median * 1e3, BT / median, mfu, peak, flops / median / 1e9, a.dtype.c_str(),
+      static_cast<long long>(a.model.num_parameters()), a.batch, a.seq, fwd_s / n * 1e3, bwd_s / n * 1e3,
+      opt_s / n * 1e3, ms(OpKind::kMatmul), ms(OpKind::kAttention), ms(OpKind::kLayernorm), ms(OpKind::kElementwise),
+      ms(OpKind::kCrossEntropy), ms(OpKind::kEncoder), ms(OpKind::kAdamW), mean_ms - kernels_ms);
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+
+  auto g = std::make_shared<GemmArgs>();
+  CLI::App* gemm = bench->add_subcommand("gemm", "oneDNN matmul peak on large square sizes (GFLOP/s)");
+  gemm->add_option("--dtype", g->dtype, "fp32 or bf16 inputs (fp32 accumulation)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  gemm->add_option("--sizes", g->sizes, "square sizes")->check(CLI::PositiveNumber);
+  gemm->add_option("--iters", g->iters, "timed runs per size (best is kept)")->check(CLI::PositiveNumber);
+  gemm->callback([g] { exit_code() = run_gemm(*g); });
+
+  auto t = std::make_shared<TrainArgs>();
+  CLI::App* train = bench->add_subcommand("train", "Training-step throughput and MFU on random tokens");
+  train->add_option("--layers", t->model.layers)->check(CLI::PositiveNumber);
+  train->add_option("--heads", t->model.heads)->check(CLI::PositiveNumber);
+  train->add_option("--dim", t->model.channels)->check(CLI::PositiveNumber);
+  train->add_option("--vocab", t->model.vocab)->check(CLI::PositiveNumber);
+  train->add_option("--context", t->model.context, "default: --seq")->check(CLI::PositiveNumber);
+  train->add_option("--batch", t->batch)->check(CLI::PositiveNumber);
+  train->add_option("--seq", t->seq)->check(CLI::PositiveNumber);
+  train->add_option("--steps", t->steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
+  train->add_option("--warmup", t->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  train->add_option("--dtype", t->dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+  train->add_option("--peak-gflops", t->peak_gflops, "matmul peak for MFU (default: measure a 4096^3 gemm)");
+  train->callback([t] { exit_code() = run_train_bench(*t); });
+}
+
+}  // namespace tessera::tools

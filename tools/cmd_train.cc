@@ -1,0 +1,60 @@
+// tessera train and tessera prepare.
+#include <chrono>
+#include <cstdio>
+
+#include "data/prepare.h"
+#include "tools/commands.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace tessera::tools {
+
+namespace {
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+};
+
+int run_train(const TrainArgs& a) {
+  auto c = load_train_config(a.config, a.overrides);
+  if (!c.ok()) return fail(c.status());
+  auto r = run_training(c.value(), stdout);
+  if (!r.ok()) return fail(r.status());
+  if (r->has_val)
+    std::printf("validation loss: %.4f -> %.4f\n", r->first_val_loss, r->last_val_loss);
+  return kExitOk;
+}
+
+int run_prepare(const data::PrepareOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto s = data::prepare_shards(o);
+  if (!s.ok()) return fail(s.status());
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t total = s->train_tokens + s->val_tokens;
+  std::printf("prepared %lld documents: %lld train + %lld val tokens (%.0f tokens/s)\n",
+              static_cast<long long>(s->documents), static_cast<long long>(s->train_tokens),
+              static_cast<long long>(s->val_tokens), total / std::max(sec, 1e-9));
+  for (const std::string& p : s->shards) std::printf("  %s\n", p.c_str());
+  return kExitOk;
+}
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT from a TOML config (docs/config.md)");
+  cmd->add_option("--config", a->config, "TOML file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set", a->overrides, "override a key: section.key=value (repeatable)");
+  cmd->callback([a] { exit_code() = run_train(*a); });
+}
+
+void add_prepare_command(CLI::App& app) {
+  auto o = std::make_shared<data::PrepareOptions>();
+  CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text files into token shards");
+  cmd->add_option("--input", o->inputs, "text files or folders")->required();
+  cmd->add_option("--tokenizer", o->tokenizer, "byte (vocab 256)");
+  cmd->add_option("--out", o->out_dir, "output folder")->required();
+  cmd->add_option("--val-fraction", o->val_fraction, "share of documents for validation");
+  cmd->callback([o] { exit_code() = run_prepare(*o); });
+}
+
+}  // namespace tessera::tools

@@ -1,0 +1,30 @@
+// The `tessera` command line: each file registers one subcommand. Commands
+// report errors as one "tessera: error: ..." line on stderr; only main()
+// turns the returned code into the process exit status.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/status.h"
+
+namespace tessera::tools {
+
+// Exit codes.
+constexpr int kExitOk = 0;
+constexpr int kExitError = 1;  // the job failed (bad input, I/O, ...)
+constexpr int kExitUsage = 2;  // bad command line
+
+// Where a subcommand stores its result for main().
+int& exit_code();
+// Prints "tessera: error: <message>" and returns kExitError.
+int fail(const Status& st);
+
+void add_info_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_prepare_command(CLI::App& app);
+
+}  // namespace tessera::tools

@@ -1,0 +1,57 @@
+#include <cstdio>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+int& exit_code() {
+  static int code = kExitOk;
+  return code;
+}
+
+int fail(const Status& st) {
+  std::fprintf(stderr, "tessera: error: %s\n", st.message().c_str());
+  return kExitError;
+}
+
+}  // namespace tessera::tools
+
+int main(int argc, char** argv) {
+  using namespace tessera::tools;
+  CLI::App app{"Tessera: train and serve GPT models on CPU or GPU clusters", "tessera"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tessera " TESSERA_VERSION);
+  add_info_command(app);
+  add_eval_command(app);
+  add_bench_command(app);
+  add_train_command(app);
+  add_prepare_command(app);
+  // CLI11 would say only "A subcommand is required"; name the word instead.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "tessera: error: unknown command '%s' (commands: %s)\n", argv[1], names.c_str());
+      return kExitUsage;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, not CLI11's two.
+    std::fprintf(stderr, "tessera: error: %s (see --help)\n", e.what());
+    return kExitUsage;
+  }
+  return exit_code();
+}

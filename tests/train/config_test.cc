@@ -1,0 +1,90 @@
+#include "train/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "train/optimizer.h"
+
+namespace tessera {
+namespace {
+
+std::string write_config(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kMinimal = "[data]\ntrain = \"x.bin\"\n";
+
+TEST(TrainConfig, DefaultsAndOverrides) {
+  auto c = load_train_config(write_config("a.toml", std::string(kMinimal) + "[train]\nlr = 1\nsteps = 7\n"),
+                             {"train.lr=0.5", "train.dtype=bf16", "model.layers=3"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_FLOAT_EQ(c->opt.lr, 0.5f);
+  EXPECT_EQ(c->steps, 7);
+  EXPECT_EQ(c->opt.steps, 7);
+  EXPECT_EQ(c->dtype, "bf16");
+  EXPECT_EQ(c->model.layers, 3);
+  EXPECT_EQ(c->micro_batch, TrainConfig{}.micro_batch);
+}
+
+TEST(TrainConfig, UnknownKeyNamesTheClosest) {
+  auto c = load_train_config(write_config("b.toml", std::string(kMinimal) + "[train]\nwarmpu = 3\n"), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("did you mean 'train.warmup'"), std::string::npos) << c.status().message();
+}
+
+TEST(TrainConfig, UnknownSection) {
+  auto c = load_train_config(write_config("c.toml", std::string(kMinimal) + "[trian]\nsteps = 3\n"), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("trian.steps"), std::string::npos) << c.status().message();
+}
+
+TEST(TrainConfig, WrongTypes) {
+  auto c = load_train_config(write_config("d.toml", std::string(kMinimal) + "[train]\nsteps = \"ten\"\n"), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("must be an integer"), std::string::npos);
+  c = load_train_config(write_config("e.toml", std::string(kMinimal) + "[train]\nlr = \"fast\"\n"), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("must be a number"), std::string::npos);
+  c = load_train_config(write_config("f.toml", std::string(kMinimal) + "[train]\nsteps = 0\n"), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find(">= 1"), std::string::npos) << c.status().message();
+}
+
+TEST(TrainConfig, SeqBeyondContextAndHeadsNotDividingDim) {
+  auto c = load_train_config(write_config("g.toml", kMinimal), {"train.seq=512", "model.context=256"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("context"), std::string::npos);
+  c = load_train_config(write_config("h.toml", kMinimal), {"model.heads=3"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("divisible"), std::string::npos);
+}
+
+TEST(TrainConfig, EveryKeyIsDocumented) {
+  std::ifstream in(std::string(TESSERA_TEST_DATA_DIR) + "/../docs/config.md");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  for (const ConfigKeyDoc& d : config_key_docs())
+    EXPECT_NE(ss.str().find("`" + d.key + "`"), std::string::npos) << d.key << " is missing from docs/config.md";
+}
+
+TEST(LrSchedule, WarmupThenCosineToMinimum) {
+  OptimizerConfig c;
+  c.lr = 1.0f;
+  c.min_lr = 0.1f;
+  c.warmup = 4;
+  c.steps = 14;
+  EXPECT_FLOAT_EQ(lr_at(c, 0), 0.25f);
+  EXPECT_FLOAT_EQ(lr_at(c, 3), 1.0f);
+  EXPECT_FLOAT_EQ(lr_at(c, 4), 1.0f);
+  EXPECT_NEAR(lr_at(c, 9), 0.55f, 1e-6);  // halfway through the decay
+  EXPECT_NEAR(lr_at(c, 14), 0.1f, 1e-6);
+  EXPECT_NEAR(lr_at(c, 20), 0.1f, 1e-6);  // stays at the floor
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,83 @@
+// Micro-benchmarks of the fast CPU kernels at GPT-2 124M training shapes
+// (B=8, T=256, C=768, NH=12, Vp=50304), with bytes or FLOPs processed so
+// Google Benchmark reports GB/s or FLOP/s. Run: build/release/bench/tessera_bench
+#include <random>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kernels/cpu/ops.h"
+
+namespace tessera {
+namespace {
+
+constexpr int kB = 8, kT = 256, kC = 768, kNH = 12;
+constexpr int kN = kB * kT;
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+void BM_MatmulForward(benchmark::State& s) {
+  const int OC = static_cast<int>(s.range(0));
+  const auto prec = s.range(1) ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
+  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(size_t{OC} * kC, 2), b = random_vec(OC, 3);
+  std::vector<float> out(size_t{kN} * OC);
+  for (auto _ : s) cpu::matmul_forward(out.data(), x.data(), w.data(), b.data(), kN, kC, OC, prec);
+  s.counters["FLOP/s"] = benchmark::Counter(2.0 * kN * kC * OC * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulForward)->Args({768, 0})->Args({3072, 0})->Args({3072, 1})->Unit(benchmark::kMillisecond);
+
+void BM_MatmulBackward(benchmark::State& s) {
+  const int OC = static_cast<int>(s.range(0));
+  const auto prec = s.range(1) ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
+  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(size_t{OC} * kC, 2), dy = random_vec(size_t{kN} * OC, 3);
+  std::vector<float> dx(size_t{kN} * kC), dw(size_t{OC} * kC), db(OC);
+  for (auto _ : s) cpu::matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), kN, kC, OC, prec);
+  s.counters["FLOP/s"] = benchmark::Counter(4.0 * kN * kC * OC * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulBackward)->Args({3072, 0})->Args({3072, 1})->Unit(benchmark::kMillisecond);
+
+void BM_Layernorm(benchmark::State& s) {
+  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(kC, 2), b = random_vec(kC, 3);
+  std::vector<float> out(size_t{kN} * kC), mean(kN), rstd(kN);
+  for (auto _ : s) cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kN, kC);
+  s.SetBytesProcessed(int64_t{s.iterations()} * 2 * kN * kC * 4);
+}
+BENCHMARK(BM_Layernorm)->Unit(benchmark::kMillisecond);
+
+void BM_Gelu(benchmark::State& s) {
+  const int64_t n = int64_t{kN} * 4 * kC;
+  auto x = random_vec(n, 1);
+  std::vector<float> out(n);
+  for (auto _ : s) cpu::gelu_forward(out.data(), x.data(), n);
+  s.SetBytesProcessed(s.iterations() * 2 * n * 4);
+}
+BENCHMARK(BM_Gelu)->Unit(benchmark::kMillisecond);
+
+void BM_AttentionForward(benchmark::State& s) {
+  auto qkv = random_vec(size_t{kN} * 3 * kC, 1);
+  std::vector<float> out(size_t{kN} * kC), preatt(size_t{kB} * kNH * kT * kT), att(preatt.size());
+  for (auto _ : s) cpu::attention_forward(out.data(), preatt.data(), att.data(), qkv.data(), kB, kT, kC, kNH);
+  s.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * kB * kNH * kT * kT * (kC / kNH) * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionForward)->Unit(benchmark::kMillisecond);
+
+void BM_AdamW(benchmark::State& s) {
+  const int64_t n = 124'000'000 / 8;  // an eighth of GPT-2 124M keeps memory modest
+  auto p = random_vec(n, 1), g = random_vec(n, 2);
+  std::vector<float> m(n), v(n);
+  AdamWParams hp;
+  hp.weight_decay = 0.1f;
+  for (auto _ : s) cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, hp);
+  s.SetBytesProcessed(s.iterations() * n * 4 * 7);  // read p g m v, write p m v
+}
+BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace tessera

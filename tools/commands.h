@@ -26,5 +26,6 @@ void add_eval_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
+void add_sample_command(CLI::App& app);
 
 }  // namespace tessera::tools

@@ -27,7 +27,7 @@ expect_error wrong-shape "shape" -- "$tessera" eval --weights "$tmp/wrong/gpt2_t
 
 # Token ids >= vocab: byte tokens (up to 255) against a model with V=99.
 printf 'the quick brown fox jumps over the lazy dog, zzzzzzzz ~~~~ {{{{ }}}} ||||\n%.0s' {1..4} >"$tmp/doc.txt"
-"$tessera" prepare --input "$tmp/doc.txt" --out "$tmp/bytes" --val-fraction 0 >/dev/null
+"$tessera" prepare --input "$tmp/doc.txt" --tokenizer byte --out "$tmp/bytes" --val-fraction 0 >/dev/null
 expect_error token-out-of-vocab "outside the vocabulary" -- "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$tmp/bytes/train_000000.bin" --batch 1 --seq 16
 
 # T > context.

@@ -23,7 +23,8 @@ constexpr int64_t kBlock = 16384;        // parameters per task
 constexpr int64_t kParallelMin = 65536;  // below this, no fork
 
 // sqrt(x) for x >= 0 to about 3 ulp: the bit-trick guess for 1/sqrt(x)
-// refined by three Newton steps, times x (0 gives 0). std::sqrt would be
+// refined by three Newton steps, times x (0 gives 0; denormal x comes out
+// too small, which eps hides). std::sqrt would be
 // exact, but without -fno-math-errno GCC guards every call with a branch to
 // libm for negative inputs, which keeps the whole loop scalar (2.3x slower
 // at 124M parameters).
@@ -67,8 +68,16 @@ TESSERA_CPU_CLONES void adamw_block(float* params, const float* grads, float* m,
 void adamw_update(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWParams& hp) {
   const float bc1 = 1.0f - std::pow(hp.beta1, static_cast<float>(hp.t));
   const float bc2 = 1.0f - std::pow(hp.beta2, static_cast<float>(hp.t));
-  const AdamWStep step{hp.beta1,     hp.beta2, 1.0f - hp.beta1, 1.0f - hp.beta2,      1.0f / bc1,
-                       1.0f / bc2,   hp.lr,    hp.eps,          hp.weight_decay,      hp.grad_scale};
+  const AdamWStep step{.beta1 = hp.beta1,
+                       .beta2 = hp.beta2,
+                       .one_minus_beta1 = 1.0f - hp.beta1,
+                       .one_minus_beta2 = 1.0f - hp.beta2,
+                       .inv_bc1 = 1.0f / bc1,
+                       .inv_bc2 = 1.0f / bc2,
+                       .lr = hp.lr,
+                       .eps = hp.eps,
+                       .weight_decay = hp.weight_decay,
+                       .grad_scale = hp.grad_scale};
   const int64_t nblocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t b = 0; b < nblocks; b++) {

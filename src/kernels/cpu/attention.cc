@@ -10,13 +10,15 @@
 //
 // Causality: query rows are processed in blocks of kRowBlock; a block of
 // rows [r0, r1) only meets keys [0, r1), so the gemms skip the blocks above
-// the diagonal (about 40% of the flops at T = 256). Entries above the
-// diagonal inside a diagonal block are computed by the gemm and then
-// overwritten (masked to 0) by the softmax.
+// the diagonal (3/8 of the flops at T = 256). Entries above the diagonal
+// inside a diagonal block are computed by the gemm and then overwritten
+// (masked to 0) by the softmax.
 //
 // preatt is left unwritten (ops.inc allows it): the scores are computed
 // straight into att and turned into probabilities in place, which saves a
-// write and a read of a (B,NH,T,T) tensor.
+// write and a read of a (B,NH,T,T) tensor. In the backward, datt and dpreatt
+// accumulate exactly as in the reference on and below the diagonal; above
+// it they are left 0 (the caller zeroes them).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -60,9 +62,9 @@ void sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K, float alph
 // masks on the integer image of x (fp32 bits order like int32 for positive
 // values and like uint32 for negative ones).
 inline float exp_approx(float x) {
-  constexpr float kMagic = 12582912.0f;        // 1.5 * 2^23
-  constexpr int32_t kHiBits = 0x42b0999a;      // 88.3f
-  constexpr uint32_t kLoBits = 0xc2ae999au;    // -87.3f
+  constexpr float kMagic = 12582912.0f;      // 1.5 * 2^23
+  constexpr int32_t kHiBits = 0x42b0999a;    // 88.3f
+  constexpr uint32_t kLoBits = 0xc2ae999au;  // -87.3f
   int32_t xi;
   std::memcpy(&xi, &x, 4);
   const int32_t nan_mask = -static_cast<int32_t>((xi & 0x7fffffff) > 0x7f800000);
@@ -98,54 +100,45 @@ inline float exp_approx(float x) {
   return out;
 }
 
-// Rows [r0, r1) of att (T,T) hold scaled scores for keys [0, r1); turns row t
-// into softmax over keys [0, t] and zeroes keys (t, T).
-TESSERA_CPU_CLONES void softmax_causal_rows(float* att, int T, int r0, int r1) {
-  for (int t = r0; t < r1; t++) {
-    float* row = att + static_cast<int64_t>(t) * T;
-    float maxval = -INFINITY;
+// One row of att: row[0:n] holds scaled scores of the keys a query may see
+// (n = t + 1); they become softmax probabilities and row[n:T] becomes 0.
+// Kept per row, with plain 0..n loops, because GCC -O3 (loop splitting)
+// stops vectorising these reductions inside a loop nest over t.
+TESSERA_CPU_CLONES void softmax_causal_row(float* row, int n, int T) {
+  float maxval = -INFINITY;
 #pragma omp simd reduction(max : maxval)
-    for (int j = 0; j <= t; j++) maxval = row[j] > maxval ? row[j] : maxval;
-    float sum = 0.0f;
+  for (int j = 0; j < n; j++) maxval = row[j] > maxval ? row[j] : maxval;
+  float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= t; j++) {
-      const float e = exp_approx(row[j] - maxval);
-      row[j] = e;
-      sum += e;
-    }
-    const float inv_sum = 1.0f / sum;
-#pragma omp simd
-    for (int j = 0; j <= t; j++) row[j] *= inv_sum;
-    std::fill(row + t + 1, row + T, 0.0f);
+  for (int j = 0; j < n; j++) {
+    const float e = exp_approx(row[j] - maxval);
+    row[j] = e;
+    sum += e;
   }
+  const float inv_sum = 1.0f / sum;
+#pragma omp simd
+  for (int j = 0; j < n; j++) row[j] *= inv_sum;
+  std::fill(row + n, row + T, 0.0f);
 }
 
-// Softmax backward for rows [r0, r1): dpre[t, j] += att[t, j] (datt[t, j] -
-// sum_i att[t, i] datt[t, i]) over keys j <= t. Keys (t, r1) of datt and
-// dpre are set to 0: the datt gemm put products there, and the dq/dk gemms
-// read dpre up to column r1, where everything above the diagonal must be 0
-// (the caller zeroes both buffers, so this changes nothing the contract
-// promises).
-TESSERA_CPU_CLONES void softmax_backward_rows(float* dpre, float* datt, const float* att, int T, int r0, int r1) {
-  for (int t = r0; t < r1; t++) {
-    const int64_t row = static_cast<int64_t>(t) * T;
-    const float* a = att + row;
-    float* da = datt + row;
-    float* dp = dpre + row;
-    float dot = 0.0f;
+// Softmax backward for one row with n visible keys: dp[j] += a[j] (da[j] -
+// sum_i a[i] da[i]) for j < n. Columns [n, block_end) of da and dp are set
+// to 0: the datt gemm put products there, and the dq/dk gemms read dp up to
+// block_end, where everything above the diagonal must be 0 (the caller zeroes
+// both buffers, so this changes nothing the contract promises).
+TESSERA_CPU_CLONES void softmax_backward_row(float* dp, float* da, const float* a, int n, int block_end) {
+  float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-    for (int j = 0; j <= t; j++) dot += a[j] * da[j];
+  for (int j = 0; j < n; j++) dot += a[j] * da[j];
 #pragma omp simd
-    for (int j = 0; j <= t; j++) dp[j] += a[j] * (da[j] - dot);
-    std::fill(da + t + 1, da + r1, 0.0f);
-    std::fill(dp + t + 1, dp + r1, 0.0f);
-  }
+  for (int j = 0; j < n; j++) dp[j] += a[j] * (da[j] - dot);
+  std::fill(da + n, da + block_end, 0.0f);
+  std::fill(dp + n, dp + block_end, 0.0f);
 }
 
 }  // namespace
 
-void attention_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int C, int NH) {
-  (void)preatt;
+void attention_forward(float* out, float* /*preatt*/, float* att, const float* inp, int B, int T, int C, int NH) {
   CHECK(NH > 0 && C % NH == 0);
   const int64_t C3 = 3 * static_cast<int64_t>(C);
   const int hs = C / NH;
@@ -164,7 +157,7 @@ void attention_forward(float* out, float* preatt, float* att, const float* inp, 
       const int rows = r1 - r0;
       // att[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
       sgemm('N', 'T', rows, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, att_bh + static_cast<int64_t>(r0) * T, T);
-      softmax_causal_rows(att_bh, T, r0, r1);
+      for (int t = r0; t < r1; t++) softmax_causal_row(att_bh + static_cast<int64_t>(t) * T, t + 1, T);
       // out[r0:r1] = att[r0:r1, 0:r1] V[0:r1]
       sgemm('N', 'N', rows, hs, r1, 1.0f, att_bh + static_cast<int64_t>(r0) * T, T, v, C3, 0.0f,
             out_bh + static_cast<int64_t>(r0) * C, C);
@@ -201,7 +194,10 @@ void attention_backward(float* dinp, float* dpreatt, float* datt, const float* d
       sgemm('N', 'T', rows, r1, hs, 1.0f, dout_bh + r0 * static_cast<int64_t>(C), C, v, C3, 1.0f, datt_bh + block, T);
       // dv[0:r1] += att[r0:r1, 0:r1]^T dout[r0:r1]
       sgemm('T', 'N', r1, hs, rows, 1.0f, att_bh + block, T, dout_bh + r0 * static_cast<int64_t>(C), C, 1.0f, dv, C3);
-      softmax_backward_rows(dpre_bh, datt_bh, att_bh, T, r0, r1);
+      for (int t = r0; t < r1; t++) {
+        const int64_t row = static_cast<int64_t>(t) * T;
+        softmax_backward_row(dpre_bh + row, datt_bh + row, att_bh + row, t + 1, r1);
+      }
       // dq[r0:r1] += scale * dpre[r0:r1, 0:r1] K[0:r1]
       sgemm('N', 'N', rows, hs, r1, scale, dpre_bh + block, T, k, C3, 1.0f, dq + r0 * C3, C3);
       // dk[0:r1] += scale * dpre[r0:r1, 0:r1]^T Q[r0:r1]

@@ -38,9 +38,9 @@ constexpr int64_t kParallelMin = 32768;  // elements; below this, no fork
 // masks on the integer image of x (fp32 bits order like int32 for positive
 // values and like uint32 for negative ones).
 inline float exp_approx(float x) {
-  constexpr float kMagic = 12582912.0f;        // 1.5 * 2^23
-  constexpr int32_t kHiBits = 0x42b0999a;      // 88.3f
-  constexpr uint32_t kLoBits = 0xc2ae999au;    // -87.3f
+  constexpr float kMagic = 12582912.0f;      // 1.5 * 2^23
+  constexpr int32_t kHiBits = 0x42b0999a;    // 88.3f
+  constexpr uint32_t kLoBits = 0xc2ae999au;  // -87.3f
   int32_t xi;
   std::memcpy(&xi, &x, 4);
   const int32_t nan_mask = -static_cast<int32_t>((xi & 0x7fffffff) > 0x7f800000);

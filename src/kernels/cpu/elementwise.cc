@@ -22,8 +22,8 @@ namespace {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCube = 0.044715f;
-constexpr int64_t kBlock = 16384;         // elements per task (64 KiB of fp32)
-constexpr int64_t kParallelMin = 65536;   // below this, no fork
+constexpr int64_t kBlock = 16384;        // elements per task (64 KiB of fp32)
+constexpr int64_t kParallelMin = 65536;  // below this, no fork
 
 // exp(x) for fp32, within 1.5 ulp on [-87.3, 88.3]; 0 below -87.3 (and for
 // -inf), saturates at exp(88.3) = 2.2e38 above (and for +inf), NaN stays
@@ -38,9 +38,9 @@ constexpr int64_t kParallelMin = 65536;   // below this, no fork
 // masks on the integer image of x (fp32 bits order like int32 for positive
 // values and like uint32 for negative ones).
 inline float exp_approx(float x) {
-  constexpr float kMagic = 12582912.0f;        // 1.5 * 2^23
-  constexpr int32_t kHiBits = 0x42b0999a;      // 88.3f
-  constexpr uint32_t kLoBits = 0xc2ae999au;    // -87.3f
+  constexpr float kMagic = 12582912.0f;      // 1.5 * 2^23
+  constexpr int32_t kHiBits = 0x42b0999a;    // 88.3f
+  constexpr uint32_t kLoBits = 0xc2ae999au;  // -87.3f
   int32_t xi;
   std::memcpy(&xi, &x, 4);
   const int32_t nan_mask = -static_cast<int32_t>((xi & 0x7fffffff) > 0x7f800000);

@@ -2,8 +2,6 @@
 //
 // Both directions are pure memory traffic, so the loops are plain and
 // OpenMP-threaded; the compiler vectorises the inner row loops.
-#include <algorithm>
-
 #include <omp.h>
 
 #include "kernels/cpu/ops.h"
@@ -13,9 +11,6 @@ namespace tessera::cpu {
 namespace {
 // Below this many elements a fork/join costs more than the work.
 constexpr int64_t kParallelMin = 32768;
-// A thread's channel range in encoder_backward is a multiple of one cache
-// line, so no two threads write the same line of dwte/dwpe.
-constexpr int kChannelsPerLine = 16;
 }  // namespace
 
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
@@ -30,30 +25,35 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
   }
 }
 
-// Different positions may carry the same token id, so splitting the work by
-// position would race on dwte rows. Instead each thread owns a slice of the
-// channels and walks every position in order: race-free without atomics or
-// scratch, one pass over dout, and every dwte/dwpe element receives its
-// contributions in the same (b, t) order as the reference, so the result is
-// deterministic and independent of the thread count.
+// Different positions may carry the same token id, so splitting positions
+// between threads would race on dwte rows. Instead a thread owns the token
+// ids with id % nthreads == tid: it scans all ids and adds only the rows it
+// owns. That is race-free without atomics or scratch, touches whole rows
+// (no cache line of dwte is written by two threads when C is a multiple of
+// 16), and every element receives its contributions in the same (b, t) order
+// as the reference, so the result does not depend on the thread count. A
+// batch of one repeated token runs on one thread, correctly. dwpe rows are
+// split by position t.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
   const int64_t N = static_cast<int64_t>(B) * T;
 #pragma omp parallel if (N * C > kParallelMin)
   {
     const int nthreads = omp_get_num_threads();
     const int tid = omp_get_thread_num();
-    int slice = (C + nthreads - 1) / nthreads;
-    slice = (slice + kChannelsPerLine - 1) / kChannelsPerLine * kChannelsPerLine;
-    const int c0 = std::min(C, tid * slice);
-    const int c1 = std::min(C, c0 + slice);
-    for (int64_t bt = 0; c0 < c1 && bt < N; bt++) {
+    for (int64_t bt = 0; bt < N; bt++) {
+      if (inp[bt] % nthreads != tid) continue;
       const float* dout_bt = dout + bt * C;
       float* dwte_ix = dwte + static_cast<int64_t>(inp[bt]) * C;
-      float* dwpe_t = dwpe + (bt % T) * C;
 #pragma omp simd
-      for (int i = c0; i < c1; i++) {
-        dwte_ix[i] += dout_bt[i];
-        dwpe_t[i] += dout_bt[i];
+      for (int i = 0; i < C; i++) dwte_ix[i] += dout_bt[i];
+    }
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < T; t++) {
+      float* dwpe_t = dwpe + static_cast<int64_t>(t) * C;
+      for (int b = 0; b < B; b++) {
+        const float* dout_bt = dout + (static_cast<int64_t>(b) * T + t) * C;
+#pragma omp simd
+        for (int i = 0; i < C; i++) dwpe_t[i] += dout_bt[i];
       }
     }
   }

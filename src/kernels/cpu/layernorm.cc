@@ -7,41 +7,82 @@
 // and a single write of out. dweight and dbias are sums over rows; each
 // thread accumulates its rows into private partial sums and the partials are
 // then added into dweight/dbias in a fixed order: no atomics, and the result
-// does not depend on scheduling.
+// does not depend on scheduling. The per-row work is compiled for AVX-512,
+// AVX2 and baseline x86-64 (target_clones, chosen at load time): the
+// reductions are latency-bound chains, so wider vectors matter even though
+// the data is cached.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include <omp.h>
 
 #include "kernels/cpu/ops.h"
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TESSERA_CPU_CLONES
+#endif
+
 namespace tessera::cpu {
 
 namespace {
+
 constexpr float kEps = 1e-5f;
 constexpr int64_t kParallelMin = 16384;  // elements; below this, no fork
 constexpr int kFloatsPerLine = 16;       // partial-sum rows are line-aligned
+
+// One row: y (C) = (x - mean) * rstd * weight + bias; *mean_out, *rstd_out.
+TESSERA_CPU_CLONES void layernorm_forward_row(float* y, float* mean_out, float* rstd_out, const float* x,
+                                              const float* weight, const float* bias, int C) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int c = 0; c < C; c++) sum += x[c];
+  const float m = sum / C;
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int c = 0; c < C; c++) sq += (x[c] - m) * (x[c] - m);
+  const float s = 1.0f / std::sqrt(sq / C + kEps);
+#pragma omp simd
+  for (int c = 0; c < C; c++) y[c] = s * (x[c] - m) * weight[c] + bias[c];
+  *mean_out = m;
+  *rstd_out = s;
+}
+
+// One row of the backward: dx (C) += ...; the row's dweight and dbias terms
+// go into this thread's partial sums dw_part, db_part (C).
+TESSERA_CPU_CLONES void layernorm_backward_row(float* dx, float* dw_part, float* db_part, const float* dy,
+                                               const float* x, const float* weight, float m, float s, int C) {
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+  for (int c = 0; c < C; c++) {
+    const float norm = (x[c] - m) * s;
+    const float dnorm = weight[c] * dy[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean /= C;
+  dnorm_norm_mean /= C;
+#pragma omp simd
+  for (int c = 0; c < C; c++) {
+    const float norm = (x[c] - m) * s;
+    const float dnorm = weight[c] * dy[c];
+    db_part[c] += dy[c];
+    dw_part[c] += norm * dy[c];
+    dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+  }
+}
+
 }  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(N) * C > kParallelMin)
   for (int i = 0; i < N; i++) {
-    const float* x = inp + static_cast<int64_t>(i) * C;
-    float* y = out + static_cast<int64_t>(i) * C;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < C; c++) sum += x[c];
-    const float m = sum / C;
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int c = 0; c < C; c++) sq += (x[c] - m) * (x[c] - m);
-    const float s = 1.0f / std::sqrt(sq / C + kEps);
-#pragma omp simd
-    for (int c = 0; c < C; c++) y[c] = s * (x[c] - m) * weight[c] + bias[c];
-    mean[i] = m;
-    rstd[i] = s;
+    const int64_t row = static_cast<int64_t>(i) * C;
+    layernorm_forward_row(out + row, mean + i, rstd + i, inp + row, weight, bias, C);
   }
 }
 
@@ -50,11 +91,15 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   const bool parallel = static_cast<int64_t>(N) * C > kParallelMin;
   const int max_threads = parallel ? omp_get_max_threads() : 1;
   // Per-thread partials: thread k owns [dweight part | dbias part] at
-  // partials + k * 2 * stride. Owned by the calling thread; only grows.
+  // partials + k * 2 * stride, cache-line aligned so that no two threads
+  // write the same line. Owned by the calling thread; only grows.
   const int64_t stride = (static_cast<int64_t>(C) + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine;
+  const size_t needed = static_cast<size_t>(max_threads * 2 * stride + kFloatsPerLine);
   thread_local std::vector<float> scratch;
-  if (scratch.size() < static_cast<size_t>(max_threads * 2 * stride)) scratch.resize(max_threads * 2 * stride);
-  float* partials = scratch.data();
+  if (scratch.size() < needed) scratch.resize(needed);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(scratch.data());
+  const uintptr_t line = kFloatsPerLine * sizeof(float);
+  float* partials = reinterpret_cast<float*>((base + line - 1) / line * line);
 
 #pragma omp parallel num_threads(max_threads) if (parallel)
   {
@@ -65,28 +110,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 #pragma omp for schedule(static)
     for (int i = 0; i < N; i++) {
-      const float* dy = dout + static_cast<int64_t>(i) * C;
-      const float* x = inp + static_cast<int64_t>(i) * C;
-      float* dx = dinp + static_cast<int64_t>(i) * C;
-      const float m = mean[i], s = rstd[i];
-      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
-      for (int c = 0; c < C; c++) {
-        const float norm = (x[c] - m) * s;
-        const float dnorm = weight[c] * dy[c];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean /= C;
-      dnorm_norm_mean /= C;
-#pragma omp simd
-      for (int c = 0; c < C; c++) {
-        const float norm = (x[c] - m) * s;
-        const float dnorm = weight[c] * dy[c];
-        db_part[c] += dy[c];
-        dw_part[c] += norm * dy[c];
-        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-      }
+      const int64_t row = static_cast<int64_t>(i) * C;
+      layernorm_backward_row(dinp + row, dw_part, db_part, dout + row, inp + row, weight, mean[i], rstd[i], C);
     }
     // The implicit barrier above makes every partial complete.
 #pragma omp for schedule(static)

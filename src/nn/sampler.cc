@@ -1,0 +1,125 @@
+#include "nn/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "nn/kv_cache.h"
+
+namespace tessera {
+
+namespace {
+
+// Prompts are prefilled this many positions at a time, which bounds the
+// logits buffer and the cache's scratch at kPrefillChunk rows whatever the
+// prompt length (and costs nothing: the matmuls are already row-blocked).
+constexpr int kPrefillChunk = 128;
+
+// Uniform in [0, 1) from the top 53 bits of one draw.
+double uniform01(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+int sample_token(const float* logits, int V, float temperature, int top_k, std::mt19937_64& rng) {
+  CHECK(V >= 1);
+  CHECK(temperature >= 0.0f && top_k >= 0);
+  if (temperature == 0.0f) {
+    return static_cast<int>(std::max_element(logits, logits + V) - logits);  // first of equal maxima
+  }
+  // Candidates: all ids in order, or the top_k by (logit descending, id
+  // ascending), a total order, so ties resolve the same everywhere.
+  const int k = (top_k == 0 || top_k >= V) ? V : top_k;
+  std::vector<int> ids;
+  if (k < V) {
+    ids.resize(V);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [logits](int a, int b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+  }
+  auto id = [&](int j) { return k < V ? ids[j] : j; };
+  double maxval = -INFINITY;
+  for (int j = 0; j < k; j++) maxval = std::max(maxval, static_cast<double>(logits[id(j)]));
+  std::vector<double> weight(k);
+  double sum = 0.0;
+  for (int j = 0; j < k; j++) {
+    weight[j] = std::exp((static_cast<double>(logits[id(j)]) - maxval) / temperature);
+    sum += weight[j];
+  }
+  const double u = uniform01(rng) * sum;
+  double cdf = 0.0;
+  for (int j = 0; j < k; j++) {
+    cdf += weight[j];
+    if (u < cdf) return id(j);
+  }
+  // u landed in the rounding gap of the last partial sum: take the last
+  // candidate with any weight.
+  for (int j = k - 1; j > 0; j--) {
+    if (weight[j] > 0.0) return id(j);
+  }
+  return id(0);
+}
+
+Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int max_new_tokens, float temperature,
+                                  int top_k, uint64_t seed, bool use_cache,
+                                  const std::function<void(int)>& on_token) {
+  const GPTConfig& cfg = model.config();
+  if (prompt.empty()) return Status::InvalidArgument("the prompt is empty: generation needs at least one token");
+  if (prompt.size() > static_cast<size_t>(cfg.context))
+    return Status::InvalidArgument(
+        fmt::format("the prompt is {} tokens, longer than the model's context of {}", prompt.size(), cfg.context));
+  if (max_new_tokens < 0)
+    return Status::InvalidArgument(fmt::format("number of tokens to generate must be >= 0, got {}", max_new_tokens));
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature))
+    return Status::InvalidArgument(fmt::format("temperature must be finite and >= 0, got {}", temperature));
+  if (top_k < 0) return Status::InvalidArgument(fmt::format("top-k must be >= 0, got {}", top_k));
+  const int P = static_cast<int>(prompt.size());
+  RETURN_IF_ERROR(model.check_batch(prompt.data(), nullptr, 1, P));
+
+  const int V = cfg.vocab, Vp = cfg.padded_vocab();
+  // The sequence stays within the context: the last token drawn is never fed.
+  const int count = std::min(max_new_tokens, cfg.context - P);
+  std::vector<int> out;
+  if (count == 0) return out;
+  out.reserve(count);
+  std::mt19937_64 rng(seed);
+  auto emit = [&](int token) {
+    out.push_back(token);
+    if (on_token) on_token(token);
+  };
+
+  if (use_cache) {
+    KVCache cache(model, 1, P + count - 1);
+    std::vector<float> logits(static_cast<size_t>(std::min(P, kPrefillChunk)) * Vp);
+    int rows = 0;
+    for (int at = 0; at < P; at += rows) {
+      rows = std::min(kPrefillChunk, P - at);
+      RETURN_IF_ERROR(forward_incremental(model, cache, prompt.data() + at, 1, rows, logits.data()));
+    }
+    const float* last = logits.data() + static_cast<size_t>(rows - 1) * Vp;
+    for (;;) {
+      int token = sample_token(last, V, temperature, top_k, rng);
+      emit(token);
+      if (static_cast<int>(out.size()) == count) break;
+      RETURN_IF_ERROR(forward_incremental(model, cache, &token, 1, 1, logits.data()));
+      last = logits.data();
+    }
+  } else {
+    std::vector<int> seq(prompt.begin(), prompt.end());
+    seq.reserve(P + count);
+    for (;;) {
+      const int T = static_cast<int>(seq.size());
+      model.forward(seq.data(), nullptr, 1, T);
+      const int token = sample_token(model.logits() + static_cast<size_t>(T - 1) * Vp, V, temperature, top_k, rng);
+      emit(token);
+      if (static_cast<int>(out.size()) == count) break;
+      seq.push_back(token);
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera

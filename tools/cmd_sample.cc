@@ -1,0 +1,128 @@
+// tessera sample: generate text from safetensors weights, streaming each
+// token to stdout as it is drawn; a last line on stderr gives tokens/s.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "data/tokenizer.h"
+#include "nn/gpt2_weights.h"
+#include "nn/sampler.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+struct SampleArgs {
+  std::string weights, prompt, tokenizer, vocab_dir;
+  int tokens = 64;
+  float temperature = 1.0f;
+  int top_k = 40;
+  uint64_t seed = 1337;
+  bool no_cache = false;
+};
+
+// The text of one generated id. End-of-text shows as GPT-2's marker (the
+// byte tokenizer's would be a NUL byte); ids the model has but the tokenizer
+// lacks (a model vocabulary larger than the tokenizer's) as <|id|>.
+std::string token_text(const data::Tokenizer& tok, int id) {
+  if (id == tok.eot()) return "<|endoftext|>";
+  if (id >= tok.vocab_size()) return "<|" + std::to_string(id) + "|>";
+  return tok.decode_token(static_cast<uint16_t>(id));
+}
+
+int run_sample(const SampleArgs& a) {
+  auto model = load_gpt2(a.weights, nullptr);
+  if (!model.ok()) return fail(model.status());
+  GPT& m = *model.value();
+  const GPTConfig& cfg = m.config();
+
+  // Default: GPT-2 BPE for a GPT-2-sized vocabulary, bytes otherwise.
+  const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
+  auto made = data::make_tokenizer(tok_name, a.vocab_dir);
+  if (!made.ok()) return fail(made.status());
+  const data::Tokenizer& tok = *made.value();
+  if (tok.vocab_size() > cfg.vocab)
+    return fail(Status::InvalidArgument(
+        fmt::format("tokenizer '{}' has {} tokens but the model's vocabulary has only {} ({})", tok_name,
+                    tok.vocab_size(), cfg.vocab, a.weights)));
+
+  std::vector<int> prompt;
+  for (uint16_t t : tok.encode(a.prompt)) prompt.push_back(t);
+  if (prompt.empty()) prompt.push_back(tok.eot());  // unconditional: start a new document
+  if (static_cast<int>(prompt.size()) > cfg.context)
+    return fail(Status::InvalidArgument(fmt::format("the prompt is {} tokens, longer than the model's context of {}",
+                                                    prompt.size(), cfg.context)));
+
+  std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
+  std::fflush(stdout);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  double first_token_s = 0.0;
+  auto on_token = [&](int id) {
+    if (first_token_s == 0.0) first_token_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string text = token_text(tok, id);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
+  auto out = generate(m, prompt, a.tokens, a.temperature, a.top_k, a.seed, !a.no_cache, on_token);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("\n");
+  std::fflush(stdout);
+  if (!out.ok()) return fail(out.status());
+
+  const int n = static_cast<int>(out->size());
+  std::string stopped;
+  if (n < a.tokens)
+    stopped = fmt::format("; stopped at the model's context of {} tokens", cfg.context);
+  std::fprintf(stderr,
+               "sample: %d tokens in %.3f s = %.2f tokens/s (prompt %zu tokens, first token after %.3f s, %s)%s\n",
+               n, seconds, n / std::max(seconds, 1e-9), prompt.size(), first_token_s,
+               a.no_cache ? "no cache: full recompute per token" : "KV cache", stopped.c_str());
+  return kExitOk;
+}
+}  // namespace
+
+void add_sample_command(CLI::App& app) {
+  // CLI::NonNegativeNumber would print the largest double in its message.
+  static const CLI::Validator kNonNegativeFinite(
+      [](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !(x >= 0.0) || !std::isfinite(x))
+          return "must be a finite number >= 0, got '" + text + "'";
+        return "";
+      },
+      "NONNEGATIVE");
+  auto a = std::make_shared<SampleArgs>();
+  CLI::App* cmd = app.add_subcommand("sample", "Generate text from a model, streaming tokens to stdout");
+  cmd->add_option("--weights", a->weights, "HF-layout GPT-2 safetensors (config.json beside it)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--prompt", a->prompt, "text to continue (default: empty, start from end-of-text)");
+  cmd->add_option("--tokens", a->tokens, "tokens to generate (fewer if the context fills up)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", a->temperature, "softmax temperature; 0 = always the most likely token")
+      ->capture_default_str()
+      ->check(kNonNegativeFinite);
+  cmd->add_option("--top-k", a->top_k, "sample among the K most likely tokens; 0 = all")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", a->seed, "random seed (same seed, same text)")->capture_default_str();
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "byte (vocab 256) or gpt2 (BPE); default: gpt2 if the model's vocabulary has >= 50257 tokens, "
+                  "else byte")
+      ->check(CLI::IsMember({"byte", "gpt2"}));
+  cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe for gpt2 (default: data/raw/gpt2)");
+  cmd->add_flag("--no-cache", a->no_cache, "recompute the whole sequence for every token (slow; the baseline)");
+  cmd->callback([a] { exit_code() = run_sample(*a); });
+}
+
+}  // namespace tessera::tools

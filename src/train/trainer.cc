@@ -37,6 +37,15 @@ double quick_peak_gflops(MatmulPrecision prec) {
   return best;
 }
 
+// Token ids outside the model's vocabulary almost always mean the shards were
+// prepared with another tokenizer; say so.
+Status with_vocab_hint(const Status& st, const std::string& data) {
+  if (st.ok()) return st;
+  if (st.message().find("outside the vocabulary") == std::string::npos) return st.With(data);
+  return Status::InvalidArgument(
+      fmt::format("{}: {} (does model.vocab match the tokenizer that prepared it?)", data, st.message()));
+}
+
 class MetricsLog {
  public:
   Status open(const std::string& path) {
@@ -99,7 +108,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, std::FILE* out) {
   auto run_eval = [&](int step) -> Status {
     if (val_tokens.empty()) return Status::OK();
     auto r = evaluate(*model, val_tokens, B, T, c.eval_batches);
-    if (!r.ok()) return r.status().With(c.val_data);
+    if (!r.ok()) return with_vocab_hint(r.status(), c.val_data);
     if (!summary.has_val) summary.first_val_loss = r->loss;
     summary.has_val = true;
     summary.last_val_loss = r->loss;
@@ -117,7 +126,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, std::FILE* out) {
     double loss = 0.0;
     for (int micro = 0; micro < c.grad_accum; micro++) {
       train.fill(step, rows_per_step, int64_t{micro} * B, B, inputs.data(), targets.data());
-      RETURN_IF_ERROR(model->check_batch(inputs.data(), targets.data(), B, T).With(c.train_data));
+      RETURN_IF_ERROR(with_vocab_hint(model->check_batch(inputs.data(), targets.data(), B, T), c.train_data));
       loss += model->forward(inputs.data(), targets.data(), B, T) / c.grad_accum;
       model->backward(1.0f / c.grad_accum);
     }

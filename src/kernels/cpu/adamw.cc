@@ -8,12 +8,8 @@
 #include <cstring>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define TESSERA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TESSERA_CPU_CLONES
-#endif
 
 namespace tessera::cpu {
 

@@ -19,12 +19,8 @@
 #include <omp.h>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-#define TESSERA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TESSERA_CPU_CLONES
-#endif
 
 namespace tessera::cpu {
 

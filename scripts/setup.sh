@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
   libicu-dev                       # Unicode classes for the GPT-2 tokenizer
+  libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
 )
 
 missing=()

@@ -165,6 +165,7 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--dtype", t->dtype)->check(CLI::IsMember({"fp32", "bf16"}));
   train->add_option("--peak-gflops", t->peak_gflops, "matmul peak for MFU (default: measure a 4096^3 gemm)");
   train->callback([t] { exit_code() = run_train_bench(*t); });
+  add_bench_comm_commands(*bench);  // allreduce, reduce_scatter, ... (cmd_bench_comm.cc)
 }
 
 }  // namespace tessera::tools

@@ -24,8 +24,10 @@ int fail(const Status& st);
 void add_info_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_bench_comm_commands(CLI::App& bench);  // under `bench`: allreduce, all_gather, ...
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
+void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 
 }  // namespace tessera::tools

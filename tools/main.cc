@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add_bench_command(app);
   add_train_command(app);
   add_prepare_command(app);
+  add_launch_command(app);
   add_sample_command(app);
   // CLI11 would say only "A subcommand is required"; name the word instead.
   if (argc > 1 && argv[1][0] != '-') {

@@ -309,6 +309,7 @@ void GPT::backward(float loss_scale) {
   const float* last = act.f(kResidual3) + (L - 1) * BTC;
   ops_.layernorm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean), act.f(kLnfRstd), BT,
                           C);
+  if (listener_) listener_->on_grads_ready(GradListener::kFinalNorm);
 
   // dresidual holds d(output of layer l). Each block is x + f(ln(x)): the
   // residual path passes dresidual through unchanged, and the branch's
@@ -356,8 +357,10 @@ void GPT::backward(float loss_scale) {
                          p[kQkvW] + int64_t{l} * 3 * C * C, BT, C, 3 * C, prec_);
     ops_.layernorm_backward(dresidual, g[kLn1W] + l * C, g[kLn1B] + l * C, dln1, residual, p[kLn1W] + l * C,
                             act.f(kLn1Mean) + l * BT, act.f(kLn1Rstd) + l * BT, BT, C);
+    if (listener_) listener_->on_grads_ready(l);
   }
   ops_.encoder_backward(g[kWte], g[kWpe], dresidual, inputs_, B, T, C);
+  if (listener_) listener_->on_grads_ready(GradListener::kEmbeddings);
 }
 
 }  // namespace tessera

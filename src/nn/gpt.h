@@ -62,6 +62,19 @@ struct ParamPtrs {
   float* operator[](int i) const { return p[i]; }
 };
 
+// Told during GPT::backward() as parameter gradients become final, so data
+// parallelism can start reducing them while backward goes on. Events, in
+// order: kFinalNorm (lnfw, lnfb), each layer L-1 ... 0 (its 12 per-layer
+// tensors), then kEmbeddings (wte, which also holds the tied output layer's
+// gradient, and wpe). Called on the backward thread; keep it short.
+class GradListener {
+ public:
+  static constexpr int kFinalNorm = -1;
+  static constexpr int kEmbeddings = -2;
+  virtual ~GradListener() = default;
+  virtual void on_grads_ready(int what) = 0;  // a layer index or a constant above
+};
+
 class GPT {
  public:
   GPT(const GPTConfig& config, Backend backend = Backend::kCPU);
@@ -96,6 +109,8 @@ class GPT {
   const float* losses() const;
 
   void zero_grad() { grads_.zero(); }
+  // Not owned; nullptr for none.
+  void set_grad_listener(GradListener* l) { listener_ = l; }
   // Accumulates d(loss_scale * mean loss)/d(params) into grads() for the last
   // forward(); loss_scale is 1/grad_accum when accumulating micro-steps.
   void backward(float loss_scale = 1.0f);
@@ -108,6 +123,7 @@ class GPT {
   Backend backend_;
   const OpsTable& ops_;
   MatmulPrecision prec_ = MatmulPrecision::kF32;
+  GradListener* listener_ = nullptr;
   Arena params_, grads_;
   Arena acts_;
   int act_B_ = 0, act_T_ = 0;  // activation arena capacity

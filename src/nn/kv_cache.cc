@@ -20,12 +20,7 @@
 
 #include "core/check.h"
 #include "kernels/cpu/ops.h"
-
-#if defined(__GNUC__) && !defined(__clang__)
-#define TESSERA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TESSERA_CPU_CLONES
-#endif
+#include "kernels/cpu/vec_math.h"
 
 namespace tessera {
 
@@ -62,8 +57,9 @@ TESSERA_CPU_CLONES void attend(float* out, const float* q, const float* keys, co
     maxval = std::max(maxval, scores[t]);
   }
   float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
   for (int t = 0; t < n_keys; t++) {
-    scores[t] = std::exp(scores[t] - maxval);
+    scores[t] = cpu::exp_approx(scores[t] - maxval);
     sum += scores[t];
   }
   const float inv_sum = 1.0f / sum;

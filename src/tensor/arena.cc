@@ -17,8 +17,7 @@ int Arena::reserve(std::string name, DType dtype, Shape shape) {
 
 void Arena::allocate() {
   CHECK(!allocated());
-  size_t total = (bytes_ + kAlign - 1) / kAlign * kAlign;
-  if (total == 0) total = kAlign;
+  size_t total = (bytes_ + kAlign - 1) / kAlign * kAlign + kSlack;
   char* p = static_cast<char*>(std::aligned_alloc(kAlign, total));
   CHECK(p != nullptr);
   base_.reset(p);
@@ -42,7 +41,7 @@ Arena Arena::clone_layout() const {
 void Arena::zero() {
   // Parallel first touch would matter on multi-socket machines; one memset is
   // enough here and runs once per allocation or step.
-  if (base_) std::memset(base_.get(), 0, bytes_);
+  if (base_) std::memset(base_.get(), 0, bytes_ + kSlack);
 }
 
 }  // namespace tessera

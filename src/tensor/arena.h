@@ -16,6 +16,10 @@ namespace tessera {
 class Arena {
  public:
   static constexpr size_t kAlign = 64;
+  // Zeroed bytes past bytes(), so flat collectives over a whole arena (ZeRO's
+  // reduce-scatter and all-gather) can pad its float count to a multiple of
+  // the rank count, for up to 1024 ranks, without a copy.
+  static constexpr size_t kSlack = 4096;
 
   Arena() = default;
   Arena(const Arena&) = delete;

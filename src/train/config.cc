@@ -56,10 +56,13 @@ const std::vector<Key>& keys() {
       {"train.dtype", &TrainConfig::dtype, "\"fp32\" or \"bf16\" (bf16 matmul inputs; fp32 master weights)"},
       {"train.eval_every", &TrainConfig::eval_every, "steps between validation passes (0: start and end only)", 0},
       {"train.eval_batches", &TrainConfig::eval_batches, "validation batches per pass", 1},
-      {"parallel.dp", &TrainConfig::dp, "data-parallel ranks (only 1 until data parallelism lands)", 1},
-      {"parallel.tp", &TrainConfig::tp, "tensor-parallel ranks (only 1 for now)", 1},
-      {"parallel.pp", &TrainConfig::pp, "pipeline stages (only 1 for now)", 1},
-      {"parallel.zero", &TrainConfig::zero, "ZeRO stage (only 0 for now)", 0},
+      {"parallel.dp", &TrainConfig::dp, "data-parallel ranks; dp x tp x pp must equal the ranks launched", 1},
+      {"parallel.tp", &TrainConfig::tp, "tensor-parallel ranks (only 1 until tensor parallelism lands)", 1},
+      {"parallel.pp", &TrainConfig::pp, "pipeline stages (only 1 until pipeline parallelism lands)", 1},
+      {"parallel.zero", &TrainConfig::zero, "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state)", 0},
+      {"parallel.timeout", &TrainConfig::timeout_s,
+       "seconds any collective may wait before the rank reports it and exits", 0.001},
+      {"parallel.bucket_mb", &TrainConfig::bucket_mb, "gradient all-reduce bucket size in MB", 0.001},
       {"checkpoint.dir", &TrainConfig::checkpoint_dir, "where the final weights (and later checkpoints) go"},
       {"checkpoint.every", &TrainConfig::checkpoint_every, "steps between checkpoints (0: final weights only)", 0},
       {"checkpoint.keep", &TrainConfig::checkpoint_keep, "checkpoints kept", 1},
@@ -144,10 +147,11 @@ Status validate(const TrainConfig& c, const std::string& where) {
   if (c.dtype != "fp32" && c.dtype != "bf16") return bad(fmt::format("train.dtype must be \"fp32\" or \"bf16\", got \"{}\"", c.dtype));
   if (c.init_from.empty() && c.seq > c.model.context)
     return bad(fmt::format("train.seq ({}) exceeds model.context ({})", c.seq, c.model.context));
-  if (c.dp != 1 || c.tp != 1 || c.pp != 1 || c.zero != 0)
-    return bad(fmt::format("parallel dp={} tp={} pp={} zero={} is not supported yet: only dp=tp=pp=1, zero=0 until "
-                           "the parallel training work lands",
-                           c.dp, c.tp, c.pp, c.zero));
+  if (c.tp != 1 || c.pp != 1)
+    return bad(fmt::format("parallel.tp={} pp={} is not supported yet: tensor and pipeline parallelism land with the "
+                           "next work; use data parallelism (parallel.dp)",
+                           c.tp, c.pp));
+  if (c.zero != 0 && c.zero != 1) return bad(fmt::format("parallel.zero must be 0 or 1, got {}", c.zero));
   if (c.train_data.empty()) return bad("data.train is required");
   if (c.opt.min_lr > c.opt.lr) return bad("train.min_lr must not exceed train.lr");
   return Status::OK();

@@ -26,6 +26,8 @@ struct TrainConfig {
   int eval_every = 50;   // 0: only at the start and the end
   int eval_batches = 8;
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  float timeout_s = 300.0f;  // deadline of every collective wait
+  float bucket_mb = 25.0f;   // gradient bucket size for data parallelism
   std::string checkpoint_dir = "runs/default";
   int checkpoint_every = 0;  // 0: only the final weights
   int checkpoint_keep = 1;

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/status.h"
+#include "dist/communicator.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -16,7 +17,9 @@ struct TrainSummary {
   std::string weights_path;  // checkpoint.dir/model.safetensors
 };
 
-// Runs c.steps optimizer steps. Progress goes to `out`.
-Result<TrainSummary> run_training(const TrainConfig& c, std::FILE* out);
+// Runs c.steps optimizer steps on the ranks of `world` (size 1 without
+// mpirun), laid out as c.dp x c.tp x c.pp. Rank 0 prints progress to `out`,
+// writes the metrics and saves the weights.
+Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& world, std::FILE* out);
 
 }  // namespace tessera

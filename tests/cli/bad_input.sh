@@ -52,7 +52,8 @@ expect_error too-few-tokens "fewer than one batch" -- "$tessera" eval --weights 
 printf '[model]\nlayers = 1\n[data]\ntrain = "%s"\n[train]\nsteps = 1\n' "$tmp/bytes/train_000000.bin" >"$tmp/ok.toml"
 expect_error config-typo "did you mean 'train.micro_batch'" -- "$tessera" train --config "$tmp/ok.toml" --set train.micro_bach=4
 expect_error config-type "must be an integer" -- "$tessera" train --config "$tmp/ok.toml" --set train.steps=many
-expect_error config-parallel "not supported yet" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.dp=2
+expect_error config-parallel "not supported yet" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.tp=2
+expect_error dp-without-launch "1 rank.s. are running" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.dp=2
 printf '[model]\nlayers = \n' >"$tmp/broken.toml"
 expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"
 

@@ -1,0 +1,103 @@
+// Communicator: the collective and point-to-point operations Tessera's
+// parallel training uses, behind one interface so MPI (CPU clusters), NCCL
+// (GPUs) and Gloo (elastic) backends are interchangeable. Layers, as in Gloo:
+// this interface and its algorithms; a backend's transport (mpi/, later
+// nccl/, gloo/); rendezvous (how ranks find each other: mpirun/srun for MPI).
+//
+// Every operation has an asynchronous form returning a Work handle and a
+// blocking form (the async form, waited on). Every wait has a deadline
+// (CommOptions::timeout): on expiry it returns Status::Unavailable naming the
+// operation, its sequence number on this communicator, the communicator and
+// the peers it was waiting on, instead of hanging. A rank that gets such an
+// error should report it and exit non-zero (dist::abort_job).
+//
+// Thread safety: one thread issues operations on a communicator; Work
+// handles are waited on by that same thread. Buffers passed to an async
+// operation must stay valid and untouched until its Work completes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tessera::dist {
+
+enum class ReduceOp { kSum, kMax, kMin };
+// Element types collectives carry.
+enum class ElemType { kF32, kF64, kI32, kI64, kU64, kU8 };
+size_t elem_size(ElemType t);
+const char* elem_name(ElemType t);  // "float", "double", "int32", ...
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// An operation in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Non-blocking progress check: true once complete (also drives progress of
+  // the transport, so call it between chunks of compute to overlap).
+  virtual bool test() = 0;
+  // Blocks until complete or the deadline passes (see above).
+  virtual Status wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "world", "dp", "tp", "pp", ...; used in diagnostics.
+  virtual const std::string& name() const = 0;
+  // The world rank of a member of this communicator, for diagnostics.
+  virtual int world_rank_of(int rank) const = 0;
+
+  // In place when send == recv. count elements on every rank.
+  virtual std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
+                                                 ReduceOp op) = 0;
+  // send holds size() * recv_count elements; rank r gets the reduction of
+  // block r. In place when send == recv (rank r's block then lands at recv).
+  virtual std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, int64_t recv_count,
+                                                     ElemType type, ReduceOp op) = 0;
+  // recv gets size() * send_count elements, block r from rank r. In place
+  // when send == recv + rank() * send_count.
+  virtual std::unique_ptr<Work> all_gather_async(const void* send, void* recv, int64_t send_count,
+                                                 ElemType type) = 0;
+  virtual std::unique_ptr<Work> broadcast_async(void* data, int64_t count, ElemType type, int root) = 0;
+  virtual std::unique_ptr<Work> send_async(const void* data, int64_t bytes, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> barrier_async() = 0;
+
+  // A sub-communicator of the ranks that pass the same color, ordered by key
+  // (MPI_Comm_split semantics). Collective over this communicator.
+  virtual Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) = 0;
+
+  // Blocking forms.
+  Status all_reduce(const void* send, void* recv, int64_t count, ElemType type, ReduceOp op = ReduceOp::kSum) {
+    return all_reduce_async(send, recv, count, type, op)->wait();
+  }
+  Status all_reduce(float* data, int64_t count, ReduceOp op = ReduceOp::kSum) {
+    return all_reduce(data, data, count, ElemType::kF32, op);
+  }
+  Status reduce_scatter(const void* send, void* recv, int64_t recv_count, ElemType type,
+                        ReduceOp op = ReduceOp::kSum) {
+    return reduce_scatter_async(send, recv, recv_count, type, op)->wait();
+  }
+  Status all_gather(const void* send, void* recv, int64_t send_count, ElemType type) {
+    return all_gather_async(send, recv, send_count, type)->wait();
+  }
+  Status broadcast(void* data, int64_t count, ElemType type, int root) {
+    return broadcast_async(data, count, type, root)->wait();
+  }
+  Status send(const void* data, int64_t bytes, int peer, int tag) { return send_async(data, bytes, peer, tag)->wait(); }
+  Status recv(void* data, int64_t bytes, int peer, int tag) { return recv_async(data, bytes, peer, tag)->wait(); }
+  Status barrier() { return barrier_async()->wait(); }
+};
+
+}  // namespace tessera::dist

@@ -1,0 +1,626 @@
+// MPI communicator (nonblocking MPI calls + deadline-bounded waits), the
+// single-process "self" communicator, and MPI start-up/shut-down.
+#include "dist/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace tessera::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// MPI return code -> Status. Every MPI call goes through TESSERA_MPI, which
+// names the function (not its arguments) in the message.
+Status mpi_status(int rc, const char* fn) {
+  if (rc == MPI_SUCCESS) return Status::OK();
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = std::snprintf(text, sizeof(text), "MPI error %d", rc);
+  return Status::Internal(fmt::format("{}: {}", fn, std::string(text, len)));
+}
+#define TESSERA_MPI(fn, ...) mpi_status(fn(__VA_ARGS__), #fn)
+#define MPI_RETURN_IF_ERROR(fn, ...) RETURN_IF_ERROR(TESSERA_MPI(fn, __VA_ARGS__))
+
+// Process-wide MPI bookkeeping. Only the thread that initialised MPI touches
+// it (MPI_THREAD_FUNNELED).
+struct MpiProcess {
+  bool we_initialised = false;
+  // Requests whose Work was destroyed before they completed (the caller gave
+  // up, e.g. on a timeout). Collective requests can be neither cancelled nor
+  // freed, so they are completed, or waited for, at finalisation.
+  std::vector<MPI_Request> orphans;
+  int64_t chunk_limit = int64_t{1} << 30;
+};
+MpiProcess& mpi_process() {
+  static MpiProcess p;
+  return p;
+}
+
+bool mpi_active() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+Status ensure_mpi_initialised() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (fin) return Status::Unavailable("MPI was already finalised in this process");
+  if (init) return Status::OK();
+  MpiProcess& p = mpi_process();  // constructed before the finaliser below, so destroyed after it
+  int provided = 0;
+  MPI_RETURN_IF_ERROR(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  p.we_initialised = true;
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  struct Finaliser {
+    ~Finaliser() { mpi_finalize(); }
+  };
+  static Finaliser finaliser;
+  return Status::OK();
+}
+
+MPI_Datatype mpi_type(ElemType t) {
+  switch (t) {
+    case ElemType::kF32: return MPI_FLOAT;
+    case ElemType::kF64: return MPI_DOUBLE;
+    case ElemType::kI32: return MPI_INT32_T;
+    case ElemType::kI64: return MPI_INT64_T;
+    case ElemType::kU64: return MPI_UINT64_T;
+    case ElemType::kU8: return MPI_UINT8_T;
+  }
+  CHECK(false && "unknown ElemType");
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  CHECK(false && "unknown ReduceOp");
+  return MPI_OP_NULL;
+}
+
+// "0-3", "0,2,4-6": ranks in the given order, increasing runs collapsed.
+std::string format_rank_runs(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) j++;
+    if (!out.empty()) out += ",";
+    out += j > i ? fmt::format("{}-{}", ranks[i], ranks[j]) : fmt::format("{}", ranks[i]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// "[1, 2, 3]", at most 16 named.
+std::string format_peer_list(const std::vector<int>& peers) {
+  constexpr size_t kMaxNamed = 16;
+  std::string out = "[";
+  for (size_t i = 0; i < peers.size() && i < kMaxNamed; i++) out += fmt::format("{}{}", i ? ", " : "", peers[i]);
+  if (peers.size() > kMaxNamed) out += fmt::format(", ... and {} more", peers.size() - kMaxNamed);
+  return out + "]";
+}
+
+// What a Work needs of its communicator for diagnostics; shared so a Work
+// may outlive the Communicator object.
+struct CommInfo {
+  std::string name;
+  int rank = 0;
+  std::vector<int> world_ranks;  // (size) world rank of each member
+  std::chrono::milliseconds timeout{0};
+};
+
+// One operation, as named in diagnostics. Formatted only on error, so posting
+// an operation builds no strings.
+struct OpDesc {
+  const char* op = "";
+  uint64_t seq = 0;
+  int64_t count = 0;  // elements, or bytes when is_bytes
+  ElemType type = ElemType::kU8;
+  bool is_bytes = false;
+  int peer = -1;  // send/recv: the rank in the communicator; -1: every other member
+
+  std::string describe() const {
+    std::string what = fmt::format("{} #{}", op, seq);
+    if (std::strcmp(op, "barrier") == 0 || std::strcmp(op, "comm_dup") == 0) return what;
+    if (is_bytes) return fmt::format("{} ({} bytes)", what, count);
+    return fmt::format("{} ({} x {})", what, count, elem_name(type));
+  }
+};
+
+std::string describe_on(const OpDesc& d, const CommInfo& c) {
+  return fmt::format("{} on communicator '{}' [world ranks {}]", d.describe(), c.name,
+                     format_rank_runs(c.world_ranks));
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::shared_ptr<const CommInfo> comm, const OpDesc& desc, int64_t bytes)
+      : comm_(std::move(comm)), desc_(desc), bytes_(bytes) {}
+  ~MpiWork() override {
+    if (done_ || !mpi_active()) return;
+    for (MPI_Request& r : reqs_) {
+      int flag = 0;
+      if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
+      if (r != MPI_REQUEST_NULL) mpi_process().orphans.push_back(r);
+    }
+  }
+
+  void add(MPI_Request r) { reqs_.push_back(r); }
+  // Posting failed: wait() reports it (after whatever was posted is orphaned).
+  void fail(const Status& st) {
+    if (status_.ok()) status_ = st.With(describe_on(desc_, *comm_));
+  }
+
+  bool test() override {
+    if (done_) return true;
+    if (!status_.ok()) return true;
+    if (reqs_.empty()) return done_ = true;
+    statuses_.resize(reqs_.size());
+    int flag = 0;
+    int rc = MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, statuses_.data());
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (const MPI_Status& s : statuses_)
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) rc = s.MPI_ERROR;
+    }
+    if (rc != MPI_SUCCESS) {
+      fail(mpi_status(rc, "MPI_Testall"));
+      return true;
+    }
+    return done_ = flag != 0;
+  }
+
+  Status wait() override {
+    const auto start = Clock::now();
+    const auto deadline = start + comm_->timeout;
+    // Spin (yielding the core) for as long as the transfer may plausibly
+    // still be moving data, then sleep 50-200 us between polls: a peer that
+    // late is not going to be served faster by a spinning rank, and the
+    // core may be shared with that peer. (Shared-memory MPI transports only
+    // move data while some rank polls, so sleeping early would throttle
+    // large transfers.)
+    const auto spin_for = std::chrono::microseconds(500) + std::chrono::nanoseconds(bytes_);  // ~1 GB/s
+    auto nap = std::chrono::microseconds(50);
+    while (!test()) {
+      const auto now = Clock::now();
+      if (now >= deadline) return timed_out(now - start);
+      if (now - start < spin_for) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(std::min(nap, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now)));
+        nap = std::min(nap * 2, std::chrono::microseconds(200));
+      }
+    }
+    return status_;
+  }
+
+ private:
+  Status timed_out(Clock::duration waited) const {
+    std::vector<int> peers;
+    if (desc_.peer >= 0) {
+      peers.push_back(comm_->world_ranks[desc_.peer]);
+    } else {
+      for (int r = 0; r < static_cast<int>(comm_->world_ranks.size()); r++)
+        if (r != comm_->rank) peers.push_back(comm_->world_ranks[r]);
+    }
+    return Status::Unavailable(fmt::format("{} timed out after {:.1f} s waiting on peers {} (rank {})",
+                                           describe_on(desc_, *comm_),
+                                           std::chrono::duration<double>(waited).count(), format_peer_list(peers),
+                                           comm_->world_ranks[comm_->rank]));
+  }
+
+  std::shared_ptr<const CommInfo> comm_;
+  OpDesc desc_;
+  int64_t bytes_;  // bytes this rank moves, for the spin budget
+  std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Status> statuses_;
+  Status status_;
+  bool done_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of comm.
+  MpiCommunicator(MPI_Comm comm, std::shared_ptr<const CommInfo> info) : comm_(comm), info_(std::move(info)) {}
+  ~MpiCommunicator() override {
+    if (mpi_active()) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return info_->rank; }
+  int size() const override { return static_cast<int>(info_->world_ranks.size()); }
+  const std::string& name() const override { return info_->name; }
+  int world_rank_of(int rank) const override { return info_->world_ranks.at(rank); }
+
+  std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
+                                         ReduceOp op) override {
+    const size_t esz = elem_size(type);
+    auto w = begin({"all_reduce", 0, count, type}, count * esz);
+    if (count < 0) return invalid(std::move(w), "negative count");
+    const bool in_place = send == recv;
+    for_each_chunk(*w, count, [&](int64_t off, int n, MPI_Request* req) {
+      return TESSERA_MPI(MPI_Iallreduce, in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + off * esz,
+                         static_cast<char*>(recv) + off * esz, n, mpi_type(type), mpi_op(op), comm_, req);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, int64_t recv_count, ElemType type,
+                                             ReduceOp op) override {
+    auto w = begin({"reduce_scatter", 0, recv_count, type}, recv_count * size() * elem_size(type));
+    if (recv_count < 0) return invalid(std::move(w), "negative count");
+    // Blocks are strided by recv_count, so chunks would not be contiguous;
+    // and MPI's implementations index the whole send buffer with int.
+    if (recv_count * size() > mpi_chunk_limit())
+      return invalid(std::move(w), fmt::format("{} x {} elements exceed the {} elements one MPI reduce_scatter "
+                                               "carries; reduce in smaller buckets",
+                                               size(), recv_count, mpi_chunk_limit()));
+    MPI_Request req;
+    Status st = TESSERA_MPI(MPI_Ireduce_scatter_block, send == recv ? MPI_IN_PLACE : send, recv,
+                            static_cast<int>(recv_count), mpi_type(type), mpi_op(op), comm_, &req);
+    if (st.ok()) w->add(req); else w->fail(st);
+    return w;
+  }
+
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, int64_t send_count, ElemType type) override {
+    const size_t esz = elem_size(type);
+    auto w = begin({"all_gather", 0, send_count, type}, send_count * size() * esz);
+    if (send_count < 0) return invalid(std::move(w), "negative count");
+    const bool in_place = send == static_cast<char*>(recv) + rank() * send_count * esz;
+    const MPI_Datatype dt = mpi_type(type);
+    if (send_count * size() <= mpi_chunk_limit()) {
+      MPI_Request req;
+      const int n = static_cast<int>(send_count);
+      Status st = TESSERA_MPI(MPI_Iallgather, in_place ? MPI_IN_PLACE : send, n, dt, recv, n, dt, comm_, &req);
+      if (st.ok()) w->add(req); else w->fail(st);
+      return w;
+    }
+    // Chunk c of every block at once: one element of a type of n elements
+    // whose extent is a whole block, so rank r's piece lands in block r.
+    for_each_chunk(*w, send_count, [&](int64_t off, int n, MPI_Request* req) -> Status {
+      MPI_Datatype piece, block;
+      MPI_RETURN_IF_ERROR(MPI_Type_contiguous, n, dt, &piece);
+      Status st = TESSERA_MPI(MPI_Type_create_resized, piece, 0, static_cast<MPI_Aint>(send_count * esz), &block);
+      MPI_Type_free(&piece);
+      RETURN_IF_ERROR(st);
+      st = TESSERA_MPI(MPI_Type_commit, &block);
+      if (st.ok())
+        st = TESSERA_MPI(MPI_Iallgather, in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + off * esz, n,
+                         dt, static_cast<char*>(recv) + off * esz, 1, block, comm_, req);
+      MPI_Type_free(&block);  // a pending operation keeps its own reference
+      return st;
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> broadcast_async(void* data, int64_t count, ElemType type, int root) override {
+    const size_t esz = elem_size(type);
+    auto w = begin({"broadcast", 0, count, type}, count * esz);
+    if (count < 0) return invalid(std::move(w), "negative count");
+    if (root < 0 || root >= size()) return invalid(std::move(w), fmt::format("root {} out of range", root));
+    for_each_chunk(*w, count, [&](int64_t off, int n, MPI_Request* req) {
+      return TESSERA_MPI(MPI_Ibcast, static_cast<char*>(data) + off * esz, n, mpi_type(type), root, comm_, req);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> send_async(const void* data, int64_t bytes, int peer, int tag) override {
+    auto w = begin({"send", 0, bytes, ElemType::kU8, true, peer}, bytes);
+    if (Status st = check_p2p(bytes, peer, tag); !st.ok()) return invalid(std::move(w), st.message());
+    for_each_chunk(*w, bytes, [&](int64_t off, int n, MPI_Request* req) {
+      return TESSERA_MPI(MPI_Isend, static_cast<const char*>(data) + off, n, MPI_BYTE, peer, tag, comm_, req);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) override {
+    auto w = begin({"recv", 0, bytes, ElemType::kU8, true, peer}, bytes);
+    if (Status st = check_p2p(bytes, peer, tag); !st.ok()) return invalid(std::move(w), st.message());
+    for_each_chunk(*w, bytes, [&](int64_t off, int n, MPI_Request* req) {
+      return TESSERA_MPI(MPI_Irecv, static_cast<char*>(data) + off, n, MPI_BYTE, peer, tag, comm_, req);
+    });
+    return w;
+  }
+
+  std::unique_ptr<Work> barrier_async() override {
+    auto w = begin({"barrier"}, 0);
+    MPI_Request req;
+    Status st = TESSERA_MPI(MPI_Ibarrier, comm_, &req);
+    if (st.ok()) w->add(req); else w->fail(st);
+    return w;
+  }
+
+  Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) override {
+    if (color < 0) return Status::InvalidArgument(fmt::format("split into '{}': color {} < 0", name, color));
+    // Everyone's (color, key) first, under the deadline: a rank that never
+    // arrives shows up as a timeout here instead of a hang in MPI_Comm_split,
+    // and the list gives the new communicator's members.
+    std::vector<int32_t> all(2 * size());
+    const int32_t mine[2] = {color, key};
+    RETURN_IF_ERROR(all_gather(mine, all.data(), 2, ElemType::kI32).With(fmt::format("split into '{}'", name)));
+    std::vector<int> members;  // ranks in this communicator, in the new order
+    for (int r = 0; r < size(); r++)
+      if (all[2 * r] == color) members.push_back(r);
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+
+    MPI_Comm sub;
+    MPI_RETURN_IF_ERROR(MPI_Comm_split, comm_, color, key, &sub);
+    MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    auto info = std::make_shared<CommInfo>();
+    info->name = name;
+    info->timeout = info_->timeout;
+    MPI_Comm_rank(sub, &info->rank);
+    for (int r : members) info->world_ranks.push_back(info_->world_ranks[r]);
+    CHECK(static_cast<int>(members.size()) > info->rank && members[info->rank] == rank());
+    return std::unique_ptr<Communicator>(new MpiCommunicator(sub, std::move(info)));
+  }
+
+ private:
+  std::unique_ptr<MpiWork> begin(OpDesc desc, int64_t bytes) {
+    desc.seq = ++seq_;
+    return std::make_unique<MpiWork>(info_, desc, bytes);
+  }
+
+  std::unique_ptr<Work> invalid(std::unique_ptr<MpiWork> w, const std::string& why) {
+    w->fail(Status::InvalidArgument(why));
+    return w;
+  }
+
+  Status check_p2p(int64_t bytes, int peer, int tag) const {
+    if (bytes < 0) return Status::InvalidArgument("negative byte count");
+    if (peer < 0 || peer >= size()) return Status::InvalidArgument(fmt::format("peer {} out of range", peer));
+    if (tag < 0) return Status::InvalidArgument(fmt::format("tag {} < 0", tag));
+    return Status::OK();
+  }
+
+  // Posts post(offset, n, &request) for consecutive chunks of at most
+  // mpi_chunk_limit() elements covering [0, count); at least one, so
+  // zero-length operations still match up across ranks.
+  template <typename Post>
+  void for_each_chunk(MpiWork& w, int64_t count, Post post) {
+    const int64_t limit = mpi_chunk_limit();
+    int64_t off = 0;
+    do {
+      const int n = static_cast<int>(std::min(limit, count - off));
+      MPI_Request req;
+      Status st = post(off, n, &req);
+      if (!st.ok()) return w.fail(st);
+      w.add(req);
+      off += n;
+    } while (off < count);
+  }
+
+  MPI_Comm comm_;
+  std::shared_ptr<const CommInfo> info_;
+  uint64_t seq_ = 0;  // operations posted on this communicator
+};
+
+// ---- The single-process communicator -------------------------------------
+
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(Status st = Status::OK()) : status_(std::move(st)) {}
+  bool test() override { return true; }
+  Status wait() override { return status_; }
+
+ private:
+  Status status_;
+};
+
+// A recv to self posted before its send: completed by that send.
+struct SelfRecv {
+  int tag = 0;
+  void* data = nullptr;
+  int64_t bytes = 0;
+  bool matched = false;
+  Status status;
+  std::string what;  // "recv #3 (16 bytes)"
+};
+
+class SelfRecvWork final : public Work {
+ public:
+  explicit SelfRecvWork(std::shared_ptr<SelfRecv> r) : r_(std::move(r)) {}
+  bool test() override { return r_->matched; }
+  Status wait() override {
+    if (!r_->matched)
+      return Status::Unavailable(fmt::format("{} on communicator 'self': no matching send was posted, and a "
+                                             "single-process communicator has no other rank to send it",
+                                             r_->what));
+    return r_->status;
+  }
+
+ private:
+  std::shared_ptr<SelfRecv> r_;
+};
+
+class SelfCommunicator final : public Communicator {
+ public:
+  explicit SelfCommunicator(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+  int world_rank_of(int rank) const override { return rank; }
+
+  std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
+                                         ReduceOp) override {
+    return copy(send, recv, count, type);
+  }
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, int64_t recv_count, ElemType type,
+                                             ReduceOp) override {
+    return copy(send, recv, recv_count, type);
+  }
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, int64_t send_count, ElemType type) override {
+    return copy(send, recv, send_count, type);
+  }
+  std::unique_ptr<Work> broadcast_async(void*, int64_t count, ElemType, int root) override {
+    seq_++;
+    if (root != 0 || count < 0) return error(fmt::format("broadcast of {} elements from root {}", count, root));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> send_async(const void* data, int64_t bytes, int peer, int tag) override {
+    seq_++;
+    if (peer != 0 || bytes < 0) return error(fmt::format("send of {} bytes to peer {}", bytes, peer));
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      if ((*it)->tag != tag) continue;
+      std::shared_ptr<SelfRecv> r = *it;
+      recvs_.erase(it);
+      deliver(*r, data, bytes);
+      return std::make_unique<DoneWork>();
+    }
+    const char* p = static_cast<const char*>(data);
+    sends_.push_back({tag, std::vector<char>(p, p + bytes)});
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) override {
+    seq_++;
+    if (peer != 0 || bytes < 0) return error(fmt::format("recv of {} bytes from peer {}", bytes, peer));
+    auto r = std::make_shared<SelfRecv>();
+    r->tag = tag;
+    r->data = data;
+    r->bytes = bytes;
+    r->what = fmt::format("recv #{} ({} bytes)", seq_, bytes);
+    for (auto it = sends_.begin(); it != sends_.end(); ++it) {
+      if (it->tag != tag) continue;
+      deliver(*r, it->data.data(), static_cast<int64_t>(it->data.size()));
+      sends_.erase(it);
+      return std::make_unique<SelfRecvWork>(r);
+    }
+    recvs_.push_back(r);
+    return std::make_unique<SelfRecvWork>(r);
+  }
+  std::unique_ptr<Work> barrier_async() override {
+    seq_++;
+    return std::make_unique<DoneWork>();
+  }
+  Result<std::unique_ptr<Communicator>> split(int color, int, const std::string& name) override {
+    if (color < 0) return Status::InvalidArgument(fmt::format("split into '{}': color {} < 0", name, color));
+    return std::unique_ptr<Communicator>(new SelfCommunicator(name));
+  }
+
+ private:
+  struct PendingSend {
+    int tag;
+    std::vector<char> data;
+  };
+
+  std::unique_ptr<Work> copy(const void* src, void* dst, int64_t count, ElemType type) {
+    seq_++;
+    if (count < 0) return error("negative count");
+    if (src != dst && count > 0) std::memmove(dst, src, count * elem_size(type));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> error(const std::string& why) {
+    return std::make_unique<DoneWork>(
+        Status::InvalidArgument(fmt::format("operation #{} on communicator '{}' (size 1): {}", seq_, name_, why)));
+  }
+  static void deliver(SelfRecv& r, const void* data, int64_t bytes) {
+    r.matched = true;
+    if (bytes > r.bytes) {
+      r.status = Status::InvalidArgument(
+          fmt::format("{} on communicator 'self': message of {} bytes truncated", r.what, bytes));
+      return;
+    }
+    if (bytes > 0) std::memcpy(r.data, data, bytes);
+  }
+
+  std::string name_;
+  uint64_t seq_ = 0;
+  std::deque<PendingSend> sends_;               // sends to self not yet received, in posting order
+  std::deque<std::shared_ptr<SelfRecv>> recvs_;  // recvs from self not yet matched, in posting order
+};
+
+}  // namespace
+
+bool launched_under_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(var) != nullptr) return true;
+  int init = 0;
+  MPI_Initialized(&init);
+  return init != 0;
+}
+
+Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
+  RETURN_IF_ERROR(ensure_mpi_initialised());
+  auto info = std::make_shared<CommInfo>();
+  info->name = "world";
+  info->timeout = options.timeout;
+  int size = 0;
+  MPI_RETURN_IF_ERROR(MPI_Comm_rank, MPI_COMM_WORLD, &info->rank);
+  MPI_RETURN_IF_ERROR(MPI_Comm_size, MPI_COMM_WORLD, &size);
+  for (int r = 0; r < size; r++) info->world_ranks.push_back(r);
+  // Our own duplicate, so Tessera's traffic never matches anyone else's.
+  MPI_Comm comm;
+  MPI_Request req;
+  MPI_RETURN_IF_ERROR(MPI_Comm_idup, MPI_COMM_WORLD, &comm, &req);
+  MpiWork dup(info, OpDesc{"comm_dup"}, 0);
+  dup.add(req);
+  RETURN_IF_ERROR(dup.wait());
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::unique_ptr<Communicator>(new MpiCommunicator(comm, std::move(info)));
+}
+
+std::unique_ptr<Communicator> self_communicator() { return std::make_unique<SelfCommunicator>("self"); }
+
+Result<std::unique_ptr<Communicator>> world_communicator(const CommOptions& options) {
+  if (launched_under_mpi()) return mpi_world(options);
+  return self_communicator();
+}
+
+void mpi_finalize() {
+  MpiProcess& p = mpi_process();
+  if (!p.we_initialised || !mpi_active()) return;
+  std::vector<MPI_Request>& orphans = p.orphans;
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  int done = orphans.empty();
+  while (!done && Clock::now() < give_up) {
+    MPI_Testall(static_cast<int>(orphans.size()), orphans.data(), &done, MPI_STATUSES_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!done)
+    abort_job(Status::Internal(fmt::format("{} MPI operation(s) abandoned before completing were still pending "
+                                           "at exit; aborting the job instead of hanging in MPI_Finalize",
+                                           orphans.size())));
+  orphans.clear();
+  MPI_Finalize();
+}
+
+void abort_job(const Status& status) {
+  static std::atomic<bool> printed{false};
+  if (!printed.exchange(true)) {
+    std::fprintf(stderr, "tessera: error: %s\n", status.message().c_str());
+    std::fflush(stderr);
+  }
+  if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::fflush(stdout);
+  _exit(1);
+}
+
+int64_t mpi_chunk_limit() { return mpi_process().chunk_limit; }
+
+void set_mpi_chunk_limit_for_testing(int64_t elements) {
+  CHECK(elements >= 1 && elements <= INT_MAX);
+  mpi_process().chunk_limit = elements;
+}
+
+}  // namespace tessera::dist

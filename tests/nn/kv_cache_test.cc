@@ -24,7 +24,7 @@ namespace {
 // summation orders (oneDNN blocks one row differently from many; attention
 // is a dot-product loop here and gemms in GPT::forward); measured
 // differences are ~1e-7.
-constexpr double kTol = 1e-5;
+constexpr double kTol = 1e-9;
 
 double normalised_error(const float* ours, const float* ref, int64_t n) {
   double max_diff = 0.0, max_ref = 1.0;

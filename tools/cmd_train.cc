@@ -14,11 +14,20 @@ namespace tessera::tools {
 
 namespace {
 struct TrainArgs {
+  bool print_keys = false;
   std::string config;
   std::vector<std::string> overrides;
 };
 
 int run_train(const TrainArgs& a) {
+  if (a.print_keys) {  // the table in docs/config.md
+    std::printf("| key | type | default | meaning |\n|---|---|---|---|\n");
+    for (const ConfigKeyDoc& d : config_key_docs())
+      std::printf("| `%s` | %s | `%s` | %s |\n", d.key.c_str(), d.type.c_str(), d.default_value.c_str(),
+                  d.help.c_str());
+    return kExitOk;
+  }
+  if (a.config.empty()) return fail(Status::InvalidArgument("--config is required"));
   auto c = load_train_config(a.config, a.overrides);
   if (!c.ok()) return fail(c.status());
   dist::CommOptions opts;
@@ -61,7 +70,8 @@ int run_prepare(const data::PrepareOptions& o) {
 void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT from a TOML config (docs/config.md)");
-  cmd->add_option("--config", a->config, "TOML file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--config", a->config, "TOML file")->check(CLI::ExistingFile);
+  cmd->add_flag("--print-keys", a->print_keys, "print every config key with its type, default and meaning");
   cmd->add_option("--set", a->overrides, "override a key: section.key=value (repeatable)");
   cmd->callback([a] { exit_code() = run_train(*a); });
 }

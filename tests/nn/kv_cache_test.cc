@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -23,8 +24,8 @@ namespace {
 // max |ours - ref| / max(1, max |ref|). Both sides are fp32 with different
 // summation orders (oneDNN blocks one row differently from many; attention
 // is a dot-product loop here and gemms in GPT::forward); measured
-// differences are ~1e-7.
-constexpr double kTol = 1e-9;
+// differences are up to 1.2e-6.
+constexpr double kTol = 1e-5;
 
 double normalised_error(const float* ours, const float* ref, int64_t n) {
   double max_diff = 0.0, max_ref = 1.0;
@@ -36,6 +37,7 @@ double normalised_error(const float* ours, const float* ref, int64_t n) {
 }
 
 enum class Kind { kRandom, kPyTorch };
+void PrintTo(Kind k, std::ostream* os) { *os << (k == Kind::kRandom ? "random model" : "PyTorch tiny model"); }
 
 std::unique_ptr<GPT> make_model(Kind kind) {
   if (kind == Kind::kPyTorch) {

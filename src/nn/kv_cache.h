@@ -8,7 +8,7 @@
 // layer's keys and values of the positions already processed are kept, so a
 // new token costs one row through every matmul plus attention against the
 // cached keys. The result equals GPT::forward on the whole sequence up to
-// fp32 summation order (matmul row blocking, attention's exp).
+// fp32 summation order (matmul row blocking, attention loop vs gemms).
 #pragma once
 
 #include "core/status.h"

@@ -33,7 +33,9 @@ int sample_token(const float* logits, int V, float temperature, int top_k, std::
 //
 // use_cache: prefill the prompt into a KVCache, then feed one token per step
 // (forward_incremental). Without it, every step runs model.forward over the
-// whole sequence so far and reads the last row: the baseline, and an oracle.
+// whole sequence so far and reads its last row: the baseline, and an oracle
+// (the first step's forward is padded to the longest length the call will
+// need, so that later ones reuse the model's activation arena).
 // Both draw the same tokens up to fp32 rounding of the logits (identical at
 // temperature 0 unless two logits tie within it). Without the cache the
 // model's forward activations (model.logits()) are overwritten.

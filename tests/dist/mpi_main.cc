@@ -10,7 +10,7 @@
 #include "dist/mpi/mpi_communicator.h"
 #include "mpi_test_env.h"
 
-namespace tessera::dist::testing {
+namespace tessera::dist::mpi_test {
 
 namespace {
 Communicator* g_world = nullptr;
@@ -32,23 +32,23 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 Communicator& test_world() { return *g_world; }
 
-}  // namespace tessera::dist::testing
+}  // namespace tessera::dist::mpi_test
 
 int main(int argc, char** argv) {
   using namespace tessera::dist;
   ::testing::InitGoogleTest(&argc, argv);
   CommOptions options;
-  options.timeout = testing::kTestTimeout;
+  options.timeout = mpi_test::kTestTimeout;
   auto world = mpi_world(options);
   if (!world.ok()) {
     std::fprintf(stderr, "tessera_mpi_tests: %s\n", world.status().message().c_str());
     return 1;
   }
-  testing::g_world = world->get();
+  mpi_test::g_world = world->get();
   const int rank = (*world)->rank();
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (rank != 0) delete listeners.Release(listeners.default_result_printer());
-  listeners.Append(new testing::RankFailurePrinter(rank));
+  listeners.Append(new mpi_test::RankFailurePrinter(rank));
 
   const int failed_here = RUN_ALL_TESTS() != 0;
   int32_t failed_anywhere = failed_here;

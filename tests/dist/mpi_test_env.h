@@ -7,7 +7,7 @@
 
 #include "dist/communicator.h"
 
-namespace tessera::dist::testing {
+namespace tessera::dist::mpi_test {
 
 // The world communicator of the run (timeout kTestTimeout), made by main().
 Communicator& test_world();
@@ -16,4 +16,4 @@ Communicator& test_world();
 // hanging until ctest's timeout.
 constexpr std::chrono::milliseconds kTestTimeout{15000};
 
-}  // namespace tessera::dist::testing
+}  // namespace tessera::dist::mpi_test

@@ -4,6 +4,7 @@
 // failures, each line prefixed with the rank.
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -18,15 +19,18 @@ Communicator* g_world = nullptr;
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // (Not UnitTest::current_test_info() in OnTestPartResult: GoogleTest holds
+  // the lock it takes there.)
+  void OnTestStart(const ::testing::TestInfo& t) override { test_ = std::string(t.test_suite_name()) + "." + t.name(); }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s: %s:%d: %s\n", rank_, t ? t->test_suite_name() : "?", t ? t->name() : "?",
-                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
+                 r.line_number(), r.message());
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 }  // namespace
 

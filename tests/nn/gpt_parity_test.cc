@@ -8,6 +8,8 @@
 #include <memory>
 
 #include <gtest/gtest.h>
+
+#include "test_util.h"
 #include <nlohmann/json.hpp>
 
 #include "data/shard.h"
@@ -52,14 +54,7 @@ Reference load_reference() {
   return r;
 }
 
-double normalised_error(const float* ours, const float* ref, int64_t n) {
-  double max_diff = 0.0, max_ref = 1.0;
-  for (int64_t i = 0; i < n; i++) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - ref[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
-  }
-  return max_diff / max_ref;
-}
+using testing_util::normalised_error;
 
 std::unique_ptr<GPT> load_model(Backend backend, const std::string& file = "gpt2_tiny.safetensors") {
   auto m = load_gpt2(kDir + file, nullptr, backend);

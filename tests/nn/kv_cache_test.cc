@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
@@ -27,14 +29,7 @@ namespace {
 // differences are up to 1.2e-6.
 constexpr double kTol = 1e-5;
 
-double normalised_error(const float* ours, const float* ref, int64_t n) {
-  double max_diff = 0.0, max_ref = 1.0;
-  for (int64_t i = 0; i < n; i++) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - ref[i]));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
-  }
-  return max_diff / max_ref;
-}
+using testing_util::normalised_error;
 
 enum class Kind { kRandom, kPyTorch };
 void PrintTo(Kind k, std::ostream* os) { *os << (k == Kind::kRandom ? "random model" : "PyTorch tiny model"); }

@@ -11,7 +11,7 @@
 namespace tessera {
 
 struct TrainSummary {
-  double first_val_loss = 0.0, last_val_loss = 0.0;  // NaN-free only when data.val is set
+  double first_val_loss = 0.0, last_val_loss = 0.0;  // meaningful only when has_val
   double last_train_loss = 0.0;
   bool has_val = false;
   std::string weights_path;  // checkpoint.dir/model.safetensors

@@ -25,7 +25,7 @@ std::vector<float> random_vec(size_t n, uint32_t seed) {
 void BM_MatmulForward(benchmark::State& s) {
   const int OC = static_cast<int>(s.range(0));
   const auto prec = s.range(1) ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
-  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(size_t{OC} * kC, 2), b = random_vec(OC, 3);
+  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(static_cast<size_t>(OC) * kC, 2), b = random_vec(OC, 3);
   std::vector<float> out(size_t{kN} * OC);
   for (auto _ : s) cpu::matmul_forward(out.data(), x.data(), w.data(), b.data(), kN, kC, OC, prec);
   s.counters["FLOP/s"] = benchmark::Counter(2.0 * kN * kC * OC * s.iterations(), benchmark::Counter::kIsRate);
@@ -35,8 +35,8 @@ BENCHMARK(BM_MatmulForward)->Args({768, 0})->Args({3072, 0})->Args({3072, 1})->U
 void BM_MatmulBackward(benchmark::State& s) {
   const int OC = static_cast<int>(s.range(0));
   const auto prec = s.range(1) ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
-  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(size_t{OC} * kC, 2), dy = random_vec(size_t{kN} * OC, 3);
-  std::vector<float> dx(size_t{kN} * kC), dw(size_t{OC} * kC), db(OC);
+  auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(static_cast<size_t>(OC) * kC, 2), dy = random_vec(size_t{kN} * OC, 3);
+  std::vector<float> dx(size_t{kN} * kC), dw(static_cast<size_t>(OC) * kC), db(OC);
   for (auto _ : s) cpu::matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), kN, kC, OC, prec);
   s.counters["FLOP/s"] = benchmark::Counter(4.0 * kN * kC * OC * s.iterations(), benchmark::Counter::kIsRate);
 }

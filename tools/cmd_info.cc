@@ -4,9 +4,33 @@
 #include <omp.h>
 
 #include "core/cpu_features.h"
+#include "kernels/cuda/device.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
+
+namespace {
+
+// "cuda: compiled (CUDA runtime 13.0, sm_80 sm_90 compute_90), 2 device(s)"
+// and a line per device; or why there is none; or "cuda: not compiled".
+void print_cuda() {
+  if (!cuda::compiled()) {
+    std::printf("cuda: not compiled\n");
+    return;
+  }
+  const Result<int> count = cuda::query_device_count();
+  if (!count.ok() || count.value() == 0) {
+    std::printf("cuda: compiled (CUDA runtime %s, %s), no device (%s)\n", cuda::runtime_version().c_str(),
+                cuda::compiled_architectures().c_str(),
+                count.ok() ? "the driver reports 0 devices" : count.status().message().c_str());
+    return;
+  }
+  std::printf("cuda: compiled (CUDA runtime %s, %s), %d device(s)\n", cuda::runtime_version().c_str(),
+              cuda::compiled_architectures().c_str(), count.value());
+  for (int d = 0; d < count.value(); d++) std::printf("  cuda:%d: %s\n", d, cuda::device_summary(d).c_str());
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("info", "Print version, backends, CPU features and the oneDNN ISA in use");
@@ -14,7 +38,7 @@ void add_info_command(CLI::App& app) {
     const CpuFeatures& f = cpu_features();
     std::printf("tessera %s\n", TESSERA_VERSION);
     std::printf("backends: cpu (oneDNN %s)\n", onednn_version().c_str());
-    std::printf("cuda: not compiled\n");
+    print_cuda();
     std::printf("cpu: %s, %d logical cores, %d OpenMP threads\n", f.brand.c_str(), f.logical_cores,
                 omp_get_max_threads());
     std::printf("cpu features: %s\n", f.summary().c_str());

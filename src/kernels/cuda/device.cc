@@ -1,0 +1,101 @@
+// The CUDA device API (device.h) over the CUDA runtime. Host C++ only,
+// compiled by the C++ compiler into tessera_cuda.
+#include "kernels/cuda/device.h"
+
+#include <fmt/format.h>
+
+#include "kernels/cuda/cuda_check.h"
+
+#ifndef TESSERA_CUDA_ARCH_LIST
+#define TESSERA_CUDA_ARCH_LIST ""
+#endif
+
+namespace tessera::cuda {
+
+bool compiled() { return true; }
+
+std::string runtime_version() {
+  // CUDART_VERSION is 1000 * major + 10 * minor; the runtime is linked
+  // statically, so this is also the runtime in use.
+  return fmt::format("{}.{}", CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
+}
+
+std::string compiled_architectures() { return TESSERA_CUDA_ARCH_LIST; }
+
+Result<int> query_device_count() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // do not leave the error for the next call to find
+    // The runtime says "insufficient" also when there is no driver at all.
+    const char* hint = err == cudaErrorInsufficientDriver ? " (no NVIDIA driver, or one older than the runtime)" : "";
+    return Status::Unavailable(std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err) + hint);
+  }
+  return n;
+}
+
+int device_count() {
+  Result<int> n = query_device_count();
+  return n.ok() ? *n : 0;
+}
+
+Status set_device(int device) {
+  const cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Unavailable(fmt::format("cudaSetDevice({}): {}", device, cudaGetErrorString(err)));
+  }
+  return Status::OK();
+}
+
+std::string device_summary(int device) {
+  cudaDeviceProp prop{};
+  const cudaError_t err = cudaGetDeviceProperties(&prop, device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("device {}: {}", device, cudaGetErrorString(err));
+  }
+  return fmt::format("{}, {} SMs, {:.1f} GiB, compute {}.{}", prop.name, prop.multiProcessorCount,
+                     static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
+}
+
+Result<void*> device_malloc(size_t bytes) {
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Unavailable(fmt::format("cudaMalloc({} bytes): {}", bytes, cudaGetErrorString(err)));
+  }
+  return ptr;
+}
+
+Status device_free(void* ptr) {
+  if (ptr == nullptr) return Status::OK();
+  CUDA_RETURN_IF_ERROR(cudaFree(ptr));
+  return Status::OK();
+}
+
+Status memcpy_h2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::OK();
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  return Status::OK();
+}
+
+Status memcpy_d2h(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::OK();
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  return Status::OK();
+}
+
+Status memset_zero(void* ptr, size_t bytes) {
+  if (bytes == 0) return Status::OK();
+  CUDA_RETURN_IF_ERROR(cudaMemset(ptr, 0, bytes));
+  return Status::OK();
+}
+
+Status synchronize() {
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return Status::OK();
+}
+
+}  // namespace tessera::cuda

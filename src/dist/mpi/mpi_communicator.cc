@@ -47,6 +47,9 @@ struct MpiProcess {
   // freed, so they are completed, or waited for, at finalisation.
   std::vector<MPI_Request> orphans;
   int64_t chunk_limit = int64_t{1} << 30;
+  // Host of every world rank (TESSERA_HOST, set by the cluster harness's
+  // launch agent, else the host name), for diagnostics; filled by mpi_world.
+  std::vector<std::string> world_hosts;
 };
 MpiProcess& mpi_process() {
   static MpiProcess p;
@@ -121,6 +124,27 @@ std::string format_peer_list(const std::vector<int>& peers) {
   for (size_t i = 0; i < peers.size() && i < kMaxNamed; i++) out += fmt::format("{}{}", i ? ", " : "", peers[i]);
   if (peers.size() > kMaxNamed) out += fmt::format(", ... and {} more", peers.size() - kMaxNamed);
   return out + "]";
+}
+
+// " on host(s) h2, h3" for world ranks, when mpi_world learnt the hosts.
+std::string format_peer_hosts(const std::vector<int>& peers) {
+  const std::vector<std::string>& hosts = mpi_process().world_hosts;
+  std::vector<std::string> names;
+  for (int r : peers) {
+    if (r < 0 || r >= static_cast<int>(hosts.size())) return "";
+    if (std::find(names.begin(), names.end(), hosts[r]) == names.end()) names.push_back(hosts[r]);
+  }
+  if (names.empty()) return "";
+  std::string out = names.size() == 1 ? " on host " : " on hosts ";
+  for (size_t i = 0; i < names.size() && i < 16; i++) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+std::string this_host() {
+  if (const char* h = std::getenv("TESSERA_HOST"); h && *h) return h;
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+  return buf;
 }
 
 // What a Work needs of its communicator for diagnostics; shared so a Work
@@ -225,10 +249,13 @@ class MpiWork final : public Work {
       for (int r = 0; r < static_cast<int>(comm_->world_ranks.size()); r++)
         if (r != comm_->rank) peers.push_back(comm_->world_ranks[r]);
     }
-    return Status::Unavailable(fmt::format("{} timed out after {:.1f} s waiting on peers {} (rank {})",
+    const int me = comm_->world_ranks[comm_->rank];
+    const std::vector<std::string>& hosts = mpi_process().world_hosts;
+    const std::string my_host = me < static_cast<int>(hosts.size()) ? " on " + hosts[me] : "";
+    return Status::Unavailable(fmt::format("{} timed out after {:.1f} s waiting on peers {}{} (rank {}{})",
                                            describe_on(desc_, *comm_),
                                            std::chrono::duration<double>(waited).count(), format_peer_list(peers),
-                                           comm_->world_ranks[comm_->rank]));
+                                           format_peer_hosts(peers), me, my_host));
   }
 
   std::shared_ptr<const CommInfo> comm_;
@@ -577,6 +604,19 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   dup.add(req);
   RETURN_IF_ERROR(dup.wait());
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  // Learn every rank's host once, for timeout messages.
+  constexpr int kHostLen = 64;
+  char mine[kHostLen] = {};
+  std::snprintf(mine, kHostLen, "%s", this_host().c_str());
+  std::vector<char> all(static_cast<size_t>(kHostLen) * size);
+  MPI_Request host_req;
+  MPI_RETURN_IF_ERROR(MPI_Iallgather, mine, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm, &host_req);
+  MpiWork hosts(info, OpDesc{"host_exchange"}, 0);
+  hosts.add(host_req);
+  RETURN_IF_ERROR(hosts.wait());
+  std::vector<std::string>& world_hosts = mpi_process().world_hosts;
+  world_hosts.clear();
+  for (int r = 0; r < size; r++) world_hosts.emplace_back(all.data() + static_cast<size_t>(r) * kHostLen);
   return std::unique_ptr<Communicator>(new MpiCommunicator(comm, std::move(info)));
 }
 

@@ -341,6 +341,7 @@ void add_bench_comm_commands(CLI::App& bench) {
     cmd->add_option("--dtype", a->dtype, "float, double, int32, int64, uint64 or uint8");
     cmd->callback([a] { exit_code() = run_comm_bench(*a); });
   }
+  add_bench_p2p_command(bench);  // p2p: every pair's bandwidth and latency (cmd_bench_p2p.cc)
 }
 
 }  // namespace tessera::tools

@@ -1,14 +1,27 @@
-// tessera launch -n N [--hosts h1:s,h2:s] -- <tessera args>: runs this
-// tessera binary under mpirun with the flags this machine needs, and prints
-// the mpirun command first. Under srun, run `srun tessera train ...`
-// directly instead (docs/launch.md).
+// tessera launch -n N [--hosts h1:s,h2:s] [--netns] -- <tessera args>: runs
+// this tessera binary under mpirun with the flags this machine needs, and
+// prints the mpirun command first. Hosts are reached with ssh (mpirun's
+// default) or, with --netns, inside the network namespaces of the emulated
+// cluster (scripts/cluster.sh): mpirun itself runs in the first host's
+// namespace and reaches the others through scripts/netns-agent.sh. Under
+// Slurm, run `srun tessera train ...` directly (docs/parallel.md).
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "tools/commands.h"
 
@@ -21,6 +34,9 @@ struct LaunchArgs {
   std::string hosts;  // "h1:slots,h2:slots"
   int threads = 0;    // OpenMP threads per rank; 0: cores / ranks per host
   bool dry_run = false;
+  bool netns = false;     // hosts are network namespaces (scripts/cluster.sh)
+  std::string agent;      // rsh agent; default with --netns: scripts/netns-agent.sh
+  std::string tcp_if;     // interfaces or subnet for MPI's TCP traffic
   std::vector<std::string> args;  // after --
 };
 
@@ -38,19 +54,49 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
+// scripts/netns-agent.sh, found beside this binary's source tree
+// (build/release/tessera -> ../../scripts) or under the working directory.
+std::string default_agent() {
+  namespace fs = std::filesystem;
+  fs::path exe = self_path();
+  for (fs::path p : {exe.parent_path() / "../../scripts/netns-agent.sh", fs::path("scripts/netns-agent.sh")}) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) return fs::canonical(p, ec).string();
+  }
+  return "";
+}
+
+int supervise(std::vector<std::string>& cmd);
+
 int run_launch(const LaunchArgs& a) {
   if (a.args.empty()) return fail(Status::InvalidArgument("nothing to launch: give the tessera arguments after --"));
   const int cores = std::max(1u, std::thread::hardware_concurrency());
   int hosts = 1;
   if (!a.hosts.empty()) hosts = 1 + static_cast<int>(std::count(a.hosts.begin(), a.hosts.end(), ','));
-  const int ranks_per_host = (a.ranks + hosts - 1) / hosts;
+  // Namespace "hosts" share this machine's cores.
+  const int ranks_per_host = a.netns ? a.ranks : (a.ranks + hosts - 1) / hosts;
   const int threads = a.threads > 0 ? a.threads : std::max(1, cores / ranks_per_host);
   const bool oversubscribed = ranks_per_host * threads > cores;
 
-  std::vector<std::string> cmd = {"mpirun"};
+  std::vector<std::string> cmd;
+  if (a.netns) {
+    if (a.hosts.empty()) return fail(Status::InvalidArgument("--netns needs --hosts (the cluster's host names)"));
+    std::string agent = a.agent.empty() ? default_agent() : a.agent;
+    if (agent.empty()) return fail(Status::NotFound("scripts/netns-agent.sh not found; pass --agent PATH"));
+    const std::string first = a.hosts.substr(0, a.hosts.find_first_of(":,"));
+    cmd.insert(cmd.end(), {"ip", "netns", "exec", first, "env", "TESSERA_HOST=" + first, "mpirun"});
+    cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", agent});
+  } else {
+    cmd.push_back("mpirun");
+  }
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   cmd.insert(cmd.end(), {"-np", std::to_string(a.ranks)});
   if (!a.hosts.empty()) cmd.insert(cmd.end(), {"--host", a.hosts});
+  if (!a.tcp_if.empty()) {
+    // Pin both MPI's data path and its out-of-band channel to these links.
+    cmd.insert(cmd.end(), {"--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", a.tcp_if, "--mca",
+                           "oob_tcp_if_include", a.tcp_if});
+  }
   if (oversubscribed) {
     cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
   } else if (threads > 1) {
@@ -67,11 +113,88 @@ int run_launch(const LaunchArgs& a) {
   std::fprintf(stderr, "tessera launch: %s\n", line.c_str());
   std::fflush(stderr);
   if (a.dry_run) return kExitOk;
-  std::vector<char*> argv;
-  for (std::string& s : cmd) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  execvp("mpirun", argv.data());
-  return fail(Status::NotFound("cannot run mpirun: is OpenMPI installed? (scripts/setup.sh installs openmpi-bin)"));
+  return supervise(cmd);
+}
+
+// Runs mpirun as a child, passing its stderr through line by line. When a
+// rank aborts the job (a deadline error), mpirun kills the other ranks; but
+// if a host has become unreachable (a cut link, a dead node) mpirun waits
+// for that host's daemon forever. So once mpirun reports MPI_ABORT, it gets
+// kAbortGrace to end by itself before the launcher ends it.
+int supervise(std::vector<std::string>& cmd) {
+  constexpr auto kAbortGrace = std::chrono::seconds(10);
+  int err_pipe[2];
+  if (pipe(err_pipe) != 0) return fail(Status::IOError(fmt::format("pipe: {}", std::strerror(errno))));
+  pid_t child = fork();
+  if (child < 0) return fail(Status::IOError(fmt::format("fork: {}", std::strerror(errno))));
+  if (child == 0) {
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(err_pipe[0]);
+    close(err_pipe[1]);
+    std::vector<char*> argv;
+    for (std::string& s : cmd) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "tessera: error: cannot run %s: %s (scripts/setup.sh installs openmpi-bin)\n", argv[0],
+                 std::strerror(errno));
+    _exit(127);
+  }
+  close(err_pipe[1]);
+  // Ctrl-C and kill reach mpirun, which ends the ranks.
+  static pid_t g_child = 0;
+  g_child = child;
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) { kill(g_child, sig); };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::optional<std::chrono::steady_clock::time_point> aborted;
+  std::string line;
+  char buf[4096];
+  bool open = true;
+  int wstatus = 0;
+  for (;;) {
+    if (open) {
+      pollfd pfd{err_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, 200) > 0) {
+        ssize_t n = read(err_pipe[0], buf, sizeof(buf));
+        if (n <= 0) {
+          open = false;
+        } else {
+          fwrite(buf, 1, n, stderr);
+          fflush(stderr);
+          line.append(buf, n);
+          if (!aborted && line.find("MPI_ABORT was invoked") != std::string::npos)
+            aborted = std::chrono::steady_clock::now();
+          if (line.size() > 4096) line.erase(0, line.size() - 256);
+        }
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    pid_t r = waitpid(child, &wstatus, WNOHANG);
+    if (r == child) break;
+    if (aborted && std::chrono::steady_clock::now() - *aborted > kAbortGrace) {
+      std::fprintf(stderr,
+                   "tessera launch: mpirun did not end %lld s after a rank aborted the job (a host is probably "
+                   "unreachable); ending it\n",
+                   static_cast<long long>(kAbortGrace.count()));
+      kill(child, SIGTERM);
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      kill(child, SIGKILL);
+      waitpid(child, &wstatus, 0);
+      return kExitError;
+    }
+  }
+  // Drain what is left of stderr.
+  while (open) {
+    ssize_t n = read(err_pipe[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    fwrite(buf, 1, n, stderr);
+  }
+  close(err_pipe[0]);
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  return kExitError;
 }
 
 }  // namespace
@@ -84,6 +207,9 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "OpenMP threads per rank (default: cores / ranks per host)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--dry-run", a->dry_run, "print the mpirun command without running it");
+  cmd->add_flag("--netns", a->netns, "the hosts are network namespaces of scripts/cluster.sh");
+  cmd->add_option("--agent", a->agent, "mpirun rsh agent (default with --netns: scripts/netns-agent.sh)");
+  cmd->add_option("--tcp-if", a->tcp_if, "interfaces or subnet (CIDR) MPI's TCP traffic must use");
   cmd->add_option("args", a->args, "tessera arguments, after --")->required();
   cmd->callback([a] { exit_code() = run_launch(*a); });
 }

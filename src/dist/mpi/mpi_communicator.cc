@@ -50,6 +50,8 @@ struct MpiProcess {
   // Host of every world rank (TESSERA_HOST, set by the cluster harness's
   // launch agent, else the host name), for diagnostics; filled by mpi_world.
   std::vector<std::string> world_hosts;
+  // A private duplicate of MPI_COMM_WORLD for health checks after a timeout.
+  MPI_Comm health = MPI_COMM_NULL;
 };
 MpiProcess& mpi_process() {
   static MpiProcess p;
@@ -70,6 +72,12 @@ Status ensure_mpi_initialised() {
   if (fin) return Status::Unavailable("MPI was already finalised in this process");
   if (init) return Status::OK();
   MpiProcess& p = mpi_process();  // constructed before the finaliser below, so destroyed after it
+  // OpenMPI's nonblocking all-reduce (libnbc) picks a binomial reduce +
+  // broadcast for few ranks, which moves every byte twice over the slowest
+  // link: 48% of a shaped 1 Gbit/s link's bus bandwidth on 2 hosts. The
+  // reduce-scatter + all-gather algorithm reaches 93% there (docs/cluster.md).
+  // An explicit setting in the environment still wins.
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
   int provided = 0;
   MPI_RETURN_IF_ERROR(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   p.we_initialised = true;
@@ -179,6 +187,46 @@ std::string describe_on(const OpDesc& d, const CommInfo& c) {
                      format_rank_runs(c.world_ranks));
 }
 
+// After a collective timed out, which peers are still alive? Every rank that
+// timed out on the same operation sends a 1-byte "alive" to each peer on the
+// health communicator and listens for theirs, for up to `window`. Peers not
+// heard from are the ones that stalled, died or were cut off. Receives still
+// pending are cancelled; sends are freed (they may never be delivered).
+std::vector<int> unresponsive_peers(const std::vector<int>& peers, std::chrono::milliseconds window) {
+  MPI_Comm health = mpi_process().health;
+  if (health == MPI_COMM_NULL || peers.empty()) return {};
+  constexpr int kHealthTag = 7177;
+  static char alive_out = 1;
+  std::vector<char> alive_in(peers.size());
+  std::vector<MPI_Request> sends(peers.size(), MPI_REQUEST_NULL), recvs(peers.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < peers.size(); i++) {
+    MPI_Irecv(&alive_in[i], 1, MPI_CHAR, peers[i], kHealthTag, health, &recvs[i]);
+    MPI_Isend(&alive_out, 1, MPI_CHAR, peers[i], kHealthTag, health, &sends[i]);
+  }
+  std::vector<bool> heard(peers.size(), false);
+  const auto deadline = Clock::now() + window;
+  size_t count = 0;
+  while (count < peers.size() && Clock::now() < deadline) {
+    for (size_t i = 0; i < peers.size(); i++) {
+      if (heard[i]) continue;
+      int flag = 0;
+      MPI_Test(&recvs[i], &flag, MPI_STATUS_IGNORE);
+      if (flag) heard[i] = true, count++;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::vector<int> silent;
+  for (size_t i = 0; i < peers.size(); i++) {
+    if (!heard[i]) {
+      silent.push_back(peers[i]);
+      MPI_Cancel(&recvs[i]);
+      MPI_Wait(&recvs[i], MPI_STATUS_IGNORE);
+    }
+    if (sends[i] != MPI_REQUEST_NULL) MPI_Request_free(&sends[i]);
+  }
+  return silent;
+}
+
 class MpiWork final : public Work {
  public:
   MpiWork(std::shared_ptr<const CommInfo> comm, const OpDesc& desc, int64_t bytes)
@@ -252,10 +300,19 @@ class MpiWork final : public Work {
     const int me = comm_->world_ranks[comm_->rank];
     const std::vector<std::string>& hosts = mpi_process().world_hosts;
     const std::string my_host = me < static_cast<int>(hosts.size()) ? " on " + hosts[me] : "";
-    return Status::Unavailable(fmt::format("{} timed out after {:.1f} s waiting on peers {}{} (rank {}{})",
+    // A collective cannot say whom it waits for; ask the peers directly.
+    std::string verdict;
+    if (peers.size() > 1) {
+      auto window = std::min(std::chrono::milliseconds(2000),
+                             std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout) / 2);
+      std::vector<int> silent = unresponsive_peers(peers, window);
+      if (!silent.empty())
+        verdict = fmt::format("; no answer from peers {}{}", format_peer_list(silent), format_peer_hosts(silent));
+    }
+    return Status::Unavailable(fmt::format("{} timed out after {:.1f} s waiting on peers {}{} (rank {}{}){}",
                                            describe_on(desc_, *comm_),
                                            std::chrono::duration<double>(waited).count(), format_peer_list(peers),
-                                           format_peer_hosts(peers), me, my_host));
+                                           format_peer_hosts(peers), me, my_host, verdict));
   }
 
   std::shared_ptr<const CommInfo> comm_;
@@ -614,6 +671,10 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   MpiWork hosts(info, OpDesc{"host_exchange"}, 0);
   hosts.add(host_req);
   RETURN_IF_ERROR(hosts.wait());
+  if (mpi_process().health == MPI_COMM_NULL) {
+    MPI_RETURN_IF_ERROR(MPI_Comm_dup, MPI_COMM_WORLD, &mpi_process().health);
+    MPI_Comm_set_errhandler(mpi_process().health, MPI_ERRORS_RETURN);
+  }
   std::vector<std::string>& world_hosts = mpi_process().world_hosts;
   world_hosts.clear();
   for (int r = 0; r < size; r++) world_hosts.emplace_back(all.data() + static_cast<size_t>(r) * kHostLen);
@@ -642,6 +703,7 @@ void mpi_finalize() {
                                            "at exit; aborting the job instead of hanging in MPI_Finalize",
                                            orphans.size())));
   orphans.clear();
+  if (p.health != MPI_COMM_NULL) MPI_Comm_free(&p.health);
   MPI_Finalize();
 }
 

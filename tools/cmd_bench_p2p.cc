@@ -1,0 +1,360 @@
+// tessera bench p2p: iperf-style point-to-point bandwidth and latency between
+// every ordered pair of ranks. Run under mpirun with at least 2 ranks.
+//
+// Pairs (src -> dst) are measured one at a time, in the same order on every
+// rank; the ranks outside the pair wait in the pair's result all_reduce, so
+// each link is measured alone. For one pair:
+//   bandwidth, 1 stream   src sends -b bytes to dst as one message, dst acks
+//                         with 1 byte; time per transfer = the mean over -n
+//                         iterations (after -w warm-up ones), the larger of
+//                         src's and dst's; bandwidth = bytes / time.
+//   bandwidth, N streams  the same -b bytes split into N messages (distinct
+//                         tags) posted at once, then one ack. "Streams" are
+//                         concurrent MPI messages on the existing connection,
+//                         not separate TCP connections (OpenMPI's TCP
+//                         transport stripes across more sockets only with
+//                         --mca btl_tcp_links N).
+//   latency               src ping-pongs --lat-size bytes with dst; half the
+//                         round trip, median of --lat-iters (after 10
+//                         untimed round trips).
+// Rows are senders, columns receivers; both directions are measured, since
+// links and NIC queues need not be symmetric. Gbit/s = 8 * bytes / time / 1e9
+// (the unit links are sold in), GB/s = bytes / time / 1e9.
+//
+// Every wait has the Communicator's deadline: a peer that stops answering
+// ends the job with the usual timeout error naming the operation and peer.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_communicator.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+
+using dist::Communicator;
+using dist::ElemType;
+using Clock = std::chrono::steady_clock;
+
+// Message tags; stream s of a transfer uses kDataTag + s.
+constexpr int kAckTag = 1, kPingTag = 2, kPongTag = 3, kDataTag = 16;
+constexpr int kMaxStreams = 1024;  // keeps tags far below MPI's guaranteed 32767
+constexpr int kLatencyWarmup = 10;
+
+struct P2pArgs {
+  std::string bytes = "64M";
+  int streams = 4;
+  int iters = 10, warmup = 2;
+  std::string lat_size = "8";
+  int lat_iters = 200;
+  double link_gbps = 0;  // 0: not given
+  bool json = false;
+  double timeout_s = 300;  // the Communicator's deadline per wait
+};
+
+// The same conventions as cmd_bench_comm.cc (its helpers are file-local):
+// only launcher rank 0 reports bad flags, before MPI is up.
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
+
+int usage_error(const std::string& msg) {
+  if (launcher_rank() == 0) std::fprintf(stderr, "tessera: error: %s\n", msg.c_str());
+  return kExitUsage;
+}
+
+// "1024", "1K", "8M", "2G" (powers of 1024).
+Result<int64_t> parse_size(const std::string& flag, const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') digits++;
+  int64_t unit = 1;
+  const std::string suffix = text.substr(digits);
+  if (suffix == "K" || suffix == "k") unit = int64_t{1} << 10;
+  else if (suffix == "M" || suffix == "m") unit = int64_t{1} << 20;
+  else if (suffix == "G" || suffix == "g") unit = int64_t{1} << 30;
+  else if (!suffix.empty()) digits = 0;
+  if (digits == 0 || digits > 12)
+    return Status::InvalidArgument(
+        fmt::format("{}: bad size '{}' (a whole number of bytes, optionally with a K, M or G suffix)", flag, text));
+  return std::stoll(text.substr(0, digits)) * unit;
+}
+
+Status wait_all(std::vector<std::unique_ptr<dist::Work>>& works) {
+  Status first;
+  for (auto& w : works) {
+    Status st = w->wait();
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
+// One transfer of buf (bytes) from src to dst as `streams` concurrent
+// messages, then a 1-byte ack back. Called on src and dst only.
+Status transfer(Communicator& c, std::vector<char>& buf, int64_t bytes, int streams, int src, int dst) {
+  const bool sending = c.rank() == src;
+  const int peer = sending ? dst : src;
+  std::vector<std::unique_ptr<dist::Work>> works;
+  works.reserve(streams);
+  int64_t offset = 0;
+  for (int s = 0; s < streams; s++) {
+    // The first bytes % streams streams carry one byte more.
+    const int64_t len = bytes / streams + (s < bytes % streams ? 1 : 0);
+    works.push_back(sending ? c.send_async(buf.data() + offset, len, peer, kDataTag + s)
+                            : c.recv_async(buf.data() + offset, len, peer, kDataTag + s));
+    offset += len;
+  }
+  RETURN_IF_ERROR(wait_all(works));
+  char ack = 1;
+  return sending ? c.recv(&ack, 1, peer, kAckTag) : c.send(&ack, 1, peer, kAckTag);
+}
+
+// Mean seconds per transfer over a.iters, after a.warmup; this rank's view.
+Result<double> time_transfers(Communicator& c, const P2pArgs& a, std::vector<char>& buf, int64_t bytes, int streams,
+                              int src, int dst) {
+  for (int i = 0; i < a.warmup; i++) RETURN_IF_ERROR(transfer(c, buf, bytes, streams, src, dst));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < a.iters; i++) RETURN_IF_ERROR(transfer(c, buf, bytes, streams, src, dst));
+  return std::chrono::duration<double>(Clock::now() - t0).count() / a.iters;
+}
+
+// Median one-way latency in seconds on src (half the round trip); 0 on dst,
+// which only echoes.
+Result<double> time_latency(Communicator& c, const P2pArgs& a, std::vector<char>& msg, int src, int dst) {
+  const int64_t n = static_cast<int64_t>(msg.size());
+  const bool pinging = c.rank() == src;
+  std::vector<double> half_rtt;
+  half_rtt.reserve(a.lat_iters);
+  for (int i = 0; i < kLatencyWarmup + a.lat_iters; i++) {
+    const auto t0 = Clock::now();
+    if (pinging) {
+      RETURN_IF_ERROR(c.send(msg.data(), n, dst, kPingTag));
+      RETURN_IF_ERROR(c.recv(msg.data(), n, dst, kPongTag));
+    } else {
+      RETURN_IF_ERROR(c.recv(msg.data(), n, src, kPingTag));
+      RETURN_IF_ERROR(c.send(msg.data(), n, src, kPongTag));
+    }
+    if (i >= kLatencyWarmup) half_rtt.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2);
+  }
+  if (!pinging) return 0.0;
+  std::nth_element(half_rtt.begin(), half_rtt.begin() + half_rtt.size() / 2, half_rtt.end());
+  return half_rtt[half_rtt.size() / 2];
+}
+
+// One pair's results, the same on every rank after the pair's all_reduce.
+struct PairResult {
+  double seconds_1 = 0, seconds_n = 0;  // mean time per transfer, max of src and dst
+  double latency_s = 0;                 // median half round trip
+};
+
+// The most waits src or dst makes in one pair. Each of them ends within the
+// Communicator's deadline or the job is aborted by the rank that timed out,
+// so a pair lasts at most this many deadlines.
+int64_t max_waits_per_pair(const P2pArgs& a) {
+  const int64_t transfers = a.warmup + a.iters;
+  return transfers * (1 + 1) + transfers * (a.streams + 1) + 2 * (kLatencyWarmup + a.lat_iters) + 1;
+}
+
+// Collective over c: src and dst measure, the others wait in the all_reduce.
+Result<PairResult> bench_pair(Communicator& c, const P2pArgs& a, std::vector<char>& buf, std::vector<char>& msg,
+                              int64_t bytes, int src, int dst) {
+  double r[3] = {0, 0, 0};  // seconds_1, seconds_n, latency_s
+  const bool in_pair = c.rank() == src || c.rank() == dst;
+  if (in_pair) {
+    ASSIGN_OR_RETURN(r[0], time_transfers(c, a, buf, bytes, 1, src, dst));
+    ASSIGN_OR_RETURN(r[1], time_transfers(c, a, buf, bytes, a.streams, src, dst));
+    ASSIGN_OR_RETURN(r[2], time_latency(c, a, msg, src, dst));
+  }
+  auto reduce = c.all_reduce_async(r, r, 3, ElemType::kF64, dist::ReduceOp::kMax);
+  Status st = reduce->wait();
+  // The pair's ranks arrive here within one wait of each other, so one
+  // deadline is theirs. The idle ranks wait for the whole measurement, which
+  // may legitimately take longer than one deadline (large -b, -n, slow
+  // link): they wait again (the Work stays valid after a timeout) for as many
+  // deadlines as the pair may take; a stalled pair is reported, and the job
+  // ended, by the pair rank whose own wait timed out.
+  for (int64_t i = 1; !in_pair && st.code() == StatusCode::kUnavailable && i < max_waits_per_pair(a); i++)
+    st = reduce->wait();
+  RETURN_IF_ERROR(st);
+  return PairResult{r[0], r[1], r[2]};
+}
+
+double gbit_per_s(int64_t bytes, double seconds) { return bytes * 8.0 / seconds / 1e9; }
+double pct_of(double gbps, double link_gbps) { return gbps / link_gbps * 100.0; }
+
+// A P x P matrix on stdout; cell(i, j) formats one off-diagonal entry.
+template <typename Cell>
+void print_matrix(const std::string& title, int n, int width, Cell cell) {
+  std::printf("\n# %s; rows = sender, columns = receiver\n", title.c_str());
+  std::printf("%8s", "from\\to");
+  for (int j = 0; j < n; j++) std::printf("%*d", width, j);
+  std::printf("\n");
+  for (int i = 0; i < n; i++) {
+    std::printf("%8d", i);
+    for (int j = 0; j < n; j++) std::printf("%*s", width, i == j ? "-" : cell(i, j).c_str());
+    std::printf("\n");
+  }
+}
+
+struct Stats {
+  double min = 0, mean = 0, max = 0;
+};
+
+Stats stats_of(const std::vector<double>& v) {
+  Stats s{v[0], 0, v[0]};
+  for (double x : v) {
+    s.min = std::min(s.min, x);
+    s.max = std::max(s.max, x);
+    s.mean += x / v.size();
+  }
+  return s;
+}
+
+int run_p2p_bench(const P2pArgs& a) {
+  auto bytes = parse_size("-b", a.bytes);
+  if (!bytes.ok()) return usage_error(bytes.status().message());
+  if (*bytes < 1) return usage_error(fmt::format("-b {}: need at least one byte", a.bytes));
+  auto lat_bytes = parse_size("--lat-size", a.lat_size);
+  if (!lat_bytes.ok()) return usage_error(lat_bytes.status().message());
+  if (a.streams < 1 || a.streams > kMaxStreams)
+    return usage_error(fmt::format("--streams {}: need 1 to {} streams", a.streams, kMaxStreams));
+  if (a.iters < 1) return usage_error(fmt::format("-n {}: need at least one iteration", a.iters));
+  if (a.warmup < 0) return usage_error(fmt::format("-w {}: warm-up iterations must be >= 0", a.warmup));
+  if (a.lat_iters < 1) return usage_error(fmt::format("--lat-iters {}: need at least one round trip", a.lat_iters));
+  if (a.link_gbps < 0) return usage_error(fmt::format("--link-gbps {} must be positive", a.link_gbps));
+  if (!(a.timeout_s > 0)) return usage_error(fmt::format("--timeout {} must be positive", a.timeout_s));
+
+  dist::CommOptions options;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  auto world = dist::world_communicator(options);
+  if (!world.ok()) return fail(world.status());
+  Communicator& c = **world;
+  const int n = c.size();
+  const bool root = c.rank() == 0;
+  if (n < 2) {
+    // A self loopback would time memcpy, not a link: refuse instead.
+    world->reset();
+    dist::mpi_finalize();
+    return fail(Status::InvalidArgument(
+        fmt::format("bench p2p needs at least 2 ranks, got {} (run it as: mpirun -np 2 tessera bench p2p ...)", n)));
+  }
+
+  std::vector<char> buf, msg;
+  try {
+    buf.assign(*bytes, static_cast<char>(c.rank() + 1));  // touched now, so page faults stay out of the timing
+    msg.assign(*lat_bytes, 0);
+  } catch (const std::bad_alloc&) {
+    dist::abort_job(Status::InvalidArgument(fmt::format("-b {}: cannot allocate {} bytes", a.bytes, *bytes)));
+  }
+
+  if (root && !a.json) {
+    std::printf("# tessera bench p2p: %d ranks (MPI), %lld B per transfer, %d streams, warmup %d iters %d, "
+                "latency %lld B x %d\n",
+                n, static_cast<long long>(*bytes), a.streams, a.warmup, a.iters, static_cast<long long>(*lat_bytes),
+                a.lat_iters);
+    std::printf("# every ordered pair alone (the other ranks wait); time = mean per transfer, max of the two ranks\n");
+    std::printf("# streams = concurrent MPI messages (distinct tags) on one connection, not separate TCP\n"
+                "# connections unless OpenMPI's btl_tcp_links is raised (--mca btl_tcp_links N)\n");
+    std::fflush(stdout);
+  }
+
+  // results[src * n + dst]
+  std::vector<PairResult> results(static_cast<size_t>(n) * n);
+  std::vector<double> all_1, all_n, all_lat;
+  for (int src = 0; src < n; src++) {
+    for (int dst = 0; dst < n; dst++) {
+      if (src == dst) continue;
+      Result<PairResult> r = bench_pair(c, a, buf, msg, *bytes, src, dst);
+      if (!r.ok()) dist::abort_job(r.status().With(fmt::format("bench p2p, pair {} -> {}", src, dst)));
+      results[src * n + dst] = *r;
+      const double g1 = gbit_per_s(*bytes, r->seconds_1), gn = gbit_per_s(*bytes, r->seconds_n);
+      all_1.push_back(g1);
+      all_n.push_back(gn);
+      all_lat.push_back(r->latency_s * 1e6);
+      if (root && a.json) {
+        std::string pct = a.link_gbps > 0 ? fmt::format(", \"pct_1\": {:.2f}, \"pct_n\": {:.2f}",
+                                                        pct_of(g1, a.link_gbps), pct_of(gn, a.link_gbps))
+                                          : "";
+        std::printf("{\"src\": %d, \"dst\": %d, \"bytes\": %lld, \"gbps_1\": %.4f, \"gbps_n\": %.4f, "
+                    "\"streams\": %d, \"latency_us\": %.3f, \"gbytes_per_s_1\": %.4f, \"gbytes_per_s_n\": %.4f%s}\n",
+                    src, dst, static_cast<long long>(*bytes), g1, gn, a.streams, r->latency_s * 1e6, g1 / 8, gn / 8,
+                    pct.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+
+  const Stats s1 = stats_of(all_1), sn = stats_of(all_n), sl = stats_of(all_lat);
+  if (root && a.json) {
+    std::string link = a.link_gbps > 0 ? fmt::format(", \"link_gbps\": {}, \"min_pct_1\": {:.2f}, \"mean_pct_1\": "
+                                                     "{:.2f}, \"min_pct_n\": {:.2f}, \"mean_pct_n\": {:.2f}",
+                                                     a.link_gbps, pct_of(s1.min, a.link_gbps),
+                                                     pct_of(s1.mean, a.link_gbps), pct_of(sn.min, a.link_gbps),
+                                                     pct_of(sn.mean, a.link_gbps))
+                                       : "";
+    std::printf("{\"summary\": \"p2p\", \"ranks\": %d, \"pairs\": %zu, \"bytes\": %lld, \"streams\": %d, "
+                "\"min_gbps_1\": %.4f, \"mean_gbps_1\": %.4f, \"min_gbps_n\": %.4f, \"mean_gbps_n\": %.4f, "
+                "\"min_latency_us\": %.3f, \"mean_latency_us\": %.3f, \"max_latency_us\": %.3f%s}\n",
+                n, all_1.size(), static_cast<long long>(*bytes), a.streams, s1.min, s1.mean, sn.min, sn.mean, sl.min,
+                sl.mean, sl.max, link.c_str());
+  } else if (root) {
+    // With a link speed, each bandwidth cell carries its % of the link.
+    const bool link = a.link_gbps > 0;
+    const int bw_width = link ? 18 : 10;
+    auto bw_cell = [&](double seconds) {
+      const double g = gbit_per_s(*bytes, seconds);
+      return link ? fmt::format("{:.2f} ({:.1f}%)", g, pct_of(g, a.link_gbps)) : fmt::format("{:.2f}", g);
+    };
+    const std::string pct_title = link ? fmt::format(" [% of {} Gbit/s]", a.link_gbps) : "";
+    print_matrix("bandwidth, 1 stream (Gbit/s)" + pct_title, n, bw_width,
+                 [&](int i, int j) { return bw_cell(results[i * n + j].seconds_1); });
+    print_matrix(fmt::format("bandwidth, {} streams (Gbit/s)", a.streams) + pct_title, n, bw_width,
+                 [&](int i, int j) { return bw_cell(results[i * n + j].seconds_n); });
+    print_matrix(fmt::format("latency (us), {} B, median half round trip", *lat_bytes), n, 10,
+                 [&](int i, int j) { return fmt::format("{:.2f}", results[i * n + j].latency_s * 1e6); });
+    std::printf("\n# 1 stream : min %.2f Gbit/s (%.3f GB/s), mean %.2f Gbit/s (%.3f GB/s)\n", s1.min, s1.min / 8,
+                s1.mean, s1.mean / 8);
+    std::printf("# %d streams: min %.2f Gbit/s (%.3f GB/s), mean %.2f Gbit/s (%.3f GB/s)\n", a.streams, sn.min,
+                sn.min / 8, sn.mean, sn.mean / 8);
+    std::printf("# latency  : min %.2f us, mean %.2f us, max %.2f us\n", sl.min, sl.mean, sl.max);
+    if (link)
+      std::printf("# vs the %g Gbit/s link: 1 stream min %.1f%% mean %.1f%%; %d streams min %.1f%% mean %.1f%%\n",
+                  a.link_gbps, pct_of(s1.min, a.link_gbps), pct_of(s1.mean, a.link_gbps), a.streams,
+                  pct_of(sn.min, a.link_gbps), pct_of(sn.mean, a.link_gbps));
+  }
+  std::fflush(stdout);
+  world->reset();
+  dist::mpi_finalize();
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_bench_p2p_command(CLI::App& bench) {
+  auto a = std::make_shared<P2pArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "p2p", "iperf-style bandwidth and latency between every pair of ranks, one pair at a time; run under mpirun");
+  cmd->add_option("-b,--bytes", a->bytes, "bytes per transfer (K/M/G suffixes)");
+  cmd->add_option("--streams", a->streams, "concurrent messages the transfer is split into, for the N-stream matrix");
+  cmd->add_option("-n,--iters", a->iters, "timed transfers per pair and mode (the mean is reported)");
+  cmd->add_option("-w,--warmup_iters", a->warmup, "untimed transfers first");
+  cmd->add_option("--lat-size", a->lat_size, "ping-pong message size for latency, bytes (K/M/G suffixes)");
+  cmd->add_option("--lat-iters", a->lat_iters, "timed round trips per pair (the median is reported)");
+  cmd->add_option("--link-gbps", a->link_gbps, "link speed in Gbit/s: report bandwidth as % of it");
+  cmd->add_flag("--json", a->json, "one JSON object per pair on stdout (and a summary object)");
+  cmd->add_option("--timeout", a->timeout_s, "seconds any wait may take before the job ends with a timeout error");
+  cmd->callback([a] { exit_code() = run_p2p_bench(*a); });
+}
+
+}  // namespace tessera::tools

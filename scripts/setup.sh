@@ -12,6 +12,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
   libicu-dev                       # Unicode classes for the GPT-2 tokenizer
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
+  iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
 )
 
 missing=()

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu_features.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/matmul_peak.h"
 #include "nn/gpt.h"
 #include "obs/op_timer.h"
 #include "tools/commands.h"
@@ -28,23 +28,6 @@ MatmulPrecision parse_dtype(const std::string& s) {
   return s == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
 }
 
-// Best GFLOP/s of out (n,n) = a (n,n) @ b (n,n)^T over `iters` runs.
-double gemm_gflops(int n, MatmulPrecision prec, int iters) {
-  std::vector<float> a(int64_t{n} * n), b(int64_t{n} * n), c(int64_t{n} * n);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& x : a) x = u(rng);
-  for (float& x : b) x = u(rng);
-  cpu::matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n, prec);  // warm up, build primitive
-  double best = 0.0;
-  for (int i = 0; i < iters; i++) {
-    auto t0 = Clock::now();
-    cpu::matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n, prec);
-    best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
-  }
-  return best;
-}
-
 struct GemmArgs {
   std::string dtype = "fp32";
   std::vector<int> sizes = {1024, 2048, 4096};
@@ -55,7 +38,7 @@ int run_gemm(const GemmArgs& a) {
   MatmulPrecision prec = parse_dtype(a.dtype);
   double peak = 0.0;
   for (int n : a.sizes) {
-    double g = gemm_gflops(n, prec, a.iters);
+    double g = cpu::measure_matmul_gflops(n, prec, a.iters);
     peak = std::max(peak, g);
     std::printf("{\"m\": %d, \"n\": %d, \"k\": %d, \"dtype\": \"%s\", \"gflops\": %.1f}\n", n, n, n,
                 a.dtype.c_str(), g);
@@ -78,7 +61,7 @@ int run_train_bench(TrainArgs a) {
   if (a.seq > a.model.context)
     return fail(Status::InvalidArgument(fmt::format("--seq {} exceeds --context {}", a.seq, a.model.context)));
   MatmulPrecision prec = parse_dtype(a.dtype);
-  double peak = a.peak_gflops > 0 ? a.peak_gflops : gemm_gflops(4096, prec, 3);
+  double peak = a.peak_gflops > 0 ? a.peak_gflops : cpu::measure_matmul_gflops(4096, prec, 3);
 
   GPT model(a.model, Backend::kCPUProfiled);
   model.set_precision(prec);

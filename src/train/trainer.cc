@@ -16,7 +16,7 @@
 #include "data/loader.h"
 #include "dist/mesh.h"
 #include "parallel/data_parallel.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/matmul_peak.h"
 #include "nn/gpt2_weights.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
@@ -26,20 +26,6 @@ namespace tessera {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Matmul peak of this machine for MFU, from one short square gemm.
-double quick_peak_gflops(MatmulPrecision prec) {
-  const int n = 1536;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  double best = 0.0;
-  for (int i = 0; i < 3; i++) {
-    auto t0 = Clock::now();
-    cpu::matmul_forward(c.data(), a.data(), b.data(), nullptr, n, n, n, prec);
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * n / s / 1e9);
-  }
-  return best;
-}
 
 // Token ids outside the model's vocabulary almost always mean the shards were
 // prepared with another tokenizer; say so.
@@ -132,7 +118,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   // the split between ranks and micro-steps.
   const int64_t rows_per_step = int64_t{B} * c.grad_accum * dp.size();
   const double tokens_per_step = static_cast<double>(rows_per_step) * T;
-  const double peak = quick_peak_gflops(prec);
+  const double peak = cpu::measure_matmul_gflops(1536, prec, 3);
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc.str().c_str(),
       mc.num_parameters() / 1e6, c.dtype.c_str(), static_cast<long long>(train.tokens()), train.files().size());
   say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step; matmul peak %.0f GFLOP/s/rank\n", B,

@@ -1,5 +1,7 @@
 #include "nn/gpt.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -7,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "dist/communicator.h"
+#include "nn/vocab_parallel.h"
 
 namespace tessera {
 
@@ -34,77 +38,143 @@ std::string GPTConfig::str() const {
   return fmt::format("L={} NH={} C={} V={} maxT={}", layers, heads, channels, vocab, context);
 }
 
+Status ModelShard::validate(const GPTConfig& c) const {
+  if (tp < 1) return Status::InvalidArgument(fmt::format("parallel.tp must be at least 1, got {}", tp));
+  if (tp_rank < 0 || tp_rank >= tp)
+    return Status::InvalidArgument(fmt::format("tensor-parallel rank {} is outside [0, {})", tp_rank, tp));
+  if (c.heads % tp != 0)
+    return Status::InvalidArgument(fmt::format(
+        "model.heads ({}) must be divisible by parallel.tp ({}): tensor parallelism splits whole heads", c.heads, tp));
+  const int end = layer_end < 0 ? c.layers : layer_end;
+  if (layer_begin < 0 || end <= layer_begin || end > c.layers)
+    return Status::InvalidArgument(
+        fmt::format("pipeline stage layers [{}, {}) are not a non-empty range of the model's {} layers", layer_begin,
+                    end, c.layers));
+  return Status::OK();
+}
+
+const char* param_name(int id) {
+  static const char* kNames[kNumParams] = {"wte",  "wpe",     "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
+                                           "ln2w", "ln2b",    "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
+  CHECK(id >= 0 && id < kNumParams);
+  return kNames[id];
+}
+
+TensorSlice param_slice(const GPTConfig& c, const ModelShard& s, int id) {
+  const int64_t L = c.layers, C = c.channels, Vp = c.padded_vocab(s.tp);
+  const int64_t Cl = C / s.tp, Fl = 4 * C / s.tp, Vl = Vp / s.tp, r = s.tp_rank;
+  const int64_t l0 = s.layer_begin, Ll = s.layers(c);
+  const bool first = s.layer_begin == 0, last = l0 + Ll == L;
+  TensorSlice t;
+  auto set = [&](Shape global, Shape view, std::vector<int64_t> begin, std::vector<int64_t> size) {
+    t.global = global;
+    t.view = view;
+    t.begin = std::move(begin);
+    t.size = std::move(size);
+  };
+  switch (id) {
+    case kWte: set({Vp, C}, {Vp, C}, {r * Vl, 0}, {first || last ? Vl : 0, C}); break;
+    case kWpe: set({c.context, C}, {c.context, C}, {0, 0}, {first ? c.context : 0, C}); break;
+    case kLn1W:
+    case kLn1B:
+    case kAttProjB:
+    case kLn2W:
+    case kLn2B:
+    case kFcProjB: set({L, C}, {L, C}, {l0, 0}, {Ll, C}); break;
+    case kQkvW: set({L, 3 * C, C}, {L, 3, C, C}, {l0, 0, r * Cl, 0}, {Ll, 3, Cl, C}); break;
+    case kQkvB: set({L, 3 * C}, {L, 3, C}, {l0, 0, r * Cl}, {Ll, 3, Cl}); break;
+    case kAttProjW: set({L, C, C}, {L, C, C}, {l0, 0, r * Cl}, {Ll, C, Cl}); break;
+    case kFcW: set({L, 4 * C, C}, {L, 4 * C, C}, {l0, r * Fl, 0}, {Ll, Fl, C}); break;
+    case kFcB: set({L, 4 * C}, {L, 4 * C}, {l0, r * Fl}, {Ll, Fl}); break;
+    case kFcProjW: set({L, C, 4 * C}, {L, C, 4 * C}, {l0, 0, r * Fl}, {Ll, C, Fl}); break;
+    case kLnfW:
+    case kLnfB: set({C}, {C}, {0}, {last ? C : 0}); break;
+    default: CHECK(false);
+  }
+  return t;
+}
+
 namespace {
 
-// Activations kept for backward, and per-layer gradient scratch shared by all
-// layers (backward visits one layer at a time). Shapes in gpt.h's letters.
+// Activations kept for backward, one set per pipeline slot (micro-batch in
+// flight), then scratch shared by all slots. Shapes in gpt.h's letters, with
+// Ll this stage's layers, Cl = C/tp, NHl = NH/tp, Fl = 4C/tp, Vl = Vp/tp;
+// "last:" and "first:" tensors are empty on other stages.
 enum ActId {
   kInputs,     // (B,T) int32
   kTargets,    // (B,T) int32
-  kEncoded,    // (B,T,C)
-  kLn1,        // (L,B,T,C)
-  kLn1Mean,    // (L,B,T)
-  kLn1Rstd,    // (L,B,T)
-  kQkv,        // (L,B,T,3C)
-  kAtty,       // (L,B,T,C)
-  kPreatt,     // (L,B,NH,T,T)
-  kAtt,        // (L,B,NH,T,T)
-  kAttproj,    // (B,T,C) scratch: consumed by the residual add
-  kResidual2,  // (L,B,T,C)
-  kLn2,        // (L,B,T,C)
-  kLn2Mean,    // (L,B,T)
-  kLn2Rstd,    // (L,B,T)
-  kFch,        // (L,B,T,4C)
-  kFchGelu,    // (L,B,T,4C)
-  kFcproj,     // (B,T,C) scratch
-  kResidual3,  // (L,B,T,C)
-  kLnf,        // (B,T,C)
-  kLnfMean,    // (B,T)
-  kLnfRstd,    // (B,T)
-  kLogits,     // (B,T,Vp)
-  kProbs,      // (B,T,Vp)
-  kLosses,     // (B,T)
-  // gradient scratch
-  kDLogits,    // (B,T,Vp)
+  kEncoded,    // (B,T,C) embeddings, or the input received from the previous stage
+  kLn1,        // (Ll,B,T,C)
+  kLn1Mean,    // (Ll,B,T)
+  kLn1Rstd,    // (Ll,B,T)
+  kQkv,        // (Ll,B,T,3Cl)
+  kAtty,       // (Ll,B,T,Cl)
+  kAtt,        // (Ll,B,NHl,T,T)
+  kResidual2,  // (Ll,B,T,C)
+  kLn2,        // (Ll,B,T,C)
+  kLn2Mean,    // (Ll,B,T)
+  kLn2Rstd,    // (Ll,B,T)
+  kFch,        // (Ll,B,T,Fl)
+  kFchGelu,    // (Ll,B,T,Fl)
+  kResidual3,  // (Ll,B,T,C)
+  kLnf,        // last: (B,T,C)
+  kLnfMean,    // last: (B,T)
+  kLnfRstd,    // last: (B,T)
+  kLogits,     // last: (B,T,Vl)
+  kProbs,      // last: (B,T,Vl)
+  kLosses,     // last: (B,T)
+  kLocalTargets,  // last, tp > 1: (B,T) int32, target - v0 or -1 off this rank's vocabulary
+  kDInput,     // not first: (B,T,C) d(stage input), sent to the previous stage
+  kNumSlotActs,
+  // scratch
+  kPreatt = kNumSlotActs,  // (B,NHl,T,T)
+  kAttproj,    // (B,T,C): consumed by the residual add
+  kFcproj,     // (B,T,C)
+  kDLogits,    // last: (B,T,Vl)
   kDResidual,  // (B,T,C): d(residual stream) flowing down the layers
-  kDLnf,       // (B,T,C)
-  kDFchGelu,   // (B,T,4C)
-  kDFch,       // (B,T,4C)
+  kDLnf,       // last: (B,T,C)
+  kDFchGelu,   // (B,T,Fl)
+  kDFch,       // (B,T,Fl)
   kDLn2,       // (B,T,C)
-  kDAtty,      // (B,T,C)
-  kDPreatt,    // (B,NH,T,T)
-  kDAtt,       // (B,NH,T,T)
-  kDQkv,       // (B,T,3C)
+  kDAtty,      // (B,T,Cl)
+  kDPreatt,    // (B,NHl,T,T)
+  kDAtt,       // (B,NHl,T,T)
+  kDQkv,       // (B,T,3Cl)
   kDLn1,       // (B,T,C)
+  kCEStats,    // tp > 1: (3,B,T) row max, sum of exp, target logit
   kNumActs
 };
 
-void reserve_params(Arena& a, const GPTConfig& c) {
-  const int64_t L = c.layers, C = c.channels;
-  a.reserve("wte", DType::kF32, {c.padded_vocab(), C});
-  a.reserve("wpe", DType::kF32, {c.context, C});
-  a.reserve("ln1w", DType::kF32, {L, C});
-  a.reserve("ln1b", DType::kF32, {L, C});
-  a.reserve("qkvw", DType::kF32, {L, 3 * C, C});
-  a.reserve("qkvb", DType::kF32, {L, 3 * C});
-  a.reserve("attprojw", DType::kF32, {L, C, C});
-  a.reserve("attprojb", DType::kF32, {L, C});
-  a.reserve("ln2w", DType::kF32, {L, C});
-  a.reserve("ln2b", DType::kF32, {L, C});
-  a.reserve("fcw", DType::kF32, {L, 4 * C, C});
-  a.reserve("fcb", DType::kF32, {L, 4 * C});
-  a.reserve("fcprojw", DType::kF32, {L, C, 4 * C});
-  a.reserve("fcprojb", DType::kF32, {L, C});
-  a.reserve("lnfw", DType::kF32, {C});
-  a.reserve("lnfb", DType::kF32, {C});
-  a.allocate();
-}
-
 }  // namespace
 
-GPT::GPT(const GPTConfig& config, Backend backend) : config_(config), backend_(backend), ops_(ops_for(backend)) {
+GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, dist::Communicator* tp_comm)
+    : config_(config), shard_(shard), tp_comm_(tp_comm), backend_(backend), ops_(ops_for(backend)) {
   CHECK(config_.validate().ok());
-  reserve_params(params_, config_);
+  CHECK(shard_.validate(config_).ok());
+  CHECK(shard_.tp == 1 || tp_comm_ != nullptr);
+  if (shard_.layer_end < 0) shard_.layer_end = config_.layers;
+  shard_.first = shard_.layer_begin == 0;
+  shard_.last = shard_.layer_end == config_.layers;
+  local_layers_ = shard_.layer_end - shard_.layer_begin;
+  Vl_ = config_.padded_vocab(shard_.tp) / shard_.tp;
+  v0_ = shard_.tp_rank * Vl_;
+  // Local tensors are the blocks of param_slice(), merged back to the
+  // canonical number of dimensions.
+  const int64_t C = config_.channels;
+  for (int id = 0; id < kNumParams; id++) {
+    TensorSlice t = param_slice(config_, shard_, id);
+    Shape local;
+    switch (id) {
+      case kQkvW: local = {t.size[0], 3 * t.size[2], C}; break;
+      case kQkvB: local = {t.size[0], 3 * t.size[2]}; break;
+      default:
+        local.rank = t.view.rank;
+        for (int d = 0; d < t.view.rank; d++) local.dims[d] = t.size[d];
+    }
+    CHECK(local.numel() == t.block_numel());
+    params_.reserve(param_name(id), DType::kF32, local);
+  }
+  params_.allocate();
   grads_ = params_.clone_layout();
   CHECK(params_.count() == kNumParams);
 }
@@ -119,22 +189,37 @@ bool GPT::decays(int id) {
   return id == kWte || id == kWpe || id == kQkvW || id == kAttProjW || id == kFcW || id == kFcProjW;
 }
 
+bool GPT::counts_in_norm(int id) const {
+  switch (id) {
+    case kWte: return shard_.first;  // the last stage's copy holds the same gradient
+    case kQkvW:
+    case kQkvB:
+    case kAttProjW:
+    case kFcW:
+    case kFcB:
+    case kFcProjW: return true;  // split across tp ranks
+    default: return shard_.tp_rank == 0;  // replicated across tp ranks
+  }
+}
+
 void GPT::init_weights(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   const float proj_scale = 1.0f / std::sqrt(2.0f * config_.layers);
   params_.zero();
+  std::vector<float> full;  // one whole tensor at a time
   for (int id = 0; id < kNumParams; id++) {
-    Tensor t = params_.tensor(id);
-    float* x = t.f32();
-    int64_t n = t.numel();
+    const TensorSlice t = param_slice(config_, shard_, id);
+    int64_t n = t.global.numel();
+    full.assign(n, 0.0f);
     if (id == kWte) n = int64_t{config_.vocab} * config_.channels;  // padding rows stay 0
     if (decays(id)) {
       float s = (id == kAttProjW || id == kFcProjW) ? proj_scale : 1.0f;
-      for (int64_t i = 0; i < n; i++) x[i] = normal(rng) * s;
+      for (int64_t i = 0; i < n; i++) full[i] = normal(rng) * s;
     } else if (id == kLn1W || id == kLn2W || id == kLnfW) {
-      for (int64_t i = 0; i < n; i++) x[i] = 1.0f;
+      std::fill(full.begin(), full.end(), 1.0f);
     }
+    if (t.block_numel() > 0) gather_block(full.data(), t, params_.tensor(id).f32());
   }
 }
 
@@ -155,161 +240,277 @@ Status GPT::check_batch(const int* inputs, const int* targets, int B, int T) con
   return Status::OK();
 }
 
-void GPT::layout_activations(int B, int T) {
-  if (B * T <= act_B_ * act_T_ && T <= act_T_ && B <= act_B_) return;
-  const int64_t L = config_.layers, C = config_.channels, NH = config_.heads, Vp = config_.padded_vocab();
-  const int64_t BT = int64_t{B} * T;
-  Arena a;
-  acts_idx_.assign(kNumActs, -1);
-  auto add = [&](ActId id, const char* name, DType dt, Shape s) { acts_idx_[id] = a.reserve(name, dt, s); };
-  add(kInputs, "inputs", DType::kI32, {BT});
-  add(kTargets, "targets", DType::kI32, {BT});
-  add(kEncoded, "encoded", DType::kF32, {BT, C});
-  add(kLn1, "ln1", DType::kF32, {L, BT, C});
-  add(kLn1Mean, "ln1_mean", DType::kF32, {L, BT});
-  add(kLn1Rstd, "ln1_rstd", DType::kF32, {L, BT});
-  add(kQkv, "qkv", DType::kF32, {L, BT, 3 * C});
-  add(kAtty, "atty", DType::kF32, {L, BT, C});
-  add(kPreatt, "preatt", DType::kF32, {L, B * NH, T, T});
-  add(kAtt, "att", DType::kF32, {L, B * NH, T, T});
-  add(kAttproj, "attproj", DType::kF32, {BT, C});
-  add(kResidual2, "residual2", DType::kF32, {L, BT, C});
-  add(kLn2, "ln2", DType::kF32, {L, BT, C});
-  add(kLn2Mean, "ln2_mean", DType::kF32, {L, BT});
-  add(kLn2Rstd, "ln2_rstd", DType::kF32, {L, BT});
-  add(kFch, "fch", DType::kF32, {L, BT, 4 * C});
-  add(kFchGelu, "fch_gelu", DType::kF32, {L, BT, 4 * C});
-  add(kFcproj, "fcproj", DType::kF32, {BT, C});
-  add(kResidual3, "residual3", DType::kF32, {L, BT, C});
-  add(kLnf, "lnf", DType::kF32, {BT, C});
-  add(kLnfMean, "lnf_mean", DType::kF32, {BT});
-  add(kLnfRstd, "lnf_rstd", DType::kF32, {BT});
-  add(kLogits, "logits", DType::kF32, {BT, Vp});
-  add(kProbs, "probs", DType::kF32, {BT, Vp});
-  add(kLosses, "losses", DType::kF32, {BT});
-  add(kDLogits, "dlogits", DType::kF32, {BT, Vp});
-  add(kDResidual, "dresidual", DType::kF32, {BT, C});
-  add(kDLnf, "dlnf", DType::kF32, {BT, C});
-  add(kDFchGelu, "dfch_gelu", DType::kF32, {BT, 4 * C});
-  add(kDFch, "dfch", DType::kF32, {BT, 4 * C});
-  add(kDLn2, "dln2", DType::kF32, {BT, C});
-  add(kDAtty, "datty", DType::kF32, {BT, C});
-  add(kDPreatt, "dpreatt", DType::kF32, {B * NH, T, T});
-  add(kDAtt, "datt", DType::kF32, {B * NH, T, T});
-  add(kDQkv, "dqkv", DType::kF32, {BT, 3 * C});
-  add(kDLn1, "dln1", DType::kF32, {BT, C});
-  a.allocate();
-  acts_ = std::move(a);
+void GPT::reserve_activations(int B, int T, int slots) {
+  CHECK(B > 0 && T > 0 && slots > 0);
+  const int have = static_cast<int>(slot_acts_.size());
+  if (have > 0 && slots <= have && B <= act_B_ && T <= act_T_) return;
+  B = std::max(B, act_B_);
+  T = std::max(T, act_T_);
+  slots = std::max(slots, have);
+  const int64_t Ll = local_layers_, C = config_.channels, tp = shard_.tp;
+  const int64_t NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
+  const int64_t BT = int64_t{B} * T, TT = int64_t{T} * T;
+  const int64_t last = shard_.last ? 1 : 0, first = shard_.first ? 1 : 0;
+  std::vector<int> idx(kNumActs, -1);
+  auto layout_slot = [&](Arena& a) {
+    auto add = [&](ActId id, const char* name, DType dt, Shape s) { idx[id] = a.reserve(name, dt, s); };
+    add(kInputs, "inputs", DType::kI32, {BT});
+    add(kTargets, "targets", DType::kI32, {BT});
+    add(kEncoded, "encoded", DType::kF32, {BT, C});
+    add(kLn1, "ln1", DType::kF32, {Ll, BT, C});
+    add(kLn1Mean, "ln1_mean", DType::kF32, {Ll, BT});
+    add(kLn1Rstd, "ln1_rstd", DType::kF32, {Ll, BT});
+    add(kQkv, "qkv", DType::kF32, {Ll, BT, 3 * Cl});
+    add(kAtty, "atty", DType::kF32, {Ll, BT, Cl});
+    add(kAtt, "att", DType::kF32, {Ll, B * NHl, TT});
+    add(kResidual2, "residual2", DType::kF32, {Ll, BT, C});
+    add(kLn2, "ln2", DType::kF32, {Ll, BT, C});
+    add(kLn2Mean, "ln2_mean", DType::kF32, {Ll, BT});
+    add(kLn2Rstd, "ln2_rstd", DType::kF32, {Ll, BT});
+    add(kFch, "fch", DType::kF32, {Ll, BT, Fl});
+    add(kFchGelu, "fch_gelu", DType::kF32, {Ll, BT, Fl});
+    add(kResidual3, "residual3", DType::kF32, {Ll, BT, C});
+    add(kLnf, "lnf", DType::kF32, {last * BT, C});
+    add(kLnfMean, "lnf_mean", DType::kF32, {last * BT});
+    add(kLnfRstd, "lnf_rstd", DType::kF32, {last * BT});
+    add(kLogits, "logits", DType::kF32, {last * BT, Vl});
+    add(kProbs, "probs", DType::kF32, {last * BT, Vl});
+    add(kLosses, "losses", DType::kF32, {last * BT});
+    add(kLocalTargets, "local_targets", DType::kI32, {(tp > 1 ? last : 0) * BT});
+    add(kDInput, "dinput", DType::kF32, {(1 - first) * BT, C});
+    a.allocate();
+  };
+  std::vector<Arena> acts(slots);
+  for (Arena& a : acts) layout_slot(a);
+  Arena s;
+  auto add = [&](ActId id, const char* name, Shape shape) { idx[id] = s.reserve(name, DType::kF32, shape); };
+  add(kPreatt, "preatt", {B * NHl, TT});
+  add(kAttproj, "attproj", {BT, C});
+  add(kFcproj, "fcproj", {BT, C});
+  add(kDLogits, "dlogits", {last * BT, Vl});
+  add(kDResidual, "dresidual", {BT, C});
+  add(kDLnf, "dlnf", {last * BT, C});
+  add(kDFchGelu, "dfch_gelu", {BT, Fl});
+  add(kDFch, "dfch", {BT, Fl});
+  add(kDLn2, "dln2", {BT, C});
+  add(kDAtty, "datty", {BT, Cl});
+  add(kDPreatt, "dpreatt", {B * NHl, TT});
+  add(kDAtt, "datt", {B * NHl, TT});
+  add(kDQkv, "dqkv", {BT, 3 * Cl});
+  add(kDLn1, "dln1", {BT, C});
+  add(kCEStats, "ce_stats", {(tp > 1 ? 3 : 0) * BT});
+  s.allocate();
+  slot_acts_ = std::move(acts);
+  scratch_ = std::move(s);
+  slot_state_.assign(slots, SlotState{});
+  acts_idx_ = std::move(idx);
   act_B_ = B;
   act_T_ = T;
 }
 
+int64_t GPT::activation_bytes() const {
+  int64_t n = static_cast<int64_t>(scratch_.bytes());
+  for (const Arena& a : slot_acts_) n += static_cast<int64_t>(a.bytes());
+  return n;
+}
+
 namespace {
-// Views of a (B,T)-shaped activation inside an arena laid out for a larger
-// capacity: only the first B*T rows are used, so offsets by layer must use
-// the current B*T, not the capacity. Per-layer tensors are therefore indexed
-// with the current B*T stride below.
+// Views of activations inside arenas laid out for a larger capacity: only
+// the first B*T rows are used, so per-layer offsets below use the current
+// B*T stride, not the capacity.
 struct ActView {
-  const Arena* a;
+  const Arena* slot;
+  const Arena* scratch;
   const std::vector<int>* idx;
-  float* f(int id) const { return a->tensor((*idx)[id]).f32(); }
-  int* i(int id) const { return static_cast<int*>(a->tensor((*idx)[id]).data); }
+  const Arena& arena(int id) const { return id < kNumSlotActs ? *slot : *scratch; }
+  float* f(int id) const { return arena(id).tensor((*idx)[id]).f32(); }
+  int* i(int id) const { return static_cast<int*>(arena(id).tensor((*idx)[id]).data); }
 };
 }  // namespace
 
+float* GPT::stage_input(int slot) {
+  return ActView{&slot_acts_.at(slot), &scratch_, &acts_idx_}.f(kEncoded);
+}
+
+const float* GPT::stage_output(int slot) const {
+  const SlotState& st = slot_state_.at(slot);
+  const int64_t BTC = int64_t{st.B} * st.T * config_.channels;
+  return ActView{&slot_acts_[slot], &scratch_, &acts_idx_}.f(kResidual3) + (local_layers_ - 1) * BTC;
+}
+
+float* GPT::stage_output_grad() { return ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kDResidual); }
+
+const float* GPT::stage_input_grad(int slot) const {
+  return ActView{&slot_acts_.at(slot), &scratch_, &acts_idx_}.f(kDInput);
+}
+
+double GPT::take_tp_comm_seconds() {
+  double s = tp_seconds_;
+  tp_seconds_ = 0.0;
+  return s;
+}
+
+Status GPT::tp_all_reduce(float* x, int64_t n) {
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = tp_comm_->all_reduce(x, x, n, dist::ElemType::kF32, dist::ReduceOp::kSum);
+  tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+Status GPT::tp_all_reduce_max(float* x, int64_t n) {
+  auto t0 = std::chrono::steady_clock::now();
+  Status st = tp_comm_->all_reduce(x, x, n, dist::ElemType::kF32, dist::ReduceOp::kMax);
+  tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
 float GPT::forward(const int* inputs, const int* targets, int B, int T) {
-  layout_activations(B, T);
-  B_ = B;
-  T_ = T;
-  const int L = config_.layers, C = config_.channels, NH = config_.heads, V = config_.vocab;
-  const int Vp = config_.padded_vocab();
+  CHECK(shard_.tp == 1 && shard_.first && shard_.last);  // whole model; shards use forward_stage()
+  reserve_activations(B, T, 1);
+  float loss = 0.0f;
+  CHECK(forward_stage(0, inputs, targets, B, T, &loss).ok());
+  return loss;
+}
+
+void GPT::backward(float loss_scale) {
+  CHECK(shard_.tp == 1 && shard_.first && shard_.last);
+  CHECK(backward_stage(0, loss_scale).ok());
+}
+
+Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss) {
+  CHECK(slot >= 0 && slot < activation_slots() && B <= act_B_ && T <= act_T_);
+  SlotState& state = slot_state_[slot];
+  state.B = B;
+  state.T = T;
+  state.has_targets = targets != nullptr;
+  const int L = local_layers_, C = config_.channels, V = config_.vocab, tp = shard_.tp;
+  const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int64_t att_size = int64_t{B} * NH * T * T;
-  ActView act{&acts_, &acts_idx_};
+  const int64_t att_size = int64_t{B} * NHl * T * T;
+  const MatmulPrecision prec = prec_;
+  ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
+  const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
 
-  std::memcpy(act.i(kInputs), inputs, sizeof(int) * BT);
-  targets_ = nullptr;
-  if (targets) {
-    std::memcpy(act.i(kTargets), targets, sizeof(int) * BT);
-    targets_ = act.i(kTargets);
+  if (shard_.first) {
+    std::memcpy(act.i(kInputs), inputs, sizeof(int) * BT);
+    if (tp == 1) {
+      ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], p[kWpe], B, T, C);
+    } else {
+      vocab_parallel_encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], v0_, Vl, lead ? p[kWpe] : nullptr,
+                                     B, T, C);
+      RETURN_IF_ERROR(tp_all_reduce(act.f(kEncoded), BTC));
+    }
   }
-  inputs_ = act.i(kInputs);
-
-  ops_.encoder_forward(act.f(kEncoded), inputs_, p[kWte], p[kWpe], B, T, C);
   for (int l = 0; l < L; l++) {
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
     float* ln1 = act.f(kLn1) + l * BTC;
     float* ln1_mean = act.f(kLn1Mean) + l * BT;
     float* ln1_rstd = act.f(kLn1Rstd) + l * BT;
-    float* qkv = act.f(kQkv) + l * 3 * BTC;
-    float* atty = act.f(kAtty) + l * BTC;
-    float* preatt = act.f(kPreatt) + l * att_size;
+    float* qkv = act.f(kQkv) + l * 3 * int64_t{BT} * Cl;
+    float* atty = act.f(kAtty) + l * int64_t{BT} * Cl;
     float* att = act.f(kAtt) + l * att_size;
     float* attproj = act.f(kAttproj);
     float* residual2 = act.f(kResidual2) + l * BTC;
     float* ln2 = act.f(kLn2) + l * BTC;
     float* ln2_mean = act.f(kLn2Mean) + l * BT;
     float* ln2_rstd = act.f(kLn2Rstd) + l * BT;
-    float* fch = act.f(kFch) + l * 4 * BTC;
-    float* fch_gelu = act.f(kFchGelu) + l * 4 * BTC;
+    float* fch = act.f(kFch) + l * int64_t{BT} * Fl;
+    float* fch_gelu = act.f(kFchGelu) + l * int64_t{BT} * Fl;
     float* fcproj = act.f(kFcproj);
     float* residual3 = act.f(kResidual3) + l * BTC;
 
     ops_.layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p[kLn1W] + l * C, p[kLn1B] + l * C, BT, C);
-    ops_.matmul_forward(qkv, ln1, p[kQkvW] + int64_t{l} * 3 * C * C, p[kQkvB] + l * 3 * C, BT, C, 3 * C, prec_);
-    ops_.attention_forward(atty, preatt, att, qkv, B, T, C, NH);
-    ops_.matmul_forward(attproj, atty, p[kAttProjW] + int64_t{l} * C * C, p[kAttProjB] + l * C, BT, C, C, prec_);
+    ops_.matmul_forward(qkv, ln1, p[kQkvW] + int64_t{l} * 3 * Cl * C, p[kQkvB] + l * 3 * Cl, BT, C, 3 * Cl, prec);
+    ops_.attention_forward(atty, act.f(kPreatt), att, qkv, B, T, Cl, NHl);
+    ops_.matmul_forward(attproj, atty, p[kAttProjW] + int64_t{l} * C * Cl, lead ? p[kAttProjB] + l * C : nullptr, BT,
+                        Cl, C, prec);
+    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(attproj, BTC));
     ops_.residual_forward(residual2, residual, attproj, BTC);
     ops_.layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p[kLn2W] + l * C, p[kLn2B] + l * C, BT, C);
-    ops_.matmul_forward(fch, ln2, p[kFcW] + int64_t{l} * 4 * C * C, p[kFcB] + l * 4 * C, BT, C, 4 * C, prec_);
-    ops_.gelu_forward(fch_gelu, fch, 4 * BTC);
-    ops_.matmul_forward(fcproj, fch_gelu, p[kFcProjW] + int64_t{l} * 4 * C * C, p[kFcProjB] + l * C, BT, 4 * C,
-                        C, prec_);
+    ops_.matmul_forward(fch, ln2, p[kFcW] + int64_t{l} * Fl * C, p[kFcB] + l * Fl, BT, C, Fl, prec);
+    ops_.gelu_forward(fch_gelu, fch, int64_t{BT} * Fl);
+    ops_.matmul_forward(fcproj, fch_gelu, p[kFcProjW] + int64_t{l} * C * Fl, lead ? p[kFcProjB] + l * C : nullptr,
+                        BT, Fl, C, prec);
+    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(fcproj, BTC));
     ops_.residual_forward(residual3, residual2, fcproj, BTC);
   }
+  if (!shard_.last) return Status::OK();
+
   const float* residual = act.f(kResidual3) + (L - 1) * BTC;
   ops_.layernorm_forward(act.f(kLnf), act.f(kLnfMean), act.f(kLnfRstd), residual, p[kLnfW], p[kLnfB], BT, C);
-  ops_.matmul_forward(act.f(kLogits), act.f(kLnf), p[kWte], nullptr, BT, C, Vp, prec_);
-  if (!targets) return 0.0f;
-
+  ops_.matmul_forward(act.f(kLogits), act.f(kLnf), p[kWte], nullptr, BT, C, Vl, prec);
+  if (!targets) {
+    if (loss) *loss = 0.0f;
+    return Status::OK();
+  }
+  std::memcpy(act.i(kTargets), targets, sizeof(int) * BT);
   float* losses = act.f(kLosses);
-  ops_.crossentropy_softmax_forward(losses, act.f(kProbs), act.f(kLogits), targets_, BT, V, Vp);
+  if (tp == 1) {
+    ops_.crossentropy_softmax_forward(losses, act.f(kProbs), act.f(kLogits), act.i(kTargets), BT, V, Vl);
+  } else {
+    // Vocabulary-parallel cross-entropy: the full-vocabulary logits are never
+    // gathered; ranks agree on each row's max, then on its sum of exp and the
+    // target's logit.
+    float* stats = act.f(kCEStats);
+    float *row_max = stats, *sums = stats + BT;  // sums: (2,B,T) sum of exp, target logit
+    const int valid = std::clamp(V - v0_, 0, Vl);
+    vocab_parallel_ce_max(row_max, act.f(kLogits), BT, Vl, valid);
+    RETURN_IF_ERROR(tp_all_reduce_max(row_max, BT));
+    vocab_parallel_ce_exp(sums, act.f(kProbs), act.i(kLocalTargets), act.f(kLogits), act.i(kTargets), row_max, BT,
+                          Vl, valid, v0_);
+    RETURN_IF_ERROR(tp_all_reduce(sums, 2 * int64_t{BT}));
+    vocab_parallel_ce_finish(losses, act.f(kProbs), row_max, sums, BT, Vl, valid);
+  }
   double sum = 0.0;
   for (int i = 0; i < BT; i++) sum += losses[i];
-  return static_cast<float>(sum / BT);
+  if (loss) *loss = static_cast<float>(sum / BT);
+  return Status::OK();
 }
 
-const float* GPT::logits() const { return acts_.tensor(acts_idx_[kLogits]).f32(); }
-const float* GPT::losses() const { return acts_.tensor(acts_idx_[kLosses]).f32(); }
+const float* GPT::logits() const { return ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLogits); }
+const float* GPT::losses() const { return ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLosses); }
 
-void GPT::backward(float loss_scale) {
-  CHECK(targets_ != nullptr);  // backward needs a forward with targets
-  const int B = B_, T = T_;
-  const int L = config_.layers, C = config_.channels, NH = config_.heads, V = config_.vocab;
-  const int Vp = config_.padded_vocab();
+Status GPT::backward_stage(int slot, float loss_scale) {
+  CHECK(slot >= 0 && slot < activation_slots());
+  const SlotState& state = slot_state_[slot];
+  CHECK(state.B > 0);
+  CHECK(!shard_.last || state.has_targets);  // backward needs a forward with targets
+  const int B = state.B, T = state.T;
+  const int L = local_layers_, C = config_.channels, V = config_.vocab, tp = shard_.tp;
+  const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int64_t att_size = int64_t{B} * NH * T * T;
-  ActView act{&acts_, &acts_idx_};
+  const int64_t att_size = int64_t{B} * NHl * T * T;
+  const MatmulPrecision prec = prec_;
+  ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
   ParamPtrs g = grad_ptrs();
   auto zero = [](float* x, int64_t n) { std::memset(x, 0, sizeof(float) * n); };
 
-  float* dlogits = act.f(kDLogits);
   float* dresidual = act.f(kDResidual);
-  float* dlnf = act.f(kDLnf);
-  zero(dlogits, int64_t{BT} * Vp);
-  zero(dresidual, BTC);
-  zero(dlnf, BTC);
-
-  ops_.crossentropy_softmax_backward(dlogits, act.f(kProbs), targets_, loss_scale / BT, BT, V, Vp);
-  ops_.matmul_backward(dlnf, g[kWte], nullptr, dlogits, act.f(kLnf), p[kWte], BT, C, Vp, prec_);
-  const float* last = act.f(kResidual3) + (L - 1) * BTC;
-  ops_.layernorm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean), act.f(kLnfRstd), BT,
-                          C);
-  if (listener_) listener_->on_grads_ready(GradListener::kFinalNorm);
+  if (shard_.last) {
+    float* dlogits = act.f(kDLogits);
+    float* dlnf = act.f(kDLnf);
+    zero(dlogits, int64_t{BT} * Vl);
+    zero(dresidual, BTC);
+    zero(dlnf, BTC);
+    if (tp == 1) {
+      ops_.crossentropy_softmax_backward(dlogits, act.f(kProbs), act.i(kTargets), loss_scale / BT, BT, V, Vl);
+    } else {
+      ops_.crossentropy_softmax_backward(dlogits, act.f(kProbs), act.i(kLocalTargets), loss_scale / BT, BT,
+                                         std::clamp(V - v0_, 0, Vl), Vl);
+    }
+    ops_.matmul_backward(dlnf, g[kWte], nullptr, dlogits, act.f(kLnf), p[kWte], BT, C, Vl, prec);
+    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dlnf, BTC));
+    const float* last = act.f(kResidual3) + (L - 1) * BTC;
+    ops_.layernorm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean),
+                            act.f(kLnfRstd), BT, C);
+    if (listener_) listener_->on_grads_ready(GradListener::kFinalNorm);
+  }
+  // Otherwise dresidual (stage_output_grad()) holds the gradient received from
+  // the next stage.
 
   // dresidual holds d(output of layer l). Each block is x + f(ln(x)): the
   // residual path passes dresidual through unchanged, and the branch's
@@ -317,13 +518,13 @@ void GPT::backward(float loss_scale) {
   for (int l = L - 1; l >= 0; l--) {
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
     const float* ln1 = act.f(kLn1) + l * BTC;
-    const float* qkv = act.f(kQkv) + l * 3 * BTC;
-    const float* atty = act.f(kAtty) + l * BTC;
+    const float* qkv = act.f(kQkv) + l * 3 * int64_t{BT} * Cl;
+    const float* atty = act.f(kAtty) + l * int64_t{BT} * Cl;
     const float* att = act.f(kAtt) + l * att_size;
     const float* residual2 = act.f(kResidual2) + l * BTC;
     const float* ln2 = act.f(kLn2) + l * BTC;
-    const float* fch = act.f(kFch) + l * 4 * BTC;
-    const float* fch_gelu = act.f(kFchGelu) + l * 4 * BTC;
+    const float* fch = act.f(kFch) + l * int64_t{BT} * Fl;
+    const float* fch_gelu = act.f(kFchGelu) + l * int64_t{BT} * Fl;
     float* dfch_gelu = act.f(kDFchGelu);
     float* dfch = act.f(kDFch);
     float* dln2 = act.f(kDLn2);
@@ -332,35 +533,48 @@ void GPT::backward(float loss_scale) {
     float* datt = act.f(kDAtt);
     float* dqkv = act.f(kDQkv);
     float* dln1 = act.f(kDLn1);
-    zero(dfch_gelu, 4 * BTC);
-    zero(dfch, 4 * BTC);
+    zero(dfch_gelu, int64_t{BT} * Fl);
+    zero(dfch, int64_t{BT} * Fl);
     zero(dln2, BTC);
-    zero(datty, BTC);
+    zero(datty, int64_t{BT} * Cl);
     zero(dpreatt, att_size);
     zero(datt, att_size);
-    zero(dqkv, 3 * BTC);
+    zero(dqkv, 3 * int64_t{BT} * Cl);
     zero(dln1, BTC);
 
-    // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2))))
-    ops_.matmul_backward(dfch_gelu, g[kFcProjW] + int64_t{l} * 4 * C * C, g[kFcProjB] + l * C, dresidual, fch_gelu,
-                         p[kFcProjW] + int64_t{l} * 4 * C * C, BT, 4 * C, C, prec_);
-    ops_.gelu_backward(dfch, fch, dfch_gelu, 4 * BTC);
-    ops_.matmul_backward(dln2, g[kFcW] + int64_t{l} * 4 * C * C, g[kFcB] + l * 4 * C, dfch, ln2,
-                         p[kFcW] + int64_t{l} * 4 * C * C, BT, C, 4 * C, prec_);
+    // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    // With tp > 1, fc is column-parallel and fcproj row-parallel: d(ln2) is
+    // a partial sum until all-reduced.
+    ops_.matmul_backward(dfch_gelu, g[kFcProjW] + int64_t{l} * C * Fl, g[kFcProjB] + l * C, dresidual, fch_gelu,
+                         p[kFcProjW] + int64_t{l} * C * Fl, BT, Fl, C, prec);
+    ops_.gelu_backward(dfch, fch, dfch_gelu, int64_t{BT} * Fl);
+    ops_.matmul_backward(dln2, g[kFcW] + int64_t{l} * Fl * C, g[kFcB] + l * Fl, dfch, ln2,
+                         p[kFcW] + int64_t{l} * Fl * C, BT, C, Fl, prec);
+    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln2, BTC));
     ops_.layernorm_backward(dresidual, g[kLn2W] + l * C, g[kLn2B] + l * C, dln2, residual2, p[kLn2W] + l * C,
                             act.f(kLn2Mean) + l * BT, act.f(kLn2Rstd) + l * BT, BT, C);
     // Attention branch: residual2 = residual + attproj(attn(qkv(ln1(residual))))
-    ops_.matmul_backward(datty, g[kAttProjW] + int64_t{l} * C * C, g[kAttProjB] + l * C, dresidual, atty,
-                         p[kAttProjW] + int64_t{l} * C * C, BT, C, C, prec_);
-    ops_.attention_backward(dqkv, dpreatt, datt, datty, qkv, att, B, T, C, NH);
-    ops_.matmul_backward(dln1, g[kQkvW] + int64_t{l} * 3 * C * C, g[kQkvB] + l * 3 * C, dqkv, ln1,
-                         p[kQkvW] + int64_t{l} * 3 * C * C, BT, C, 3 * C, prec_);
+    ops_.matmul_backward(datty, g[kAttProjW] + int64_t{l} * C * Cl, g[kAttProjB] + l * C, dresidual, atty,
+                         p[kAttProjW] + int64_t{l} * C * Cl, BT, Cl, C, prec);
+    ops_.attention_backward(dqkv, dpreatt, datt, datty, qkv, att, B, T, Cl, NHl);
+    ops_.matmul_backward(dln1, g[kQkvW] + int64_t{l} * 3 * Cl * C, g[kQkvB] + l * 3 * Cl, dqkv, ln1,
+                         p[kQkvW] + int64_t{l} * 3 * Cl * C, BT, C, 3 * Cl, prec);
+    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln1, BTC));
     ops_.layernorm_backward(dresidual, g[kLn1W] + l * C, g[kLn1B] + l * C, dln1, residual, p[kLn1W] + l * C,
                             act.f(kLn1Mean) + l * BT, act.f(kLn1Rstd) + l * BT, BT, C);
-    if (listener_) listener_->on_grads_ready(l);
+    if (listener_) listener_->on_grads_ready(shard_.layer_begin + l);
   }
-  ops_.encoder_backward(g[kWte], g[kWpe], dresidual, inputs_, B, T, C);
-  if (listener_) listener_->on_grads_ready(GradListener::kEmbeddings);
+  if (shard_.first) {
+    if (tp == 1) {
+      ops_.encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), B, T, C);
+    } else {
+      vocab_parallel_encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), v0_, Vl, B, T, C);
+    }
+  } else {
+    std::memcpy(act.f(kDInput), dresidual, sizeof(float) * BTC);
+  }
+  if (listener_ && (shard_.first || shard_.last)) listener_->on_grads_ready(GradListener::kEmbeddings);
+  return Status::OK();
 }
 
 }  // namespace tessera

@@ -3,6 +3,15 @@
 // layout). Dimension letters: L layers, B batch, T time, C channels, NH
 // heads, V vocabulary, Vp V padded to a multiple of 128, maxT context.
 //
+// Model parallelism (docs/parallel.md): a GPT may hold only a shard of the
+// model, described by a ModelShard: tensor parallelism splits heads, MLP
+// columns and the vocabulary tp ways (Megatron-LM), pipeline parallelism
+// gives each stage a contiguous range of layers, the first stage the
+// embeddings and the last the final norm and the (tied) output head. A rank's
+// tensors are blocks of the whole model's (param_slice()); the default shard
+// is the whole model. tp > 1 needs the tp communicator; its all-reduces run
+// inside forward_stage()/backward_stage(), which is why those return Status.
+//
 // Ownership: a GPT owns three arenas (parameters, gradients, activations).
 // Parameters and gradients share one layout, so either can be treated as a
 // flat buffer (global norm, all-reduce, checkpoint) or as named tensors.
@@ -19,6 +28,11 @@
 #include "kernels/precision.h"
 #include "nn/ops_table.h"
 #include "tensor/arena.h"
+#include "tensor/slice.h"
+
+namespace tessera::dist {
+class Communicator;
+}
 
 namespace tessera {
 
@@ -28,7 +42,13 @@ struct GPTConfig {
   int channels = 0;  // C
   int vocab = 0;     // V
   int context = 0;   // maxT
-  int padded_vocab() const { return (vocab + 127) / 128 * 128; }
+  // V rounded up to a multiple of 128 and of tp, so every tensor-parallel
+  // rank holds Vp/tp rows; padding rows are zero and their logits ignored.
+  int padded_vocab(int tp = 1) const {
+    int m = 128;
+    while (m % tp != 0) m += 128;  // lcm(128, tp)
+    return (vocab + m - 1) / m * m;
+  }
   // Rejects non-positive sizes and C not divisible by NH, one line each.
   Status validate() const;
   // Parameters of the model as GPT-2 counts them (unpadded vocabulary).
@@ -57,6 +77,26 @@ enum ParamId {
   kNumParams
 };
 
+// The part of the model a rank holds. Layers [layer_begin, layer_end) of the
+// pipeline stage; tensor-parallel rank tp_rank of tp.
+struct ModelShard {
+  int tp = 1, tp_rank = 0;
+  int layer_begin = 0, layer_end = -1;  // -1: to the last layer
+  bool first = true;                    // embeddings (wte, wpe)
+  bool last = true;                     // final norm and output head (tied wte)
+  // Whole model for end < 0; checks tp divides the heads and the layer range.
+  Status validate(const GPTConfig& c) const;
+  int layers(const GPTConfig& c) const { return (layer_end < 0 ? c.layers : layer_end) - layer_begin; }
+};
+
+// Where parameter id of the shard sits in the whole model's tensor
+// (tensor/slice.h). Absent tensors (wpe off the first stage, ...) have an
+// empty block. Views: qkv weights (L, 3, C, C) and biases (L, 3, C), the rest
+// their canonical shapes; wte's global rows are padded_vocab(shard.tp).
+TensorSlice param_slice(const GPTConfig& c, const ModelShard& s, int param_id);
+// Name of a parameter tensor ("wte", "qkvw", ...), as in the arena.
+const char* param_name(int param_id);
+
 struct ParamPtrs {
   float* p[kNumParams];
   float* operator[](int i) const { return p[i]; }
@@ -66,7 +106,10 @@ struct ParamPtrs {
 // parallelism can start reducing them while backward goes on. Events, in
 // order: kFinalNorm (lnfw, lnfb), each layer L-1 ... 0 (its 12 per-layer
 // tensors), then kEmbeddings (wte, which also holds the tied output layer's
-// gradient, and wpe). Called on the backward thread; keep it short.
+// gradient, and wpe). A pipeline stage raises only its own: kFinalNorm on the
+// last stage, its layers, and kEmbeddings on the first and (for its copy of
+// the tied wte) the last stage, at the end of its backward. Called on the
+// backward thread; keep it short.
 class GradListener {
  public:
   static constexpr int kFinalNorm = -1;
@@ -77,9 +120,14 @@ class GradListener {
 
 class GPT {
  public:
-  GPT(const GPTConfig& config, Backend backend = Backend::kCPU);
+  // shard must validate (CHECKed); tp_comm (not owned, outlives the GPT) is
+  // required when shard.tp > 1, with rank shard.tp_rank.
+  explicit GPT(const GPTConfig& config, Backend backend = Backend::kCPU, const ModelShard& shard = {},
+               dist::Communicator* tp_comm = nullptr);
 
   const GPTConfig& config() const { return config_; }
+  const ModelShard& shard() const { return shard_; }
+  bool whole() const { return shard_.tp == 1 && shard_.first && shard_.last && local_layers_ == config_.layers; }
   void set_precision(MatmulPrecision p) { prec_ = p; }
   MatmulPrecision precision() const { return prec_; }
   Backend backend() const { return backend_; }
@@ -92,21 +140,57 @@ class GPT {
   // Whether AdamW decays this tensor (2-D weights only).
   static bool decays(int param_id);
 
+  // Whether this rank's copy of a tensor counts towards the global gradient
+  // norm: replicated tensors count on tp rank 0 only, the last stage's copy
+  // of the tied embedding not at all.
+  bool counts_in_norm(int param_id) const;
+
   // GPT-2 initialisation: N(0, 0.02) weights, residual projections scaled by
-  // 1/sqrt(2L), zero biases, unit layernorm weights. Deterministic for a seed.
+  // 1/sqrt(2L), zero biases, unit layernorm weights. Deterministic for a seed
+  // and the same for every shard layout (each rank draws the whole model's
+  // sequence and keeps its blocks).
   void init_weights(uint64_t seed);
 
   // Token ids in [0, V) and T <= maxT, or an error naming the first bad one.
   Status check_batch(const int* inputs, const int* targets, int B, int T) const;
 
+  // Whole-model forms (shard().tp == 1, one stage; CHECKed), slot 0.
   // Forward pass over inputs (B,T). With targets, returns the mean
   // cross-entropy and keeps what backward() needs; without, returns 0 and only
   // logits() are meaningful. The caller checks the batch (check_batch).
   float forward(const int* inputs, const int* targets, int B, int T);
-  // Logits (B,T,Vp) of the last forward(); columns >= V are padding.
+  // Logits (B,T,Vp) of slot 0's last forward; columns >= V are padding. On a
+  // tensor-parallel last stage, this rank's (B,T,Vp/tp) columns.
   const float* logits() const;
-  // Per-position losses (B,T) of the last forward() with targets.
+  // Per-position losses (B,T) of slot 0's last forward with targets.
   const float* losses() const;
+
+  // ---- Pipeline-stage interface. Activations of up to `slots` micro-batches
+  // in flight are kept at once (1F1B keeps pp - stage, GPipe all of them).
+  // Call reserve_activations() before using slots; forward() does it itself.
+  void reserve_activations(int B, int T, int slots);
+  int activation_slots() const { return static_cast<int>(slot_acts_.size()); }
+  int64_t activation_bytes() const;
+  // (B,T,C) buffers for the pipeline's messages: the input a non-first stage
+  // receives into, the output a non-last stage sends, the gradient of that
+  // output a non-last stage receives into before backward, and the gradient
+  // of the input a non-first stage sends after backward (valid until the
+  // slot's next backward).
+  float* stage_input(int slot);
+  const float* stage_output(int slot) const;
+  float* stage_output_grad();
+  const float* stage_input_grad(int slot) const;
+  // Forward of this stage's part on micro-batch slot: the first stage reads
+  // inputs (B,T) token ids, others stage_input(slot). targets are needed on
+  // the last stage (for backward too), which sets *loss to the mean
+  // cross-entropy; elsewhere they may be null. Errors come from tp
+  // communication only.
+  Status forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss);
+  // Backward of slot's forward; a non-last stage first receives
+  // d(stage output) into stage_output_grad().
+  Status backward_stage(int slot, float loss_scale);
+  // Seconds spent in tensor-parallel all-reduces since the last call.
+  double take_tp_comm_seconds();
 
   void zero_grad() { grads_.zero(); }
   // Not owned; nullptr for none.
@@ -117,20 +201,31 @@ class GPT {
 
  private:
   static ParamPtrs ptrs(const Arena& a);
-  void layout_activations(int B, int T);
+  Status tp_all_reduce(float* x, int64_t n);
+  Status tp_all_reduce_max(float* x, int64_t n);
 
   GPTConfig config_;
+  ModelShard shard_;
+  dist::Communicator* tp_comm_ = nullptr;
+  int local_layers_ = 0;
+  int Vl_ = 0, v0_ = 0;  // vocabulary rows this rank holds: [v0_, v0_ + Vl_)
+  double tp_seconds_ = 0.0;
   Backend backend_;
   const OpsTable& ops_;
   MatmulPrecision prec_ = MatmulPrecision::kF32;
   GradListener* listener_ = nullptr;
   Arena params_, grads_;
-  Arena acts_;
-  int act_B_ = 0, act_T_ = 0;  // activation arena capacity
-  int B_ = 0, T_ = 0;          // shape of the last forward
-  const int* inputs_ = nullptr;
-  const int* targets_ = nullptr;
-  std::vector<int> acts_idx_;  // arena indices, see gpt.cc
+  // Activations kept for backward, one arena per slot, and scratch shared by
+  // all slots (forward scratch and gradient buffers; gpt.cc's ActId).
+  std::vector<Arena> slot_acts_;
+  Arena scratch_;
+  int act_B_ = 0, act_T_ = 0;  // activation capacity
+  struct SlotState {
+    int B = 0, T = 0;
+    bool has_targets = false;
+  };
+  std::vector<SlotState> slot_state_;
+  std::vector<int> acts_idx_;  // ActId -> index in its arena, see gpt.cc
 };
 
 }  // namespace tessera

@@ -37,31 +37,40 @@ DataParallel::DataParallel(GPT& model, dist::Communicator& comm, const DataParal
 
 DataParallel::~DataParallel() { model_.set_grad_listener(nullptr); }
 
-// Events in the order backward raises them: final norm, layers L-1..0,
-// embeddings.
+// Position of an event in events_ (the order backward raises them).
 int DataParallel::event_index(int what) const {
-  const int L = model_.config().layers;
-  if (what == GradListener::kFinalNorm) return 0;
-  if (what == GradListener::kEmbeddings) return L + 1;
-  return 1 + (L - 1 - what);
+  for (int i = 0; i < static_cast<int>(events_.size()); i++)
+    if (events_[i] == what) return i;
+  return -1;
 }
 
 void DataParallel::plan_buckets(int64_t bucket_bytes) {
-  const GPTConfig& c = model_.config();
+  const ModelShard& shard = model_.shard();
+  const int Ll = shard.layer_end - shard.layer_begin;
   const Arena& grads = model_.grads();
   ParamPtrs g = model_.grad_ptrs();
   auto whole = [&](int id) { return Slice{g[id], grads.tensor(id).numel()}; };
   std::vector<std::vector<Slice>> events;
-  events.push_back({whole(kLnfW), whole(kLnfB)});
-  for (int l = c.layers - 1; l >= 0; l--) {
+  if (shard.last) {
+    events_.push_back(GradListener::kFinalNorm);
+    events.push_back({whole(kLnfW), whole(kLnfB)});
+  }
+  for (int l = Ll - 1; l >= 0; l--) {
     std::vector<Slice> e;
     for (int id = kFirstLayerParam; id <= kLastLayerParam; id++) {
-      int64_t per_layer = grads.tensor(id).numel() / c.layers;
+      int64_t per_layer = grads.tensor(id).numel() / Ll;
       e.push_back({g[id] + l * per_layer, per_layer});
     }
+    events_.push_back(shard.layer_begin + l);
     events.push_back(std::move(e));
   }
-  events.push_back({whole(kWte), whole(kWpe)});
+  if (shard.first || shard.last) {
+    events_.push_back(GradListener::kEmbeddings);
+    std::vector<Slice> e;
+    for (int id : {kWte, kWpe})
+      if (grads.tensor(id).numel() > 0) e.push_back(whole(id));
+    events.push_back(std::move(e));
+  }
 
   Bucket cur;
   int64_t cur_bytes = 0;
@@ -142,10 +151,41 @@ Status DataParallel::finish_gradients() {
 }
 
 Result<float> DataParallel::optimizer_step(const OptimizerConfig& c, float lr) {
-  if (opts_.zero == 0) return adamw_->step(model_, c, lr);
+  if (opts_.zero == 0) {
+    if (!opts_.norm_comm) return adamw_->step(model_, c, lr);
+    ASSIGN_OR_RETURN(float norm, global_norm_of_grads());
+    adamw_->apply(model_, c, lr, norm);
+    return norm;
+  }
   float norm = 0.0f;
   RETURN_IF_ERROR(zero_step(c, lr, &norm));
   return norm;
+}
+
+// Sum of squares of the gradients in flat range [lo, hi) of the arena that
+// belong to tensors this rank owns for the norm (alignment gaps are zero).
+double DataParallel::owned_sum_of_squares(int64_t lo, int64_t hi) const {
+  const Arena& arena = model_.grads();
+  const float* grads = reinterpret_cast<const float*>(arena.base());
+  double sq = 0.0;
+  for (int id = 0; id < arena.count(); id++) {
+    if (!model_.counts_in_norm(id)) continue;
+    const int64_t begin = static_cast<int64_t>(arena.offset(id) / sizeof(float));
+    const int64_t a = std::max(begin, lo), b = std::min(begin + arena.tensor(id).numel(), hi);
+    for (int64_t i = a; i < b; i++) sq += static_cast<double>(grads[i]) * grads[i];
+  }
+  return sq;
+}
+
+// Plain DP with a model shard: dp rank 0 of each model replica adds the
+// squares of what it owns; the sum runs over every rank.
+Result<float> DataParallel::global_norm_of_grads() {
+  double sq = comm_.rank() == 0 ? owned_sum_of_squares(0, flat_) : 0.0;
+  auto t0 = Clock::now();
+  Status st = opts_.norm_comm->all_reduce(&sq, &sq, 1, dist::ElemType::kF64);
+  comm_seconds_ += since(t0);
+  RETURN_IF_ERROR(st);
+  return static_cast<float>(std::sqrt(sq));
 }
 
 Status DataParallel::zero_step(const OptimizerConfig& c, float lr, float* norm_out) {
@@ -155,9 +195,13 @@ Status DataParallel::zero_step(const OptimizerConfig& c, float lr, float* norm_o
   float* grads = reinterpret_cast<float*>(model_.grads().base());
   // Global norm from the shards: alignment gaps and padding are zero.
   double sq = 0.0;
-  for (int64_t i = lo; i < hi; i++) sq += static_cast<double>(grads[i]) * grads[i];
+  if (opts_.norm_comm) {
+    sq = owned_sum_of_squares(lo, hi);
+  } else {
+    for (int64_t i = lo; i < hi; i++) sq += static_cast<double>(grads[i]) * grads[i];
+  }
   auto t0 = Clock::now();
-  RETURN_IF_ERROR(comm_.all_reduce(&sq, &sq, 1, dist::ElemType::kF64));
+  RETURN_IF_ERROR((opts_.norm_comm ? *opts_.norm_comm : comm_).all_reduce(&sq, &sq, 1, dist::ElemType::kF64));
   comm_seconds_ += since(t0);
   const float norm = static_cast<float>(std::sqrt(sq));
   float scale = 1.0f;

@@ -8,7 +8,7 @@
 //
 // Plain DP (zero = 0): gradients are grouped into buckets of about
 // bucket_bytes in the order backward finishes them (final norm, layers
-// L-1 ... 0, embeddings). As soon as a bucket is complete during the last
+// L-1 ... 0, embeddings; a pipeline stage's own subset of those). As soon as a bucket is complete during the last
 // micro-step's backward, it is packed into its own buffer and all-reduced
 // asynchronously; finish_gradients() waits for the stragglers and unpacks
 // the averages. Only the wait is exposed communication.
@@ -35,6 +35,12 @@ namespace tessera {
 struct DataParallelOptions {
   int64_t bucket_bytes = 25 << 20;
   int zero = 0;  // 0 or 1
+  // With a model shard (tensor or pipeline parallel), the communicator over
+  // which the global gradient norm's squares are summed: every rank of the
+  // job (the world). Each rank adds the tensors it owns (GPT::counts_in_norm),
+  // on dp rank 0 only unless ZeRO shards them. Null: the model is whole and
+  // the norm needs only the dp ranks.
+  dist::Communicator* norm_comm = nullptr;
 };
 
 class DataParallel : public GradListener {
@@ -79,6 +85,8 @@ class DataParallel : public GradListener {
     std::unique_ptr<dist::Work> work;
   };
   int event_index(int what) const;
+  double owned_sum_of_squares(int64_t lo, int64_t hi) const;
+  Result<float> global_norm_of_grads();
   void plan_buckets(int64_t bucket_bytes);
   void progress();
   Status zero_step(const OptimizerConfig& c, float lr, float* norm_out);
@@ -89,6 +97,7 @@ class DataParallel : public GradListener {
   bool communicate_ = true;
   double comm_seconds_ = 0.0;
   std::vector<Bucket> buckets_;
+  std::vector<int> events_;  // GradListener events in the order backward raises them
   // ZeRO-1 or plain optimizer state.
   std::unique_ptr<AdamW> adamw_;  // plain DP
   int64_t flat_ = 0, shard_ = 0;  // ZeRO: floats in the arena, floats per rank

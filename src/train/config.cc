@@ -1,11 +1,14 @@
 #include "train/config.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <variant>
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
+
+#include "parallel/pipeline.h"
 
 namespace tessera {
 
@@ -57,8 +60,11 @@ const std::vector<Key>& keys() {
       {"train.eval_every", &TrainConfig::eval_every, "steps between validation passes (0: start and end only)", 0},
       {"train.eval_batches", &TrainConfig::eval_batches, "validation batches per pass", 1},
       {"parallel.dp", &TrainConfig::dp, "data-parallel ranks; dp x tp x pp must equal the ranks launched", 1},
-      {"parallel.tp", &TrainConfig::tp, "tensor-parallel ranks (only 1 until tensor parallelism lands)", 1},
-      {"parallel.pp", &TrainConfig::pp, "pipeline stages (only 1 until pipeline parallelism lands)", 1},
+      {"parallel.tp", &TrainConfig::tp, "tensor-parallel ranks (Megatron: heads, MLP and vocabulary split); divides model.heads", 1},
+      {"parallel.pp", &TrainConfig::pp, "pipeline stages (layers split; micro-batches are train.grad_accum)", 1},
+      {"parallel.schedule", &TrainConfig::schedule, "pipeline schedule: \"1f1b\" or \"gpipe\""},
+      {"parallel.stages", &TrainConfig::stages,
+       "layers per pipeline stage, comma-separated (\"5,7\"); empty: balanced"},
       {"parallel.zero", &TrainConfig::zero, "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state)", 0},
       {"parallel.timeout", &TrainConfig::timeout_s,
        "seconds any collective may wait before the rank reports it and exits", 0.001},
@@ -141,16 +147,51 @@ Status assign(TrainConfig& c, const Key& k, const toml::node& v, const std::stri
       k.field);
 }
 
+}  // namespace
+
+Result<std::vector<int>> parse_stage_counts(const std::string& s) {
+  std::vector<int> out;
+  if (s.empty()) return out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t comma = s.find(',', pos);
+    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1 || v > 1000000)
+      return Status::InvalidArgument(
+          fmt::format("parallel.stages \"{}\": \"{}\" is not a positive layer count", s, item));
+    out.push_back(static_cast<int>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+namespace {
+
 Status validate(const TrainConfig& c, const std::string& where) {
   auto bad = [&](std::string msg) { return Status::InvalidArgument(where + ": " + msg); };
   if (c.init_from.empty()) RETURN_IF_ERROR(c.model.validate().With(where));
   if (c.dtype != "fp32" && c.dtype != "bf16") return bad(fmt::format("train.dtype must be \"fp32\" or \"bf16\", got \"{}\"", c.dtype));
   if (c.init_from.empty() && c.seq > c.model.context)
     return bad(fmt::format("train.seq ({}) exceeds model.context ({})", c.seq, c.model.context));
-  if (c.tp != 1 || c.pp != 1)
-    return bad(fmt::format("parallel.tp={} pp={} is not supported yet: tensor and pipeline parallelism land with the "
-                           "next work; use data parallelism (parallel.dp)",
-                           c.tp, c.pp));
+  if (c.schedule != "1f1b" && c.schedule != "gpipe")
+    return bad(fmt::format("parallel.schedule must be \"1f1b\" or \"gpipe\", got \"{}\"", c.schedule));
+  if (c.init_from.empty() && c.model.heads % c.tp != 0)
+    return bad(fmt::format("model.heads ({}) must be divisible by parallel.tp ({}): tensor parallelism splits whole "
+                           "heads", c.model.heads, c.tp));
+  if (c.init_from.empty() && c.pp > c.model.layers)
+    return bad(fmt::format("parallel.pp ({}) exceeds model.layers ({}): every stage needs a layer", c.pp,
+                           c.model.layers));
+  if (!c.stages.empty()) {
+    auto counts = parse_stage_counts(c.stages);
+    if (!counts.ok()) return bad(counts.status().message());
+    if (c.init_from.empty()) {
+      auto layers = stage_layer_counts(c.model.layers, c.pp, *counts);
+      if (!layers.ok()) return bad(layers.status().message());
+    }
+  }
   if (c.zero != 0 && c.zero != 1) return bad(fmt::format("parallel.zero must be 0 or 1, got {}", c.zero));
   if (c.train_data.empty()) return bad("data.train is required");
   if (c.opt.min_lr > c.opt.lr) return bad("train.min_lr must not exceed train.lr");

@@ -26,6 +26,8 @@ struct TrainConfig {
   int eval_every = 50;   // 0: only at the start and the end
   int eval_batches = 8;
   int dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string schedule = "1f1b";  // pipeline schedule: "1f1b" or "gpipe"
+  std::string stages;             // layers per pipeline stage, "3,1"; empty: balanced
   float timeout_s = 300.0f;  // deadline of every collective wait
   float bucket_mb = 25.0f;   // gradient bucket size for data parallelism
   std::string checkpoint_dir = "runs/default";
@@ -38,6 +40,9 @@ struct TrainConfig {
 // file, the key and what is wrong (unknown key with the closest valid one,
 // wrong type, out of range), one line each.
 Result<TrainConfig> load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// "3,1" -> {3, 1}; empty -> {}. Error names the bad item.
+Result<std::vector<int>> parse_stage_counts(const std::string& s);
 
 // Every key as "section.key", with its type, default and meaning (for docs
 // and --help).

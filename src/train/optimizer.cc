@@ -28,6 +28,11 @@ float AdamW::step(GPT& model, const OptimizerConfig& c, float lr) {
   // Alignment gaps and vocab padding rows are zero, so the flat norm is the
   // norm over the real gradients.
   float norm = global_norm(reinterpret_cast<const float*>(grads.base()), static_cast<int64_t>(grads.bytes() / 4));
+  apply(model, c, lr, norm);
+  return norm;
+}
+
+void AdamW::apply(GPT& model, const OptimizerConfig& c, float lr, float norm) {
   float scale = 1.0f;
   if (c.grad_clip > 0.0f) scale = std::min(1.0f, c.grad_clip / (norm + 1e-6f));  // as torch clip_grad_norm_
   t_++;
@@ -38,7 +43,6 @@ float AdamW::step(GPT& model, const OptimizerConfig& c, float lr) {
     int64_t n = model.params().tensor(id).numel();
     ops.adamw_update(p[id], g[id], m_.tensor(id).f32(), v_.tensor(id).f32(), n, hp);
   }
-  return norm;
 }
 
 }  // namespace tessera

@@ -38,6 +38,9 @@ class AdamW {
   // grad_clip by scaling (never touching the stored gradients) and returns the
   // pre-clip global norm.
   float step(GPT& model, const OptimizerConfig& c, float lr);
+  // The same update with the global norm computed by the caller (over a
+  // sharded model's ranks).
+  void apply(GPT& model, const OptimizerConfig& c, float lr, float norm);
 
   int t() const { return t_; }
   void set_t(int t) { t_ = t; }

@@ -16,6 +16,8 @@
 #include "data/loader.h"
 #include "dist/mesh.h"
 #include "parallel/data_parallel.h"
+#include "parallel/model_parallel.h"
+#include "parallel/pipeline.h"
 #include "kernels/cpu/matmul_peak.h"
 #include "nn/gpt2_weights.h"
 #include "train/evaluate.h"
@@ -82,26 +84,49 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
         c.dp, c.tp, c.pp, c.dp * c.tp * c.pp, world.size(), c.dp * c.tp * c.pp));
   ASSIGN_OR_RETURN(std::unique_ptr<dist::Mesh> mesh, dist::Mesh::create(world, {c.dp, c.tp, c.pp}));
   dist::Communicator& dp = mesh->dp();
+  const dist::MeshCoord coord = mesh->coord();
   if (rank != 0) out = nullptr;  // rank 0 speaks for the job
   auto say = [&](auto&&... args) {
     if (out) std::fprintf(out, args...);
   };
 
-  std::unique_ptr<GPT> model;
+  // The whole model's shape, then this rank's shard of it.
+  std::unique_ptr<GPT> whole;
+  GPTConfig mc = c.model;
   if (!c.init_from.empty()) {
-    ASSIGN_OR_RETURN(model, load_gpt2(c.init_from, nullptr));
-    if (c.seq > model->config().context)
+    ASSIGN_OR_RETURN(whole, load_gpt2(c.init_from, nullptr));
+    mc = whole->config();
+    if (c.seq > mc.context)
       return Status::InvalidArgument(
-          fmt::format("train.seq ({}) exceeds the context ({}) of {}", c.seq, model->config().context, c.init_from));
+          fmt::format("train.seq ({}) exceeds the context ({}) of {}", c.seq, mc.context, c.init_from));
+  }
+  ASSIGN_OR_RETURN(std::vector<int> wanted_stages, parse_stage_counts(c.stages));
+  ASSIGN_OR_RETURN(std::vector<int> stage_layers, stage_layer_counts(mc.layers, c.pp, wanted_stages));
+  const ModelShard shard = shard_for(mesh->shape(), coord, stage_layers);
+  RETURN_IF_ERROR(shard.validate(mc));
+  ASSIGN_OR_RETURN(PipelineSchedule schedule, parse_pipeline_schedule(c.schedule));
+  std::unique_ptr<GPT> model;
+  if (whole && c.tp == 1 && c.pp == 1) {
+    model = std::move(whole);
   } else {
-    model = std::make_unique<GPT>(c.model);
-    model->init_weights(static_cast<uint64_t>(c.seed));
+    model = std::make_unique<GPT>(mc, Backend::kCPU, shard, c.tp > 1 ? &mesh->tp() : nullptr);
+    if (whole) {
+      copy_from_whole(*whole, *model);
+      whole.reset();
+    } else {
+      model->init_weights(static_cast<uint64_t>(c.seed));
+    }
   }
   const MatmulPrecision prec = c.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
   model->set_precision(prec);
-  const GPTConfig& mc = model->config();
-  DataParallel ddp(*model, dp, {static_cast<int64_t>(c.bucket_mb * (1 << 20)), c.zero});
+  const bool sharded = !model->whole();
+  DataParallel ddp(*model, dp,
+                   {static_cast<int64_t>(c.bucket_mb * (1 << 20)), c.zero, sharded ? &world : nullptr});
   RETURN_IF_ERROR(ddp.sync_parameters());
+  Pipeline pipe(*model, mesh->pp(), schedule);
+  ASSIGN_OR_RETURN(std::unique_ptr<TiedEmbedding> tied, TiedEmbedding::create(*mesh));
+  // The loss lives on the last stage; tp rank 0 of it reports it.
+  const bool reports_loss = shard.layer_end == mc.layers && coord.tp == 0;
 
   ASSIGN_OR_RETURN(data::TokenLoader train, data::TokenLoader::open(c.train_data, c.seq, c.seed));
   std::vector<uint16_t> val_tokens;
@@ -112,24 +137,37 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   MetricsLog metrics;
   if (rank == 0) RETURN_IF_ERROR(metrics.open(c.metrics));
 
-  const int B = c.micro_batch, T = c.seq;
-  // The global batch of a step: rows [0, B*GA*dp); rank r's micro-step m
+  const int B = c.micro_batch, T = c.seq, GA = c.grad_accum;
+  // The global batch of a step: rows [0, B*GA*dp); dp rank r's micro-step m
   // takes rows [(r*GA + m)*B, +B), so the step's sequences do not depend on
-  // the split between ranks and micro-steps.
-  const int64_t rows_per_step = int64_t{B} * c.grad_accum * dp.size();
+  // the split between ranks and micro-steps. Every tp and pp rank of a data-
+  // parallel replica reads the same rows.
+  const int64_t rows_per_step = int64_t{B} * GA * dp.size();
   const double tokens_per_step = static_cast<double>(rows_per_step) * T;
   const double peak = cpu::measure_matmul_gflops(1536, prec, 3);
+  model->reserve_activations(B, T, pipeline_slots(schedule, c.pp, coord.pp, GA));
+  // Memory per rank, the largest over ranks: parameters, gradients, optimizer
+  // state, activations (bytes).
+  double mem[4] = {static_cast<double>(model->params().bytes()), static_cast<double>(model->grads().bytes()),
+                   static_cast<double>(ddp.optimizer_state_bytes()), static_cast<double>(model->activation_bytes())};
+  RETURN_IF_ERROR(world.all_reduce(mem, mem, 4, dist::ElemType::kF64, dist::ReduceOp::kMax));
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc.str().c_str(),
       mc.num_parameters() / 1e6, c.dtype.c_str(), static_cast<long long>(train.tokens()), train.files().size());
   say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step; matmul peak %.0f GFLOP/s/rank\n", B,
-      T, c.grad_accum, dp.size(), tokens_per_step, peak);
-  if (dp.size() > 1)
-    say("data parallel: %d ranks, %s, %d gradient bucket(s), optimizer state %.1f MB per rank\n", dp.size(),
-        c.zero ? "ZeRO-1" : "all-reduce", ddp.buckets(), ddp.optimizer_state_bytes() / 1e6);
+      T, GA, dp.size(), tokens_per_step, peak);
+  if (world.size() > 1) {
+    std::string stages;
+    for (int n : stage_layers) stages += (stages.empty() ? "" : ",") + std::to_string(n);
+    say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c.dp, c.tp, c.pp,
+        stages.c_str(), c.schedule.c_str(), c.zero ? "ZeRO-1" : "all-reduce", ddp.buckets());
+  }
+  say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB\n",
+      mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6);
 
   TrainSummary summary;
-  // Validation batches are dealt round-robin to the dp ranks and the sums
-  // all-reduced, so every rank gets the same mean.
+  // Validation batches are dealt round-robin to the dp replicas, run through
+  // the pipeline, and the last stage's sums all-reduced, so every rank gets
+  // the same mean.
   auto run_eval = [&](int step) -> Status {
     if (val_tokens.empty()) return Status::OK();
     const int64_t BT = int64_t{B} * T;
@@ -138,14 +176,23 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
       return Status::InvalidArgument(fmt::format("{}: {} tokens are fewer than one batch needs ({})", c.val_data,
                                                  val_tokens.size(), BT + 1));
     const int64_t batches = std::min<int64_t>(available, c.eval_batches);
+    std::vector<int> in(BT), tg(BT);
     double sums[2] = {0.0, 0.0};  // loss sum, batches
     for (int64_t k = dp.rank(); k < batches; k += dp.size()) {
-      auto r = evaluate(*model, std::span<const uint16_t>(val_tokens).subspan(k * BT, BT + 1), B, T, 1);
-      if (!r.ok()) return with_vocab_hint(r.status(), c.val_data);
-      sums[0] += r->loss;
-      sums[1] += 1;
+      const uint16_t* base = val_tokens.data() + k * BT;
+      for (int64_t i = 0; i < BT; i++) {
+        in[i] = base[i];
+        tg[i] = base[i + 1];
+      }
+      RETURN_IF_ERROR(with_vocab_hint(model->check_batch(in.data(), tg.data(), B, T), c.val_data));
+      float loss = 0.0f;
+      RETURN_IF_ERROR(pipe.forward_only(B, T, in.data(), tg.data(), &loss));
+      if (reports_loss) {
+        sums[0] += loss;
+        sums[1] += 1;
+      }
     }
-    RETURN_IF_ERROR(dp.all_reduce(sums, sums, 2, dist::ElemType::kF64));
+    RETURN_IF_ERROR(world.all_reduce(sums, sums, 2, dist::ElemType::kF64));
     const double loss = sums[0] / sums[1];
     if (!summary.has_val) summary.first_val_loss = loss;
     summary.has_val = true;
@@ -155,38 +202,54 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     return Status::OK();
   };
   RETURN_IF_ERROR(run_eval(0));
+  pipe.take_times();
+  model->take_tp_comm_seconds();
 
-  std::vector<int> inputs(int64_t{B} * T), targets(int64_t{B} * T);
   for (int step = 0; step < c.steps; step++) {
     auto t0 = Clock::now();
     model->zero_grad();
-    double loss = 0.0;
-    for (int micro = 0; micro < c.grad_accum; micro++) {
-      const int64_t row0 = (int64_t{dp.rank()} * c.grad_accum + micro) * B;
-      train.fill(step, rows_per_step, row0, B, inputs.data(), targets.data());
-      RETURN_IF_ERROR(with_vocab_hint(model->check_batch(inputs.data(), targets.data(), B, T), c.train_data));
-      loss += model->forward(inputs.data(), targets.data(), B, T) / c.grad_accum;
-      maybe_inject_fault(rank, step);
-      ddp.begin_backward(micro == c.grad_accum - 1);
-      model->backward(1.0f / c.grad_accum);
-    }
+    auto fill = [&](int micro, int* inputs, int* targets) -> Status {
+      const int64_t row0 = (int64_t{dp.rank()} * GA + micro) * B;
+      train.fill(step, rows_per_step, row0, B, inputs, targets);
+      return with_vocab_hint(model->check_batch(inputs, targets, B, T), c.train_data);
+    };
+    auto before_backward = [&](int micro) {
+      if (micro == 0) maybe_inject_fault(rank, step);
+      ddp.begin_backward(micro == GA - 1);
+    };
+    double loss_sum = 0.0;
+    RETURN_IF_ERROR(pipe.train_step(GA, B, T, 1.0f / GA, fill, before_backward, &loss_sum));
+    // The tied embedding's two gradients are summed before ZeRO shards the
+    // flat gradients, or after plain DP has averaged them (the sums commute).
+    if (c.zero == 1) RETURN_IF_ERROR(tied->sum_grads(*model));
     RETURN_IF_ERROR(ddp.finish_gradients());
+    if (c.zero == 0) RETURN_IF_ERROR(tied->sum_grads(*model));
     const float lr = lr_at(c.opt, step);
     ASSIGN_OR_RETURN(float norm, ddp.optimizer_step(c.opt, lr));
-    // The step's loss is the mean over all ranks' tokens.
-    double loss_sum = loss;
+    // The step's loss is the mean over the replicas' last stages; the times
+    // are means over all ranks.
+    const Pipeline::Times pt = pipe.take_times();
+    const double tp_s = model->take_tp_comm_seconds();
+    double sums[4] = {reports_loss ? loss_sum / GA : 0.0, ddp.comm_seconds() + tp_s + tied->take_seconds(),
+                      pt.bubble, pt.p2p};
     auto tl = Clock::now();
-    RETURN_IF_ERROR(dp.all_reduce(&loss_sum, &loss_sum, 1, dist::ElemType::kF64));
-    loss = loss_sum / dp.size();
-    const double comm_s = ddp.comm_seconds() + std::chrono::duration<double>(Clock::now() - tl).count();
+    RETURN_IF_ERROR(world.all_reduce(sums, sums, 4, dist::ElemType::kF64));
+    const double loss = sums[0] / dp.size();
+    const double comm_s = sums[1] / world.size() + std::chrono::duration<double>(Clock::now() - tl).count();
+    const double bubble_s = sums[2] / world.size(), p2p_s = sums[3] / world.size();
     if (!std::isfinite(loss))
       return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", loss, step));
     const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
     const double tps = tokens_per_step / step_s;
-    const double mfu = flops_per_token(mc, T) * tokens_per_step / step_s / (peak * 1e9 * dp.size());
+    const double mfu = flops_per_token(mc, T) * tokens_per_step / step_s / (peak * 1e9 * world.size());
     summary.last_train_loss = loss;
-    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f\n", step + 1,
-        c.steps, loss, lr, norm, step_s * 1e3, comm_s * 1e3, tps, mfu);
+    if (c.pp > 1)
+      say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f, bubble %.0f, p2p %.0f) | %.0f tok/s | "
+          "mfu %.2f\n",
+          step + 1, c.steps, loss, lr, norm, step_s * 1e3, comm_s * 1e3, bubble_s * 1e3, p2p_s * 1e3, tps, mfu);
+    else
+      say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f\n", step + 1,
+          c.steps, loss, lr, norm, step_s * 1e3, comm_s * 1e3, tps, mfu);
     if (out) std::fflush(out);
     metrics.write({{"step", step + 1},
                    {"loss", loss},
@@ -194,18 +257,27 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
                    {"grad_norm", norm},
                    {"step_ms", step_s * 1e3},
                    {"comm_ms", comm_s * 1e3},
-                   {"compute_ms", (step_s - comm_s) * 1e3},
+                   {"bubble_ms", bubble_s * 1e3},
+                   {"p2p_ms", p2p_s * 1e3},
+                   {"compute_ms", std::max(0.0, step_s - comm_s - bubble_s - p2p_s) * 1e3},
                    {"tokens_per_s", tps},
-                   {"mfu", mfu}});
+                   {"mfu", mfu},
+                   {"mem_params_mb", mem[0] / 1e6},
+                   {"mem_grads_mb", mem[1] / 1e6},
+                   {"mem_optimizer_mb", mem[2] / 1e6},
+                   {"mem_activations_mb", mem[3] / 1e6}});
     const bool last = step + 1 == c.steps;
     if (last || (c.eval_every > 0 && (step + 1) % c.eval_every == 0)) RETURN_IF_ERROR(run_eval(step + 1));
   }
   RETURN_IF_ERROR(ddp.check_parameters_identical());
 
   summary.weights_path = (std::filesystem::path(c.checkpoint_dir) / "model.safetensors").string();
+  std::unique_ptr<GPT> full;
+  if (sharded && rank == 0) full = std::make_unique<GPT>(mc);
+  if (sharded) RETURN_IF_ERROR(gather_whole(*model, *mesh, stage_layers, full.get()));
   if (rank == 0) {
     std::filesystem::create_directories(c.checkpoint_dir);
-    RETURN_IF_ERROR(save_hf(*model, summary.weights_path));
+    RETURN_IF_ERROR(save_hf(sharded ? *full : *model, summary.weights_path));
     say("saved %s (+ config.json)\n", summary.weights_path.c_str());
   }
   return summary;

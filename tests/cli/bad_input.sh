@@ -52,7 +52,11 @@ expect_error too-few-tokens "fewer than one batch" -- "$tessera" eval --weights 
 printf '[model]\nlayers = 1\n[data]\ntrain = "%s"\n[train]\nsteps = 1\n' "$tmp/bytes/train_000000.bin" >"$tmp/ok.toml"
 expect_error config-typo "did you mean 'train.micro_batch'" -- "$tessera" train --config "$tmp/ok.toml" --set train.micro_bach=4
 expect_error config-type "must be an integer" -- "$tessera" train --config "$tmp/ok.toml" --set train.steps=many
-expect_error config-parallel "not supported yet" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.tp=2
+expect_error tp-heads "model.heads .4. must be divisible by parallel.tp .3." -- "$tessera" train --config "$tmp/ok.toml" --set parallel.tp=3
+expect_error pp-layers "parallel.pp .2. exceeds model.layers .1." -- "$tessera" train --config "$tmp/ok.toml" --set parallel.pp=2
+expect_error stages-count "parallel.stages lists 2 stage.s. but parallel.pp is 1" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.stages=2,1
+expect_error stages-item "\"x\" is not a positive layer count" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.stages=1,x
+expect_error schedule "parallel.schedule must be" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.schedule=zigzag
 expect_error dp-without-launch "1 rank.s. are running" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.dp=2
 printf '[model]\nlayers = \n' >"$tmp/broken.toml"
 expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"

@@ -1,0 +1,160 @@
+#include "parallel/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+namespace tessera {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+// Message tags: activations and gradients of micro-batch i; evaluation.
+int act_tag(int micro) { return 2 * micro; }
+int grad_tag(int micro) { return 2 * micro + 1; }
+constexpr int kEvalTag = 1 << 20;
+}  // namespace
+
+Result<PipelineSchedule> parse_pipeline_schedule(const std::string& name) {
+  if (name == "1f1b") return PipelineSchedule::k1F1B;
+  if (name == "gpipe") return PipelineSchedule::kGPipe;
+  return Status::InvalidArgument(fmt::format("parallel.schedule must be \"1f1b\" or \"gpipe\", got \"{}\"", name));
+}
+
+std::vector<PipeOp> pipeline_ops(PipelineSchedule s, int stages, int stage, int m) {
+  std::vector<PipeOp> ops;
+  if (s == PipelineSchedule::kGPipe) {
+    for (int i = 0; i < m; i++) ops.push_back({true, i});
+    for (int i = 0; i < m; i++) ops.push_back({false, i});
+    return ops;
+  }
+  const int warmup = std::min(stages - stage - 1, m);
+  int f = 0, b = 0;
+  for (; f < warmup; f++) ops.push_back({true, f});
+  while (f < m) {
+    ops.push_back({true, f++});
+    ops.push_back({false, b++});
+  }
+  while (b < m) ops.push_back({false, b++});
+  return ops;
+}
+
+int pipeline_slots(PipelineSchedule s, int stages, int stage, int m) {
+  int in_flight = 0, most = 0;
+  for (const PipeOp& op : pipeline_ops(s, stages, stage, m)) {
+    in_flight += op.forward ? 1 : -1;
+    most = std::max(most, in_flight);
+  }
+  return std::max(most, 1);
+}
+
+Result<std::vector<int>> stage_layer_counts(int layers, int stages, const std::vector<int>& counts) {
+  if (stages > layers)
+    return Status::InvalidArgument(
+        fmt::format("parallel.pp ({}) exceeds model.layers ({}): every stage needs a layer", stages, layers));
+  if (counts.empty()) {
+    std::vector<int> c(stages, layers / stages);
+    for (int i = 0; i < layers % stages; i++) c[i]++;
+    return c;
+  }
+  if (static_cast<int>(counts.size()) != stages)
+    return Status::InvalidArgument(
+        fmt::format("parallel.stages lists {} stage(s) but parallel.pp is {}", counts.size(), stages));
+  int sum = 0;
+  for (int c : counts) {
+    if (c < 1) return Status::InvalidArgument(fmt::format("parallel.stages: every stage needs a layer, got {}", c));
+    sum += c;
+  }
+  if (sum != layers)
+    return Status::InvalidArgument(
+        fmt::format("parallel.stages adds up to {} layers but model.layers is {}", sum, layers));
+  return counts;
+}
+
+Pipeline::Pipeline(GPT& model, dist::Communicator& pp, PipelineSchedule schedule)
+    : model_(model), pp_(pp), schedule_(schedule), stage_(pp.rank()), stages_(pp.size()) {}
+
+Pipeline::Times Pipeline::take_times() {
+  Times t = times_;
+  times_ = Times{};
+  return t;
+}
+
+Status Pipeline::recv(float* dst, int64_t n, int peer, int tag) {
+  auto t0 = Clock::now();
+  Status st = pp_.recv(dst, n * static_cast<int64_t>(sizeof(float)), peer, tag);
+  times_.bubble += since(t0);
+  return st;
+}
+
+Status Pipeline::wait_send(std::unique_ptr<dist::Work>& w) {
+  if (!w) return Status::OK();
+  auto t0 = Clock::now();
+  Status st = w->wait();
+  w.reset();
+  times_.p2p += since(t0);
+  return st;
+}
+
+Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn& fill,
+                            const std::function<void(int)>& before_backward, double* loss_sum) {
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  const int slots = pipeline_slots(schedule_, stages_, stage_, m);
+  model_.reserve_activations(B, T, slots);
+  const int64_t BTC = int64_t{B} * T * model_.config().channels;
+  in_.resize(int64_t{B} * T);
+  tg_.resize(int64_t{B} * T);
+  act_sends_.resize(model_.activation_slots());
+  grad_sends_.resize(model_.activation_slots());
+  *loss_sum = 0.0;
+  for (const PipeOp& op : pipeline_ops(schedule_, stages_, stage_, m)) {
+    const int slot = op.micro % slots;
+    if (op.forward) {
+      RETURN_IF_ERROR(wait_send(act_sends_[slot]));  // the slot's previous output
+      if (!first) RETURN_IF_ERROR(recv(model_.stage_input(slot), BTC, stage_ - 1, act_tag(op.micro)));
+      RETURN_IF_ERROR(fill(op.micro, in_.data(), tg_.data()));
+      float loss = 0.0f;
+      RETURN_IF_ERROR(model_.forward_stage(slot, in_.data(), tg_.data(), B, T, &loss));
+      *loss_sum += loss;
+      if (!last) {
+        auto t0 = Clock::now();
+        act_sends_[slot] = pp_.send_async(model_.stage_output(slot), BTC * static_cast<int64_t>(sizeof(float)),
+                                          stage_ + 1, act_tag(op.micro));
+        times_.p2p += since(t0);
+      }
+    } else {
+      if (!last) RETURN_IF_ERROR(recv(model_.stage_output_grad(), BTC, stage_ + 1, grad_tag(op.micro)));
+      before_backward(op.micro);
+      RETURN_IF_ERROR(wait_send(grad_sends_[slot]));  // the slot's previous input gradient
+      RETURN_IF_ERROR(model_.backward_stage(slot, loss_scale));
+      if (!first) {
+        auto t0 = Clock::now();
+        grad_sends_[slot] = pp_.send_async(model_.stage_input_grad(slot), BTC * static_cast<int64_t>(sizeof(float)),
+                                           stage_ - 1, grad_tag(op.micro));
+        times_.p2p += since(t0);
+      }
+    }
+  }
+  for (auto& w : act_sends_) RETURN_IF_ERROR(wait_send(w));
+  for (auto& w : grad_sends_) RETURN_IF_ERROR(wait_send(w));
+  return Status::OK();
+}
+
+Status Pipeline::forward_only(int B, int T, const int* inputs, const int* targets, float* loss) {
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  model_.reserve_activations(B, T, 1);
+  const int64_t BTC = int64_t{B} * T * model_.config().channels;
+  *loss = 0.0f;
+  if (!first) RETURN_IF_ERROR(recv(model_.stage_input(0), BTC, stage_ - 1, kEvalTag));
+  RETURN_IF_ERROR(model_.forward_stage(0, inputs, targets, B, T, loss));
+  if (!last) {
+    auto t0 = Clock::now();
+    Status st = pp_.send(model_.stage_output(0), BTC * static_cast<int64_t>(sizeof(float)), stage_ + 1, kEvalTag);
+    times_.p2p += since(t0);
+    RETURN_IF_ERROR(st);
+  }
+  return Status::OK();
+}
+
+}  // namespace tessera

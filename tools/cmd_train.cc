@@ -17,6 +17,7 @@ struct TrainArgs {
   bool print_keys = false;
   std::string config;
   std::vector<std::string> overrides;
+  std::string resume;
 };
 
 int run_train(const TrainArgs& a) {
@@ -30,6 +31,7 @@ int run_train(const TrainArgs& a) {
   if (a.config.empty()) return fail(Status::InvalidArgument("--config is required"));
   auto c = load_train_config(a.config, a.overrides);
   if (!c.ok()) return fail(c.status());
+  c->resume = a.resume;
   dist::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   auto world = dist::world_communicator(opts);
@@ -73,6 +75,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config", a->config, "TOML file")->check(CLI::ExistingFile);
   cmd->add_flag("--print-keys", a->print_keys, "print every config key with its type, default and meaning");
   cmd->add_option("--set", a->overrides, "override a key: section.key=value (repeatable)");
+  cmd->add_option("--resume", a->resume,
+                  "continue from a checkpoint: 'latest' (in checkpoint.dir) or a checkpoint folder; any dp x tp x pp "
+                  "layout of the same model");
   cmd->callback([a] { exit_code() = run_train(*a); });
 }
 

@@ -30,5 +30,6 @@ void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_checkpoint_commands(CLI::App& app);  // export, checkpoint verify
 
 }  // namespace tessera::tools

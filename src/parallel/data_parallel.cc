@@ -224,6 +224,24 @@ Status DataParallel::zero_step(const OptimizerConfig& c, float lr, float* norm_o
   return st;
 }
 
+DataParallel::OptimizerState DataParallel::optimizer_state() {
+  if (opts_.zero == 1) {
+    const int64_t lo = comm_.rank() * shard_;
+    return {m_.data(), v_.data(), lo, std::min(flat_, lo + shard_)};
+  }
+  return {reinterpret_cast<float*>(adamw_->m().base()), reinterpret_cast<float*>(adamw_->v().base()), 0, flat_};
+}
+
+int DataParallel::optimizer_steps() const { return opts_.zero == 1 ? t_ : adamw_->t(); }
+
+void DataParallel::set_optimizer_steps(int t) {
+  if (opts_.zero == 1) {
+    t_ = t;
+  } else {
+    adamw_->set_t(t);
+  }
+}
+
 int64_t DataParallel::optimizer_state_bytes() const {
   if (opts_.zero == 1) return 2 * shard_ * static_cast<int64_t>(sizeof(float));
   return 2 * flat_ * static_cast<int64_t>(sizeof(float));

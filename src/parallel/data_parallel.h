@@ -73,6 +73,18 @@ class DataParallel : public GradListener {
   int64_t optimizer_state_bytes() const;
   int buckets() const { return static_cast<int>(buckets_.size()); }
 
+  // The AdamW moments this rank holds, for checkpoints: floats [lo, hi) of
+  // the flat parameter arena (all of it without ZeRO, this rank's shard
+  // with), m[i - lo] and v[i - lo] for arena float i.
+  struct OptimizerState {
+    float* m;
+    float* v;
+    int64_t lo, hi;
+  };
+  OptimizerState optimizer_state();
+  int optimizer_steps() const;  // AdamW's step count t
+  void set_optimizer_steps(int t);
+
  private:
   struct Slice {
     float* grad;

@@ -45,6 +45,8 @@ const std::vector<Key>& keys() {
       {"train.seq", &TrainConfig::seq, "tokens per sequence (T), at most model.context", 1},
       {"train.grad_accum", &TrainConfig::grad_accum, "micro-steps per optimizer step", 1},
       {"train.steps", &TrainConfig::steps, "optimizer steps", 1},
+      {"train.stop_at", &TrainConfig::stop_at,
+       "stop after this step, with a checkpoint if checkpoint.every > 0, to --resume later (0: run all steps)", 0},
       {"train.lr", at<float>([](TrainConfig& c) -> float& { return c.opt.lr; }), "peak learning rate", 0},
       {"train.min_lr", at<float>([](TrainConfig& c) -> float& { return c.opt.min_lr; }),
        "learning rate at the end of the cosine decay", 0},
@@ -70,8 +72,11 @@ const std::vector<Key>& keys() {
        "seconds any collective may wait before the rank reports it and exits", 0.001},
       {"parallel.bucket_mb", &TrainConfig::bucket_mb, "gradient all-reduce bucket size in MB", 0.001},
       {"checkpoint.dir", &TrainConfig::checkpoint_dir, "where the final weights (and later checkpoints) go"},
-      {"checkpoint.every", &TrainConfig::checkpoint_every, "steps between checkpoints (0: final weights only)", 0},
-      {"checkpoint.keep", &TrainConfig::checkpoint_keep, "checkpoints kept", 1},
+      {"checkpoint.every", &TrainConfig::checkpoint_every,
+       "steps between sharded checkpoints in checkpoint.dir/step-N (0: final weights only)", 0},
+      {"checkpoint.keep", &TrainConfig::checkpoint_keep, "published checkpoints kept (the newest)", 1},
+      {"checkpoint.on_busy", &TrainConfig::checkpoint_on_busy,
+       "a save due while the previous one is still writing: \"wait\" for it or \"skip\" this one"},
       {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none)"},
   };
   return k;
@@ -176,6 +181,8 @@ Status validate(const TrainConfig& c, const std::string& where) {
   if (c.dtype != "fp32" && c.dtype != "bf16") return bad(fmt::format("train.dtype must be \"fp32\" or \"bf16\", got \"{}\"", c.dtype));
   if (c.init_from.empty() && c.seq > c.model.context)
     return bad(fmt::format("train.seq ({}) exceeds model.context ({})", c.seq, c.model.context));
+  if (c.checkpoint_on_busy != "wait" && c.checkpoint_on_busy != "skip")
+    return bad(fmt::format("checkpoint.on_busy must be \"wait\" or \"skip\", got \"{}\"", c.checkpoint_on_busy));
   if (c.schedule != "1f1b" && c.schedule != "gpipe")
     return bad(fmt::format("parallel.schedule must be \"1f1b\" or \"gpipe\", got \"{}\"", c.schedule));
   if (c.init_from.empty() && c.model.heads % c.tp != 0)

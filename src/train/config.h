@@ -20,6 +20,7 @@ struct TrainConfig {
   int seq = 128;
   int grad_accum = 1;
   int steps = 100;
+  int stop_at = 0;  // stop after this step (0: run all steps); the schedule still spans `steps`
   OptimizerConfig opt;  // lr, min_lr, warmup, weight_decay, grad_clip, ...
   int seed = 1337;
   std::string dtype = "fp32";
@@ -33,6 +34,8 @@ struct TrainConfig {
   std::string checkpoint_dir = "runs/default";
   int checkpoint_every = 0;  // 0: only the final weights
   int checkpoint_keep = 1;
+  std::string checkpoint_on_busy = "wait";  // a save due while the last is still writing: "wait" or "skip"
+  std::string resume;  // `tessera train --resume`: "latest" (checkpoint.dir) or a checkpoint folder
   std::string metrics;  // JSON-lines path; empty: none
 };
 

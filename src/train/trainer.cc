@@ -15,11 +15,13 @@
 
 #include "data/loader.h"
 #include "dist/mesh.h"
+#include "ckpt/checkpointer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline.h"
 #include "kernels/cpu/matmul_peak.h"
 #include "nn/gpt2_weights.h"
+#include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
 
@@ -128,14 +130,57 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   // The loss lives on the last stage; tp rank 0 of it reports it.
   const bool reports_loss = shard.layer_end == mc.layers && coord.tp == 0;
 
+  MetricsLog metrics;
+  if (rank == 0) RETURN_IF_ERROR(metrics.open(c.metrics));
+  nlohmann::json layout_json = {{"dp", c.dp},           {"tp", c.tp},        {"pp", c.pp},
+                                {"zero", c.zero},       {"stages", stage_layers}, {"schedule", c.schedule}};
+  int start_step = 0;
+  if (!c.resume.empty()) {
+    const std::string path = c.resume == "latest" ? c.checkpoint_dir : c.resume;
+    ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
+    ASSIGN_OR_RETURN(ResumeState rs, load_checkpoint(ck, *model, ddp));
+    start_step = static_cast<int>(rs.step);
+    RETURN_IF_ERROR(ddp.check_parameters_identical());
+    say("resumed from %s at step %d (saved by layout %s)\n", ck.dir().c_str(), start_step, ck.layout().dump().c_str());
+  }
+  std::unique_ptr<ckpt::Checkpointer> checkpointer;
+  if (c.checkpoint_every > 0) {
+    ckpt::CheckpointerOptions o;
+    o.dir = c.checkpoint_dir;
+    o.keep = c.checkpoint_keep;
+    o.on_busy = c.checkpoint_on_busy == "skip" ? ckpt::OnBusy::kSkip : ckpt::OnBusy::kWait;
+    o.config = {{"model", model_config_json(mc)}, {"seed", c.seed}, {"micro_batch", c.micro_batch},
+                {"seq", c.seq},                     {"grad_accum", c.grad_accum}, {"dtype", c.dtype}};
+    o.layout = layout_json;
+    checkpointer = std::make_unique<ckpt::Checkpointer>(std::move(o));
+  }
+  double stall_s = 0.0, train_s = 0.0;  // checkpoint stalls, and all of training
+  // Reports a finished save (rank 0): published, with its costs, or failed.
+  auto report_save = [&](const ckpt::PollResult& r) {
+    if (r.state == ckpt::SaveState::kPublished) {
+      stall_s += r.stats.stall_ms / 1e3;
+      say("checkpoint step %lld published: %.1f MB, stall %.1f ms, write %.0f MB/s%s%s\n",
+          static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
+          r.warning.empty() ? "" : "; ", r.warning.c_str());
+      metrics.write({{"checkpoint_step", r.step},
+                     {"stall_ms", r.stats.stall_ms},
+                     {"bytes", r.stats.bytes_total},
+                     {"write_mb_s", r.stats.write_mb_s},
+                     {"stall_share", train_s > 0 ? stall_s / train_s : 0.0}});
+    } else if (r.state == ckpt::SaveState::kFailed) {
+      stall_s += r.stats.stall_ms / 1e3;
+      if (out) std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
+                            r.error.message().c_str());
+      metrics.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
+    }
+  };
+
   ASSIGN_OR_RETURN(data::TokenLoader train, data::TokenLoader::open(c.train_data, c.seq, c.seed));
   std::vector<uint16_t> val_tokens;
   if (!c.val_data.empty()) {
     ASSIGN_OR_RETURN(data::TokenLoader val, data::TokenLoader::open(c.val_data, c.seq, c.seed));
     val_tokens = val.all_tokens();
   }
-  MetricsLog metrics;
-  if (rank == 0) RETURN_IF_ERROR(metrics.open(c.metrics));
 
   const int B = c.micro_batch, T = c.seq, GA = c.grad_accum;
   // The global batch of a step: rows [0, B*GA*dp); dp rank r's micro-step m
@@ -205,7 +250,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   pipe.take_times();
   model->take_tp_comm_seconds();
 
-  for (int step = 0; step < c.steps; step++) {
+  for (int step = start_step; step < c.steps; step++) {
     auto t0 = Clock::now();
     model->zero_grad();
     auto fill = [&](int micro, int* inputs, int* targets) -> Status {
@@ -266,8 +311,32 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
                    {"mem_grads_mb", mem[1] / 1e6},
                    {"mem_optimizer_mb", mem[2] / 1e6},
                    {"mem_activations_mb", mem[3] / 1e6}});
-    const bool last = step + 1 == c.steps;
+    train_s += step_s;
+    const bool stop = c.stop_at > 0 && step + 1 == c.stop_at && step + 1 < c.steps;
+    const bool last = step + 1 == c.steps || stop;
     if (last || (c.eval_every > 0 && (step + 1) % c.eval_every == 0)) RETURN_IF_ERROR(run_eval(step + 1));
+    if (checkpointer) {
+      if ((step + 1) % c.checkpoint_every == 0 || stop) {
+        const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model, ddp, coord.dp, c.zero);
+        const std::string state =
+            nlohmann::json{{"step", step + 1}, {"adam_t", ddp.optimizer_steps()}}.dump();
+        ASSIGN_OR_RETURN(bool started, checkpointer->save(world, step + 1, pieces, state));
+        if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step + 1);
+      }
+      ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer->poll(world, last));
+      report_save(r);
+    }
+    if (stop) {
+      say("stopped after step %d of %d (train.stop_at)\n", step + 1, c.steps);
+      break;
+    }
+  }
+  if (checkpointer) {
+    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer->poll(world, true));
+    report_save(r);
+    if (train_s > 0)
+      say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s * 1e3, train_s,
+          100.0 * stall_s / train_s);
   }
   RETURN_IF_ERROR(ddp.check_parameters_identical());
 

@@ -1,0 +1,121 @@
+#include "train/checkpointing.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace tessera {
+
+nlohmann::json model_config_json(const GPTConfig& c) {
+  return {{"layers", c.layers}, {"heads", c.heads}, {"dim", c.channels}, {"vocab", c.vocab}, {"context", c.context}};
+}
+
+Result<GPTConfig> model_config_from_json(const nlohmann::json& j) {
+  GPTConfig c;
+  try {
+    c.layers = j.at("layers").get<int>();
+    c.heads = j.at("heads").get<int>();
+    c.channels = j.at("dim").get<int>();
+    c.vocab = j.at("vocab").get<int>();
+    c.context = j.at("context").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(fmt::format("the manifest's model config is incomplete: {}", e.what()));
+  }
+  RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+namespace {
+
+// Float range [begin, end) of tensor id in the flat arena.
+std::pair<int64_t, int64_t> flat_range(const Arena& a, int id) {
+  const int64_t begin = static_cast<int64_t>(a.offset(id) / sizeof(float));
+  return {begin, begin + a.tensor(id).numel()};
+}
+
+// The part [a, b) of tensor id's flat range, as a slice of its global tensor.
+TensorSlice sub_slice(const GPT& model, int id, int64_t a, int64_t b, int64_t begin, int64_t end) {
+  TensorSlice t = param_slice(model.config(), model.shard(), id);
+  if (a != begin || b != end) {
+    t.flat_begin = a - begin;
+    t.flat_end = b - begin;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero) {
+  std::vector<ckpt::SavePiece> pieces;
+  const Arena& arena = model.params();
+  const DataParallel::OptimizerState st = ddp.optimizer_state();
+  for (int id = 0; id < kNumParams; id++) {
+    const auto [begin, end] = flat_range(arena, id);
+    if (begin == end || !model.counts_in_norm(id)) continue;  // absent, or another rank's copy
+    const std::string name = param_name(id);
+    if (dp_rank == 0)
+      pieces.push_back({"param/" + name, param_slice(model.config(), model.shard(), id), arena.tensor(id).f32()});
+    if (zero == 0 && dp_rank != 0) continue;
+    const int64_t a = std::max(begin, st.lo), b = std::min(end, st.hi);
+    if (a >= b) continue;
+    const TensorSlice t = sub_slice(model, id, a, b, begin, end);
+    pieces.push_back({"adam_m/" + name, t, st.m + (a - st.lo)});
+    pieces.push_back({"adam_v/" + name, t, st.v + (a - st.lo)});
+  }
+  return pieces;
+}
+
+Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, DataParallel& ddp) {
+  if (!ck.config().contains("model"))
+    return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
+  ASSIGN_OR_RETURN(GPTConfig saved, model_config_from_json(ck.config()["model"]));
+  const GPTConfig& want = model.config();
+  if (saved.layers != want.layers || saved.heads != want.heads || saved.channels != want.channels ||
+      saved.vocab != want.vocab || saved.context != want.context)
+    return Status::InvalidArgument(fmt::format("{} holds a model {} but the config asks for {}", ck.dir(),
+                                               saved.str(), want.str()));
+  const Arena& arena = model.params();
+  const DataParallel::OptimizerState st = ddp.optimizer_state();
+  for (int id = 0; id < kNumParams; id++) {
+    const auto [begin, end] = flat_range(arena, id);
+    if (begin == end) continue;
+    const std::string name = param_name(id);
+    Tensor p = arena.tensor(id);
+    RETURN_IF_ERROR(ck.read("param/" + name, param_slice(want, model.shard(), id),
+                            std::span<float>(p.f32(), static_cast<size_t>(p.numel()))));
+    const int64_t a = std::max(begin, st.lo), b = std::min(end, st.hi);
+    if (a >= b) continue;
+    const TensorSlice t = sub_slice(model, id, a, b, begin, end);
+    RETURN_IF_ERROR(ck.read("adam_m/" + name, t, std::span<float>(st.m + (a - st.lo), static_cast<size_t>(b - a))));
+    RETURN_IF_ERROR(ck.read("adam_v/" + name, t, std::span<float>(st.v + (a - st.lo), static_cast<size_t>(b - a))));
+  }
+  ASSIGN_OR_RETURN(std::string state, ck.state(0));
+  ResumeState r;
+  try {
+    nlohmann::json j = nlohmann::json::parse(state);
+    r.step = j.at("step").get<int64_t>();
+    r.adam_t = j.at("adam_t").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(fmt::format("{}: rank 0's training state is unreadable: {}", ck.dir(), e.what()));
+  }
+  if (r.step != ck.step())
+    return Status::Corruption(
+        fmt::format("{}: the manifest says step {} but rank 0's state says {}", ck.dir(), ck.step(), r.step));
+  ddp.set_optimizer_steps(r.adam_t);
+  return r;
+}
+
+Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck) {
+  if (!ck.config().contains("model"))
+    return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
+  ASSIGN_OR_RETURN(GPTConfig c, model_config_from_json(ck.config()["model"]));
+  auto model = std::make_unique<GPT>(c);
+  for (int id = 0; id < kNumParams; id++) {
+    Tensor p = model->params().tensor(id);
+    RETURN_IF_ERROR(ck.read(std::string("param/") + param_name(id), param_slice(c, ModelShard{}, id),
+                            std::span<float>(p.f32(), static_cast<size_t>(p.numel()))));
+  }
+  return model;
+}
+
+}  // namespace tessera

@@ -1,0 +1,52 @@
+// What a training rank puts in a checkpoint and how it takes it back
+// (docs/formats/checkpoint.md has the file format, src/ckpt the machinery).
+//
+// Each rank saves the pieces it owns, so the checkpoint holds every element
+// once: parameter blocks ("param/NAME") on dp rank 0, AdamW moments
+// ("adam_m/NAME", "adam_v/NAME") on dp rank 0 or, with ZeRO-1, each dp rank's
+// flat range; tensors replicated across tp ranks on tp rank 0 only, the tied
+// embedding on the first stage only. Blocks are TensorSlices of the whole
+// model (param_slice()), so a checkpoint saved by one dp x tp x pp layout
+// (ZeRO on or off) loads into any other of the same model: each rank reads
+// just the blocks and flat ranges it holds.
+//
+// The per-rank state is JSON: {"step": completed steps, "adam_t": AdamW's
+// step count}. The data loader is stateless (a step's batch is a function of
+// the seed and the step), and training draws no other random numbers, so
+// that is all a bitwise resume needs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpointer.h"
+#include "nn/gpt.h"
+#include "parallel/data_parallel.h"
+
+namespace tessera {
+
+// {"layers", "heads", "dim", "vocab", "context"}, and back.
+nlohmann::json model_config_json(const GPTConfig& c);
+Result<GPTConfig> model_config_from_json(const nlohmann::json& j);
+
+// This rank's pieces; dp_rank is the rank's coordinate on the dp axis.
+std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero);
+
+struct ResumeState {
+  int64_t step = 0;  // optimizer steps completed
+  int adam_t = 0;
+};
+
+// Reads this rank's parameters and AdamW moments out of ck (any layout of
+// the same model; error naming the difference otherwise) and returns the
+// step to continue from.
+Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, DataParallel& ddp);
+
+// The whole model's parameters from a checkpoint (for export).
+Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck);
+
+}  // namespace tessera

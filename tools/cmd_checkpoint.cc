@@ -1,0 +1,64 @@
+// tessera export (a checkpoint to the Hugging Face GPT-2 layout) and
+// tessera checkpoint verify.
+#include <cstdio>
+#include <filesystem>
+
+#include "ckpt/checkpoint.h"
+#include "nn/gpt2_weights.h"
+#include "tools/commands.h"
+#include "train/checkpointing.h"
+
+namespace tessera::tools {
+
+namespace {
+
+struct ExportArgs {
+  std::string checkpoint, out;
+};
+
+int run_export(const ExportArgs& a) {
+  auto ck = ckpt::Checkpoint::open(a.checkpoint);
+  if (!ck.ok()) return fail(ck.status());
+  auto model = load_whole_model(*ck);
+  if (!model.ok()) return fail(model.status());
+  std::error_code ec;
+  if (auto dir = std::filesystem::path(a.out).parent_path(); !dir.empty()) std::filesystem::create_directories(dir, ec);
+  Status st = save_hf(**model, a.out);
+  if (!st.ok()) return fail(st);
+  std::printf("exported %s (step %lld, %s) to %s (+ config.json)\n", ck->dir().c_str(),
+              static_cast<long long>(ck->step()), (*model)->config().str().c_str(), a.out.c_str());
+  return kExitOk;
+}
+
+int run_verify(const std::string& path) {
+  auto ck = ckpt::Checkpoint::open(path);
+  if (!ck.ok()) return fail(ck.status());
+  Status st = ck->verify();
+  if (!st.ok()) return fail(st);
+  uint64_t bytes = 0;
+  for (const auto& s : ck->manifest().shards) bytes += s.bytes;
+  std::printf("%s: step %lld, %d shard(s), %.1f MB, every checksum matches; layout %s\n", ck->dir().c_str(),
+              static_cast<long long>(ck->step()), ck->world_size(), bytes / 1e6, ck->layout().dump().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_checkpoint_commands(CLI::App& app) {
+  auto e = std::make_shared<ExportArgs>();
+  CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's model as Hugging Face GPT-2 safetensors");
+  exp->add_option("checkpoint", e->checkpoint, "a checkpoint folder (step-N) or checkpoint.dir (follows latest)")
+      ->required();
+  exp->add_option("--out", e->out, "output .safetensors (config.json goes beside it)")->required();
+  exp->callback([e] { exit_code() = run_export(*e); });
+
+  CLI::App* ck = app.add_subcommand("checkpoint", "Inspect checkpoints");
+  ck->require_subcommand(1);
+  auto path = std::make_shared<std::string>();
+  CLI::App* verify = ck->add_subcommand("verify", "Check every shard's size and xxhash64 against the manifest");
+  verify->add_option("checkpoint", *path, "a checkpoint folder (step-N) or checkpoint.dir (follows latest)")
+      ->required();
+  verify->callback([path] { exit_code() = run_verify(*path); });
+}
+
+}  // namespace tessera::tools

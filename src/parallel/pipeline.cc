@@ -82,10 +82,7 @@ Pipeline::Times Pipeline::take_times() {
 }
 
 Status Pipeline::recv(float* dst, int64_t n, int peer, int tag) {
-  auto t0 = Clock::now();
-  Status st = pp_.recv(dst, n * static_cast<int64_t>(sizeof(float)), peer, tag);
-  times_.bubble += since(t0);
-  return st;
+  return pp_.recv(dst, n * static_cast<int64_t>(sizeof(float)), peer, tag);
 }
 
 Status Pipeline::wait_send(std::unique_ptr<dist::Work>& w) {
@@ -108,6 +105,8 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
   act_sends_.resize(model_.activation_slots());
   grad_sends_.resize(model_.activation_slots());
   *loss_sum = 0.0;
+  const auto start = Clock::now();
+  double fb = 0.0, p2p_before = times_.p2p;  // seconds in this stage's forwards and backwards; in sends
   for (const PipeOp& op : pipeline_ops(schedule_, stages_, stage_, m)) {
     const int slot = op.micro % slots;
     if (op.forward) {
@@ -115,7 +114,9 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
       if (!first) RETURN_IF_ERROR(recv(model_.stage_input(slot), BTC, stage_ - 1, act_tag(op.micro)));
       RETURN_IF_ERROR(fill(op.micro, in_.data(), tg_.data()));
       float loss = 0.0f;
+      auto t0 = Clock::now();
       RETURN_IF_ERROR(model_.forward_stage(slot, in_.data(), tg_.data(), B, T, &loss));
+      fb += since(t0);
       *loss_sum += loss;
       if (!last) {
         auto t0 = Clock::now();
@@ -127,7 +128,9 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
       if (!last) RETURN_IF_ERROR(recv(model_.stage_output_grad(), BTC, stage_ + 1, grad_tag(op.micro)));
       before_backward(op.micro);
       RETURN_IF_ERROR(wait_send(grad_sends_[slot]));  // the slot's previous input gradient
+      auto t0 = Clock::now();
       RETURN_IF_ERROR(model_.backward_stage(slot, loss_scale));
+      fb += since(t0);
       if (!first) {
         auto t0 = Clock::now();
         grad_sends_[slot] = pp_.send_async(model_.stage_input_grad(slot), BTC * static_cast<int64_t>(sizeof(float)),
@@ -138,6 +141,13 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
   }
   for (auto& w : act_sends_) RETURN_IF_ERROR(wait_send(w));
   for (auto& w : grad_sends_) RETURN_IF_ERROR(wait_send(w));
+  if (stages_ > 1) {
+    // The stages finish at different times (the last one first); meet here
+    // so each stage's idle time is counted as bubble, not as the wait in
+    // whatever collective comes next.
+    RETURN_IF_ERROR(pp_.barrier());
+    times_.bubble += since(start) - fb - (times_.p2p - p2p_before);
+  }
   return Status::OK();
 }
 
@@ -146,7 +156,11 @@ Status Pipeline::forward_only(int B, int T, const int* inputs, const int* target
   model_.reserve_activations(B, T, 1);
   const int64_t BTC = int64_t{B} * T * model_.config().channels;
   *loss = 0.0f;
-  if (!first) RETURN_IF_ERROR(recv(model_.stage_input(0), BTC, stage_ - 1, kEvalTag));
+  if (!first) {
+    auto t0 = Clock::now();
+    RETURN_IF_ERROR(recv(model_.stage_input(0), BTC, stage_ - 1, kEvalTag));
+    times_.bubble += since(t0);
+  }
   RETURN_IF_ERROR(model_.forward_stage(0, inputs, targets, B, T, loss));
   if (!last) {
     auto t0 = Clock::now();

@@ -64,9 +64,12 @@ class Pipeline {
   // stage, 0 elsewhere.
   Status forward_only(int B, int T, const int* inputs, const int* targets, float* loss);
 
-  // Since the last take_times(): seconds blocked waiting for a neighbour's
-  // activation or gradient (the bubble, transfer included), and seconds in
-  // sends (posting and completing).
+  // Since the last take_times(): the bubble, i.e. seconds this stage was
+  // idle in train_step() (its span, which ends with the stages meeting at a
+  // barrier, minus its forwards, backwards and sends: waiting for a
+  // neighbour's activation or gradient, transfers included), and seconds in
+  // sends (posting and completing). Per stage, the bubble of both schedules
+  // is (pp-1)/m of the compute in theory (equal stages, free transfers).
   struct Times {
     double bubble = 0.0, p2p = 0.0;
   };

@@ -119,6 +119,11 @@ class Checkpointer {
   bool pending() const { return pending_; }
   const std::string& dir() const { return options_.dir; }
   size_t staging_bytes() const { return staging_.size() * sizeof(float); }
+  // Allocates (and touches) the staging buffer for `floats` floats now, so
+  // the first save() stalls only for its copy. Call with no save pending.
+  void reserve_staging(size_t floats) {
+    if (!pending_ && staging_.size() < floats) staging_.resize(floats);
+  }
 
  private:
   enum class WriterState { kIdle, kWriting, kDurable, kFailed };

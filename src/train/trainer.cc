@@ -153,22 +153,29 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
                 {"seq", c.seq},                     {"grad_accum", c.grad_accum}, {"dtype", c.dtype}};
     o.layout = layout_json;
     checkpointer = std::make_unique<ckpt::Checkpointer>(std::move(o));
+    size_t floats = 0;
+    for (const ckpt::SavePiece& p : checkpoint_pieces(*model, ddp, coord.dp, c.zero))
+      floats += static_cast<size_t>(p.slice.numel());
+    checkpointer->reserve_staging(floats);
   }
-  double stall_s = 0.0, train_s = 0.0;  // checkpoint stalls, and all of training
+  // Time the training thread spends in the checkpointer (staging copies, the
+  // agreement and rank 0's publishing), and all of training.
+  double stall_s = 0.0, train_s = 0.0;
   // Reports a finished save (rank 0): published, with its costs, or failed.
   auto report_save = [&](const ckpt::PollResult& r) {
     if (r.state == ckpt::SaveState::kPublished) {
-      stall_s += r.stats.stall_ms / 1e3;
-      say("checkpoint step %lld published: %.1f MB, stall %.1f ms, write %.0f MB/s%s%s\n",
+      say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s; checkpoints have "
+          "stalled training %.1f ms so far (%.3f%%)%s%s\n",
           static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
-          r.warning.empty() ? "" : "; ", r.warning.c_str());
+          stall_s * 1e3, train_s > 0 ? 100.0 * stall_s / (train_s + stall_s) : 0.0, r.warning.empty() ? "" : "; ",
+          r.warning.c_str());
       metrics.write({{"checkpoint_step", r.step},
                      {"stall_ms", r.stats.stall_ms},
+                     {"stalled_total_ms", stall_s * 1e3},
                      {"bytes", r.stats.bytes_total},
                      {"write_mb_s", r.stats.write_mb_s},
-                     {"stall_share", train_s > 0 ? stall_s / train_s : 0.0}});
+                     {"stall_share", train_s > 0 ? stall_s / (train_s + stall_s) : 0.0}});
     } else if (r.state == ckpt::SaveState::kFailed) {
-      stall_s += r.stats.stall_ms / 1e3;
       if (out) std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
                             r.error.message().c_str());
       metrics.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
@@ -320,10 +327,14 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
         const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model, ddp, coord.dp, c.zero);
         const std::string state =
             nlohmann::json{{"step", step + 1}, {"adam_t", ddp.optimizer_steps()}}.dump();
+        auto ts = Clock::now();
         ASSIGN_OR_RETURN(bool started, checkpointer->save(world, step + 1, pieces, state));
+        stall_s += std::chrono::duration<double>(Clock::now() - ts).count();
         if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step + 1);
       }
+      auto tp = Clock::now();
       ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer->poll(world, last));
+      if (!last) stall_s += std::chrono::duration<double>(Clock::now() - tp).count();  // waiting at the end is not a stall
       report_save(r);
     }
     if (stop) {
@@ -336,7 +347,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     report_save(r);
     if (train_s > 0)
       say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s * 1e3, train_s,
-          100.0 * stall_s / train_s);
+          100.0 * stall_s / (train_s + stall_s));
   }
   RETURN_IF_ERROR(ddp.check_parameters_identical());
 

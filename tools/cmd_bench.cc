@@ -1,7 +1,9 @@
 // tessera bench gemm | train: the oneDNN matmul peak, and training-step
-// throughput with MFU against that measured peak.
+// throughput with MFU against that measured peak (CPU) or a stated device
+// peak (--backend cuda: 989 TFLOP/s, H100/H200 SXM dense bf16, by default).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -11,6 +13,8 @@
 
 #include "core/cpu_features.h"
 #include "kernels/cpu/matmul_peak.h"
+#include "kernels/cuda/device.h"
+#include "tensor/device_memory.h"
 #include "nn/gpt.h"
 #include "obs/op_timer.h"
 #include "tools/commands.h"
@@ -53,9 +57,14 @@ struct TrainArgs {
   int batch = 8, seq = 256, steps = 5, warmup = 1;
   std::string dtype = "fp32";
   double peak_gflops = 0.0;  // 0: measure
+  std::string backend = "cpu";
+  double peak_tflops = kCudaPeakTflops;  // --backend cuda
 };
 
+int run_cuda_train_bench(const TrainArgs& a);
+
 int run_train_bench(TrainArgs a) {
+  if (a.backend == "cuda") return run_cuda_train_bench(a);
   if (a.model.context <= 0) a.model.context = a.seq;
   if (Status st = a.model.validate(); !st.ok()) return fail(st);
   if (a.seq > a.model.context)
@@ -120,6 +129,80 @@ int run_train_bench(TrainArgs a) {
   return kExitOk;
 }
 
+// --backend cuda: the same step on the GPU. Kernels run asynchronously, so
+// the phases are timed with a device synchronize at each boundary (forward
+// already ends with one: the loss is copied back). No per-op breakdown.
+int run_cuda_train_bench(const TrainArgs& a) {
+  if (Status st = backend_available(Backend::kCUDA); !st.ok()) return fail(st);
+  Result<int> device = cuda::select_device(0);
+  if (!device.ok()) return fail(device.status());
+  const MatmulPrecision prec = parse_dtype(a.dtype);
+  const double peak = a.peak_tflops * 1e3;  // GFLOP/s
+  if (peak <= 0) return fail(Status::InvalidArgument("--peak-tflops must be positive"));
+
+  GPT model(a.model, Backend::kCUDA);
+  model.set_precision(prec);
+  model.init_weights(1234);
+  AdamW opt(model);
+  OptimizerConfig oc;
+  oc.steps = a.warmup + a.steps;
+  const int BT = a.batch * a.seq;
+  std::vector<int> inputs(BT), targets(BT);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(0, a.model.vocab - 1);
+  for (int i = 0; i < BT; i++) {
+    inputs[i] = tok(rng);
+    targets[i] = tok(rng);
+  }
+  auto sync = [] {
+    Status st = synchronize(Device::kCUDA);
+    if (!st.ok()) {
+      std::fprintf(stderr, "tessera: CUDA error: %s\n", st.message().c_str());
+      std::exit(kExitError);
+    }
+  };
+  model.reserve_activations(a.batch, a.seq, 1);
+  sync();
+  std::vector<double> step_s;
+  double fwd_s = 0, bwd_s = 0, opt_s = 0;
+  float loss = 0.0f;
+  for (int s = 0; s < a.warmup + a.steps; s++) {
+    auto t0 = Clock::now();
+    loss = model.forward(inputs.data(), targets.data(), a.batch, a.seq);  // ends with a blocking copy
+    double t_fwd = seconds_since(t0);
+    model.zero_grad();
+    model.backward();
+    sync();
+    double t_bwd = seconds_since(t0) - t_fwd;
+    opt.step(model, oc, lr_at(oc, s));
+    sync();
+    double total = seconds_since(t0);
+    std::fprintf(stderr, "step %d: loss %.4f, %.1f ms\n", s, loss, total * 1e3);
+    if (!std::isfinite(loss)) return fail(Status::Internal(fmt::format("loss became {} at step {}", loss, s)));
+    if (s < a.warmup) continue;
+    step_s.push_back(total);
+    fwd_s += t_fwd;
+    bwd_s += t_bwd;
+    opt_s += total - t_fwd - t_bwd;
+  }
+  std::sort(step_s.begin(), step_s.end());
+  const double median = step_s[step_s.size() / 2];
+  const double flops = flops_per_token(a.model, a.seq) * BT;
+  const double n = a.steps;
+  Result<cuda::MemoryInfo> mem = cuda::memory_info();
+  const double used_gib = mem.ok() ? (mem->total_bytes - mem->free_bytes) / (1024.0 * 1024.0 * 1024.0) : 0.0;
+  const std::string name = cuda::device_summary(*device);
+  std::printf(
+      "{\"backend\": \"cuda\", \"device\": \"%s\", \"step_ms\": %.2f, \"tokens_per_s\": %.1f, \"mfu\": %.4f, "
+      "\"peak_tflops\": %.1f, \"achieved_tflops\": %.2f, \"dtype\": \"%s\", \"params\": %lld, \"batch\": %d, "
+      "\"seq\": %d, \"forward_ms\": %.2f, \"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"last_loss\": %.4f, "
+      "\"device_memory_used_gib\": %.2f}\n",
+      name.c_str(), median * 1e3, BT / median, flops / median / (peak * 1e9), a.peak_tflops, flops / median / 1e12,
+      a.dtype.c_str(), static_cast<long long>(a.model.num_parameters()), a.batch, a.seq, fwd_s / n * 1e3,
+      bwd_s / n * 1e3, opt_s / n * 1e3, loss, used_gib);
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -146,7 +229,13 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--steps", t->steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);
   train->add_option("--warmup", t->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   train->add_option("--dtype", t->dtype)->check(CLI::IsMember({"fp32", "bf16"}));
-  train->add_option("--peak-gflops", t->peak_gflops, "matmul peak for MFU (default: measure a 4096^3 gemm)");
+  train->add_option("--peak-gflops", t->peak_gflops,
+                    "--backend cpu: matmul peak for MFU (default: measure a 4096^3 gemm)");
+  train->add_option("--backend", t->backend, "cpu (oneDNN kernels, default) or cuda (the GPU, device 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  train->add_option("--peak-tflops", t->peak_tflops,
+                    "--backend cuda: device peak for MFU (default 989, H100/H200 SXM dense bf16)")
+      ->check(CLI::PositiveNumber);
   train->callback([t] { exit_code() = run_train_bench(*t); });
   add_bench_comm_commands(*bench);  // allreduce, reduce_scatter, ... (cmd_bench_comm.cc)
 }

@@ -11,6 +11,13 @@
 // count passed to the operation (per rank), as nccl-tests prints them. time is
 // the mean over -n iterations after -w warm-up ones, the maximum over ranks.
 // Run under mpirun for n ranks; without it, one rank (the self communicator).
+//
+// --backend nccl: the same operations on the NCCL communicator, one GPU per
+// rank (local rank % device count), buffers in device memory (filled and
+// checked through host copies). The timed iterations are posted back to back
+// on the communicator's stream and the time runs until the last one's event
+// has completed (nccl-tests' stream-synchronised timing); the MPI backend
+// waits for each iteration in turn. Times are still reduced (max) over MPI.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,7 +29,10 @@
 #include <fmt/format.h>
 
 #include "dist/communicator.h"
+#include "dist/local_device.h"
 #include "dist/mpi/mpi_communicator.h"
+#include "dist/nccl/nccl_factory.h"
+#include "kernels/cuda/device.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 
@@ -45,6 +55,7 @@ struct CommBenchArgs {
   bool json = false;
   double link_gbps = 0;  // 0: not given
   std::string dtype = "float";
+  std::string backend = "mpi";  // mpi | nccl
 };
 
 Result<ElemType> parse_dtype(const std::string& s) {
@@ -99,29 +110,81 @@ T pattern(int64_t i, int r) {
   return static_cast<T>((i * 7 + r * 3 + 1) % 17);
 }
 
+// Host vectors, and with --backend nccl their device twins (which the
+// operations then use; the host side only fills and checks).
 template <typename T>
 struct Buffers {
   std::vector<T> send, recv;
+  void* dev_send = nullptr;
+  void* dev_recv = nullptr;
+  bool on_device = false;
+
+  Buffers() = default;
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  ~Buffers() {
+    (void)cuda::device_free(dev_send);
+    (void)cuda::device_free(dev_recv);
+  }
+  // Device buffers of the host ones' sizes (at least one element each).
+  Status to_device() {
+    on_device = true;
+    ASSIGN_OR_RETURN(dev_send, cuda::device_malloc(std::max<size_t>(send.size(), 1) * sizeof(T)));
+    ASSIGN_OR_RETURN(dev_recv, cuda::device_malloc(std::max<size_t>(recv.size(), 1) * sizeof(T)));
+    return upload();
+  }
+  Status upload() {
+    if (!on_device) return Status::OK();
+    RETURN_IF_ERROR(cuda::memcpy_h2d(dev_send, send.data(), send.size() * sizeof(T)));
+    return cuda::memcpy_h2d(dev_recv, recv.data(), recv.size() * sizeof(T));
+  }
+  Status download_recv() {
+    if (!on_device) return Status::OK();
+    return cuda::memcpy_d2h(recv.data(), dev_recv, recv.size() * sizeof(T));
+  }
+  void* send_ptr() { return on_device ? dev_send : send.data(); }
+  void* recv_ptr() { return on_device ? dev_recv : recv.data(); }
 };
+
+// Posts one iteration of the operation; its Works go to `out`.
+template <typename T>
+void post_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et,
+               std::vector<std::unique_ptr<dist::Work>>& out) {
+  const int n = c.size(), r = c.rank();
+  switch (op) {
+    case CommOp::kAllReduce:
+      out.push_back(c.all_reduce_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, dist::ReduceOp::kSum));
+      return;
+    case CommOp::kReduceScatter:
+      out.push_back(c.reduce_scatter_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, dist::ReduceOp::kSum));
+      return;
+    case CommOp::kAllGather: out.push_back(c.all_gather_async(b.send_ptr(), b.recv_ptr(), l.param_count, et)); return;
+    case CommOp::kBroadcast: out.push_back(c.broadcast_async(b.recv_ptr(), l.param_count, et, 0)); return;
+    case CommOp::kSendRecv: {
+      const int64_t bytes = l.param_count * static_cast<int64_t>(sizeof(T));
+      out.push_back(c.recv_async(b.recv_ptr(), bytes, (r + n - 1) % n, 0));
+      out.push_back(c.send_async(b.send_ptr(), bytes, (r + 1) % n, 0));
+      out.back()->test();  // starts the pair now (NCCL queues p2p until a Work is tested or waited)
+      return;
+    }
+  }
+}
+
+Status wait_all(std::vector<std::unique_ptr<dist::Work>>& works) {
+  Status first;
+  for (auto& w : works) {
+    Status st = w->wait();
+    if (first.ok()) first = st;
+  }
+  works.clear();
+  return first;
+}
 
 template <typename T>
 Status run_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et) {
-  const int n = c.size(), r = c.rank();
-  switch (op) {
-    case CommOp::kAllReduce: return c.all_reduce(b.send.data(), b.recv.data(), l.param_count, et);
-    case CommOp::kReduceScatter: return c.reduce_scatter(b.send.data(), b.recv.data(), l.param_count, et);
-    case CommOp::kAllGather: return c.all_gather(b.send.data(), b.recv.data(), l.param_count, et);
-    case CommOp::kBroadcast: return c.broadcast(b.recv.data(), l.param_count, et, 0);
-    case CommOp::kSendRecv: {
-      const int64_t bytes = l.param_count * static_cast<int64_t>(sizeof(T));
-      auto recv = c.recv_async(b.recv.data(), bytes, (r + n - 1) % n, 0);
-      auto send = c.send_async(b.send.data(), bytes, (r + 1) % n, 0);
-      Status st = send->wait();
-      Status rs = recv->wait();
-      return st.ok() ? rs : st;
-    }
-  }
-  return Status::Internal("unknown operation");
+  std::vector<std::unique_ptr<dist::Work>> works;
+  post_once(c, op, b, l, et, works);
+  return wait_all(works);
 }
 
 // Fills the inputs, runs the operation once and counts the wrong elements of
@@ -133,7 +196,9 @@ Result<int64_t> check_once(Communicator& c, CommOp op, Buffers<T>& b, const Layo
   std::fill(b.recv.begin(), b.recv.end(), T(99));
   if (op == CommOp::kBroadcast && r == 0)
     for (int64_t i = 0; i < l.recv_count; i++) b.recv[i] = pattern<T>(i, 0);
+  RETURN_IF_ERROR(b.upload());
   RETURN_IF_ERROR(run_once(c, op, b, l, et));
+  RETURN_IF_ERROR(b.download_recv());
   int64_t wrong = 0;
   for (int64_t i = 0; i < l.recv_count; i++) {
     T want{};
@@ -159,38 +224,49 @@ struct Row {
   int64_t wrong = -1;  // -1: not checked
 };
 
+// c: the communicator measured; host: the MPI (or self) one, for the
+// timing and error-count reductions on host memory.
 template <typename T>
-Result<Row> bench_size(Communicator& c, const CommBenchArgs& a, int64_t bytes, ElemType et) {
+Result<Row> bench_size(Communicator& c, Communicator& host, const CommBenchArgs& a, int64_t bytes, ElemType et) {
   Row row;
   row.layout = layout_of(a.op, bytes, sizeof(T), c.size());
   const Layout& l = row.layout;
+  const bool on_device = &c != &host;
   Buffers<T> b;
   b.send.assign(l.send_count, T(1));
   b.recv.assign(l.recv_count, T(0));
+  if (on_device) RETURN_IF_ERROR(b.to_device());
   for (int i = 0; i < a.warmup; i++) RETURN_IF_ERROR(run_once(c, a.op, b, l, et));
   RETURN_IF_ERROR(c.barrier());
   const auto t0 = Clock::now();
-  for (int i = 0; i < a.iters; i++) RETURN_IF_ERROR(run_once(c, a.op, b, l, et));
+  if (on_device) {
+    // Back to back on the stream; done when the last has completed.
+    std::vector<std::unique_ptr<dist::Work>> works;
+    for (int i = 0; i < a.iters; i++) post_once(c, a.op, b, l, et, works);
+    RETURN_IF_ERROR(wait_all(works));
+  } else {
+    for (int i = 0; i < a.iters; i++) RETURN_IF_ERROR(run_once(c, a.op, b, l, et));
+  }
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / a.iters;
-  RETURN_IF_ERROR(c.all_reduce(&seconds, &seconds, 1, ElemType::kF64, dist::ReduceOp::kMax));
+  RETURN_IF_ERROR(host.all_reduce(&seconds, &seconds, 1, ElemType::kF64, dist::ReduceOp::kMax));
   row.time_us = seconds * 1e6;
   row.algbw = l.alg_bytes / seconds / 1e9;
   row.busbw = row.algbw * l.bus_factor;
   if (a.check) {
     ASSIGN_OR_RETURN(row.wrong, check_once(c, a.op, b, l, et));
-    RETURN_IF_ERROR(c.all_reduce(&row.wrong, &row.wrong, 1, ElemType::kI64));
+    RETURN_IF_ERROR(host.all_reduce(&row.wrong, &row.wrong, 1, ElemType::kI64));
   }
   return row;
 }
 
-Result<Row> bench_size(Communicator& c, const CommBenchArgs& a, int64_t bytes, ElemType et) {
+Result<Row> bench_size(Communicator& c, Communicator& host, const CommBenchArgs& a, int64_t bytes, ElemType et) {
   switch (et) {
-    case ElemType::kF32: return bench_size<float>(c, a, bytes, et);
-    case ElemType::kF64: return bench_size<double>(c, a, bytes, et);
-    case ElemType::kI32: return bench_size<int32_t>(c, a, bytes, et);
-    case ElemType::kI64: return bench_size<int64_t>(c, a, bytes, et);
-    case ElemType::kU64: return bench_size<uint64_t>(c, a, bytes, et);
-    case ElemType::kU8: return bench_size<uint8_t>(c, a, bytes, et);
+    case ElemType::kF32: return bench_size<float>(c, host, a, bytes, et);
+    case ElemType::kF64: return bench_size<double>(c, host, a, bytes, et);
+    case ElemType::kI32: return bench_size<int32_t>(c, host, a, bytes, et);
+    case ElemType::kI64: return bench_size<int64_t>(c, host, a, bytes, et);
+    case ElemType::kU64: return bench_size<uint64_t>(c, host, a, bytes, et);
+    case ElemType::kU8: return bench_size<uint8_t>(c, host, a, bytes, et);
   }
   return Status::Internal("unknown type");
 }
@@ -232,15 +308,33 @@ int run_comm_bench(const CommBenchArgs& a) {
 
   auto world = dist::world_communicator();
   if (!world.ok()) return fail(world.status());
-  Communicator& c = **world;
+  // The measured communicator: the world itself (MPI), or NCCL over it.
+  std::unique_ptr<Communicator> nccl;
+  std::string backend_desc = "mpi";
+  if (a.backend == "nccl") {
+    // Every failure ends the whole job: the other ranks may be waiting in a
+    // collective for this one.
+    if (!dist::nccl_compiled())  // says why (no CUDA backend, or NCCL not found)
+      dist::abort_job(dist::make_nccl_communicator(**world, "bench").status().With(
+          fmt::format("bench {} --backend nccl", a.name)));
+    const size_t need = 2 * static_cast<size_t>(*max_bytes) + (size_t{64} << 20);  // buffers + NCCL's own
+    Result<int> device = dist::select_local_device(need);
+    if (!device.ok()) dist::abort_job(device.status().With(fmt::format("bench {} --backend nccl", a.name)));
+    auto made = dist::make_nccl_communicator(**world, "bench");
+    if (!made.ok()) dist::abort_job(made.status().With(fmt::format("bench {} --backend nccl", a.name)));
+    nccl = std::move(made).value();
+    backend_desc = fmt::format("nccl (NCCL {}, rank 0 on cuda:{}: {})", dist::nccl_version(), device.value(),
+                               cuda::device_summary(device.value()));
+  }
+  Communicator& c = nccl ? *nccl : **world;
   const bool root = c.rank() == 0;
   const char* type = dist::elem_name(*dtype);
   if (root && !a.json) {
-    std::printf("# tessera bench %s: %d rank(s)%s, type %s, minBytes %lld maxBytes %lld step %d(factor) "
+    std::printf("# tessera bench %s: %d rank(s)%s, backend %s, type %s, minBytes %lld maxBytes %lld step %d(factor) "
                 "warmup %d iters %d check %d\n#\n",
-                a.name.c_str(), c.size(), dist::launched_under_mpi() ? " (MPI)" : " (no mpirun: self)", type,
-                static_cast<long long>(*min_bytes), static_cast<long long>(*max_bytes), a.factor, a.warmup, a.iters,
-                a.check);
+                a.name.c_str(), c.size(), dist::launched_under_mpi() ? " (MPI)" : " (no mpirun: self)",
+                backend_desc.c_str(), type, static_cast<long long>(*min_bytes), static_cast<long long>(*max_bytes),
+                a.factor, a.warmup, a.iters, a.check);
     std::printf("# %10s  %12s  %6s  %9s  %7s  %7s  %6s%s\n", "size", "count", "type", "time", "algbw", "busbw",
                 "#wrong", a.link_gbps > 0 ? "  %link" : "");
     std::printf("# %10s  %12s  %6s  %9s  %7s  %7s  %6s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "");
@@ -248,7 +342,7 @@ int run_comm_bench(const CommBenchArgs& a) {
   std::vector<Row> rows;
   int64_t total_wrong = 0;
   for (int64_t bytes = *min_bytes; bytes <= *max_bytes; bytes *= a.factor) {
-    Result<Row> row = bench_size(c, a, bytes, *dtype);
+    Result<Row> row = bench_size(c, **world, a, bytes, *dtype);
     if (!row.ok()) dist::abort_job(row.status().With(fmt::format("bench {} at {} bytes", a.name, bytes)));
     rows.push_back(*row);
     total_wrong += std::max<int64_t>(row->wrong, 0);
@@ -264,9 +358,9 @@ int run_comm_bench(const CommBenchArgs& a) {
                                                      a.link_gbps, large_pct, large_pct >= 90.0)
                                        : "";
     std::printf("{\"summary\": \"%s\", \"ranks\": %d, \"avg_busbw\": %.4f, \"large_busbw\": %.4f, "
-                "\"total_wrong\": %lld%s}\n",
-                a.name.c_str(), c.size(), avg_busbw, large.busbw, static_cast<long long>(total_wrong),
-                link.c_str());
+                "\"total_wrong\": %lld%s, \"backend\": \"%s\"}\n",
+                a.name.c_str(), c.size(), avg_busbw, large.busbw, static_cast<long long>(total_wrong), link.c_str(),
+                a.backend.c_str());
   } else if (root) {
     if (a.check) std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
                              total_wrong == 0 ? "OK" : "WRONG");
@@ -277,6 +371,7 @@ int run_comm_bench(const CommBenchArgs& a) {
                   a.link_gbps, large_pct >= 90.0 ? "reached 90% of theoretical" : "below 90% of theoretical");
   }
   std::fflush(stdout);
+  nccl.reset();
   world->reset();
   dist::mpi_finalize();
   return total_wrong == 0 ? kExitOk : kExitError;
@@ -311,6 +406,8 @@ void add_bench_comm_commands(CLI::App& bench) {
     cmd->add_flag("--json", a->json, "one JSON object per size on stdout (and a summary object)");
     cmd->add_option("--link-gbps", a->link_gbps, "link speed in Gbit/s: report busbw as % of it");
     cmd->add_option("--dtype", a->dtype, "float, double, int32, int64, uint64 or uint8");
+    cmd->add_option("--backend", a->backend, "mpi (host buffers) or nccl (one GPU per rank, device buffers)")
+        ->check(CLI::IsMember({"mpi", "nccl"}));
     cmd->callback([a] { exit_code() = run_comm_bench(*a); });
   }
   add_bench_p2p_command(bench);  // p2p: every pair's bandwidth and latency (cmd_bench_p2p.cc)

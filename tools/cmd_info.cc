@@ -1,9 +1,10 @@
-// tessera info: version, compiled backends, CPU features, oneDNN ISA.
+// tessera info: version, compiled backends (CUDA devices, NCCL), CPU features, oneDNN ISA.
 #include <cstdio>
 
 #include <omp.h>
 
 #include "core/cpu_features.h"
+#include "dist/nccl/nccl_factory.h"
 #include "kernels/cuda/device.h"
 #include "tools/commands.h"
 
@@ -30,6 +31,15 @@ void print_cuda() {
   for (int d = 0; d < count.value(); d++) std::printf("  cuda:%d: %s\n", d, cuda::device_summary(d).c_str());
 }
 
+// "nccl: 2.28.9" or "nccl: not compiled".
+void print_nccl() {
+  if (!dist::nccl_compiled()) {
+    std::printf("nccl: not compiled%s\n", cuda::compiled() ? " (nccl.h/libnccl not found at configure time)" : "");
+    return;
+  }
+  std::printf("nccl: %s\n", dist::nccl_version().c_str());
+}
+
 }  // namespace
 
 void add_info_command(CLI::App& app) {
@@ -39,6 +49,7 @@ void add_info_command(CLI::App& app) {
     std::printf("tessera %s\n", TESSERA_VERSION);
     std::printf("backends: cpu (oneDNN %s)\n", onednn_version().c_str());
     print_cuda();
+    print_nccl();
     std::printf("cpu: %s, %d logical cores, %d OpenMP threads\n", f.brand.c_str(), f.logical_cores,
                 omp_get_max_threads());
     std::printf("cpu features: %s\n", f.summary().c_str());

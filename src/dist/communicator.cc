@@ -1,5 +1,7 @@
 #include "dist/communicator.h"
 
+#include <fmt/format.h>
+
 #include "core/check.h"
 
 namespace tessera::dist {
@@ -28,6 +30,26 @@ const char* elem_name(ElemType t) {
   }
   CHECK(false && "unknown ElemType");
   return "";
+}
+
+std::string format_rank_runs(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) j++;
+    if (!out.empty()) out += ",";
+    out += j > i ? fmt::format("{}-{}", ranks[i], ranks[j]) : fmt::format("{}", ranks[i]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string format_peer_list(const std::vector<int>& peers) {
+  constexpr size_t kMaxNamed = 16;
+  std::string out = "[";
+  for (size_t i = 0; i < peers.size() && i < kMaxNamed; i++) out += fmt::format("{}{}", i ? ", " : "", peers[i]);
+  if (peers.size() > kMaxNamed) out += fmt::format(", ... and {} more", peers.size() - kMaxNamed);
+  return out + "]";
 }
 
 }  // namespace tessera::dist

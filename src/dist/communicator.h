@@ -32,6 +32,12 @@ enum class ElemType { kF32, kF64, kI32, kI64, kU64, kU8 };
 size_t elem_size(ElemType t);
 const char* elem_name(ElemType t);  // "float", "double", "int32", ...
 
+// Diagnostics shared by the backends' error messages.
+// "0-3", "0,2,4-6": ranks in the given order, increasing runs collapsed.
+std::string format_rank_runs(const std::vector<int>& ranks);
+// "[1, 2, 3]", at most 16 named.
+std::string format_peer_list(const std::vector<int>& peers);
+
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };

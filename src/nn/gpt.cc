@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "dist/communicator.h"
 #include "nn/vocab_parallel.h"
+#include "tensor/device_memory.h"
 
 namespace tessera {
 
@@ -148,10 +149,18 @@ enum ActId {
 }  // namespace
 
 GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, dist::Communicator* tp_comm)
-    : config_(config), shard_(shard), tp_comm_(tp_comm), backend_(backend), ops_(ops_for(backend)) {
+    : config_(config),
+      shard_(shard),
+      tp_comm_(tp_comm),
+      backend_(backend),
+      device_(device_of(backend)),
+      ops_(ops_for(backend)) {
   CHECK(config_.validate().ok());
   CHECK(shard_.validate(config_).ok());
   CHECK(shard_.tp == 1 || tp_comm_ != nullptr);
+  // Tensor parallelism is CPU-only: nn/vocab_parallel.cc runs host loops.
+  CHECK(device_ == Device::kCPU || shard_.tp == 1);
+  params_.set_device(device_);
   if (shard_.layer_end < 0) shard_.layer_end = config_.layers;
   shard_.first = shard_.layer_begin == 0;
   shard_.last = shard_.layer_end == config_.layers;
@@ -207,6 +216,10 @@ void GPT::init_weights(uint64_t seed) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   const float proj_scale = 1.0f / std::sqrt(2.0f * config_.layers);
   params_.zero();
+  // Off the CPU: the same draws into a host copy, then one upload.
+  Arena staging;
+  if (device_ != Device::kCPU) staging = params_.clone_layout(Device::kCPU);
+  const Arena& dst = device_ == Device::kCPU ? params_ : staging;
   std::vector<float> full;  // one whole tensor at a time
   for (int id = 0; id < kNumParams; id++) {
     const TensorSlice t = param_slice(config_, shard_, id);
@@ -219,8 +232,9 @@ void GPT::init_weights(uint64_t seed) {
     } else if (id == kLn1W || id == kLn2W || id == kLnfW) {
       std::fill(full.begin(), full.end(), 1.0f);
     }
-    if (t.block_numel() > 0) gather_block(full.data(), t, params_.tensor(id).f32());
+    if (t.block_numel() > 0) gather_block(full.data(), t, dst.tensor(id).f32());
   }
+  if (device_ != Device::kCPU) params_.copy_from(staging);
 }
 
 Status GPT::check_batch(const int* inputs, const int* targets, int B, int T) const {
@@ -253,6 +267,7 @@ void GPT::reserve_activations(int B, int T, int slots) {
   const int64_t last = shard_.last ? 1 : 0, first = shard_.first ? 1 : 0;
   std::vector<int> idx(kNumActs, -1);
   auto layout_slot = [&](Arena& a) {
+    a.set_device(device_);
     auto add = [&](ActId id, const char* name, DType dt, Shape s) { idx[id] = a.reserve(name, dt, s); };
     add(kInputs, "inputs", DType::kI32, {BT});
     add(kTargets, "targets", DType::kI32, {BT});
@@ -283,6 +298,7 @@ void GPT::reserve_activations(int B, int T, int slots) {
   std::vector<Arena> acts(slots);
   for (Arena& a : acts) layout_slot(a);
   Arena s;
+  s.set_device(device_);
   auto add = [&](ActId id, const char* name, Shape shape) { idx[id] = s.reserve(name, DType::kF32, shape); };
   add(kPreatt, "preatt", {B * NHl, TT});
   add(kAttproj, "attproj", {BT, C});
@@ -394,7 +410,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
 
   if (shard_.first) {
-    std::memcpy(act.i(kInputs), inputs, sizeof(int) * BT);
+    copy_to_device(device_, act.i(kInputs), inputs, sizeof(int) * BT);
     if (tp == 1) {
       ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], p[kWpe], B, T, C);
     } else {
@@ -445,7 +461,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
     if (loss) *loss = 0.0f;
     return Status::OK();
   }
-  std::memcpy(act.i(kTargets), targets, sizeof(int) * BT);
+  copy_to_device(device_, act.i(kTargets), targets, sizeof(int) * BT);
   float* losses = act.f(kLosses);
   if (tp == 1) {
     ops_.crossentropy_softmax_forward(losses, act.f(kProbs), act.f(kLogits), act.i(kTargets), BT, V, Vl);
@@ -463,14 +479,35 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
     RETURN_IF_ERROR(tp_all_reduce(sums, 2 * int64_t{BT}));
     vocab_parallel_ce_finish(losses, act.f(kProbs), row_max, sums, BT, Vl, valid);
   }
+  const float* host_losses = losses;
+  if (device_ != Device::kCPU) {
+    host_losses_.resize(BT);
+    copy_to_host(device_, host_losses_.data(), losses, sizeof(float) * BT);
+    host_losses = host_losses_.data();
+  }
   double sum = 0.0;
-  for (int i = 0; i < BT; i++) sum += losses[i];
+  for (int i = 0; i < BT; i++) sum += host_losses[i];
   if (loss) *loss = static_cast<float>(sum / BT);
   return Status::OK();
 }
 
-const float* GPT::logits() const { return ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLogits); }
-const float* GPT::losses() const { return ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLosses); }
+const float* GPT::logits() const {
+  const float* x = ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLogits);
+  if (device_ == Device::kCPU) return x;
+  const int64_t n = int64_t{slot_state_.at(0).B} * slot_state_[0].T * Vl_;
+  host_logits_.resize(n);
+  copy_to_host(device_, host_logits_.data(), x, sizeof(float) * n);
+  return host_logits_.data();
+}
+
+const float* GPT::losses() const {
+  const float* x = ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLosses);
+  if (device_ == Device::kCPU) return x;
+  const int64_t n = int64_t{slot_state_.at(0).B} * slot_state_[0].T;
+  host_losses_out_.resize(n);
+  copy_to_host(device_, host_losses_out_.data(), x, sizeof(float) * n);
+  return host_losses_out_.data();
+}
 
 Status GPT::backward_stage(int slot, float loss_scale) {
   CHECK(slot >= 0 && slot < activation_slots());
@@ -487,7 +524,8 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
   ParamPtrs g = grad_ptrs();
-  auto zero = [](float* x, int64_t n) { std::memset(x, 0, sizeof(float) * n); };
+  const Device dev = device_;
+  auto zero = [dev](float* x, int64_t n) { zero_on_device(dev, x, sizeof(float) * n); };
 
   float* dresidual = act.f(kDResidual);
   if (shard_.last) {
@@ -571,7 +609,7 @@ Status GPT::backward_stage(int slot, float loss_scale) {
       vocab_parallel_encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), v0_, Vl, B, T, C);
     }
   } else {
-    std::memcpy(act.f(kDInput), dresidual, sizeof(float) * BTC);
+    copy_on_device(device_, act.f(kDInput), dresidual, sizeof(float) * BTC);
   }
   if (listener_ && (shard_.first || shard_.last)) listener_->on_grads_ready(GradListener::kEmbeddings);
   return Status::OK();

@@ -18,6 +18,14 @@
 // The activation arena is sized on the first forward() for (B, T) and
 // re-laid only if a later call needs more; steady-state steps allocate
 // nothing. Not thread-safe: one step at a time.
+//
+// Backend::kCUDA keeps all three arenas on the CUDA device current at
+// construction (check backend_available() first): params(), grads() and the
+// raw pointers below are then device pointers. Token ids go in as host
+// arrays, the loss comes back as a host float, and logits()/losses() copy
+// back to host buffers; everything else stays on the device. Tensor
+// parallelism (tp > 1) is CPU-only for now (its vocabulary-parallel pieces
+// are host loops); pipeline stages work on either device.
 #pragma once
 
 #include <cstdint>
@@ -122,6 +130,7 @@ class GPT {
  public:
   // shard must validate (CHECKed); tp_comm (not owned, outlives the GPT) is
   // required when shard.tp > 1, with rank shard.tp_rank.
+  // Backend::kCUDA needs a device (backend_available()) and tp == 1.
   explicit GPT(const GPTConfig& config, Backend backend = Backend::kCPU, const ModelShard& shard = {},
                dist::Communicator* tp_comm = nullptr);
 
@@ -131,6 +140,7 @@ class GPT {
   void set_precision(MatmulPrecision p) { prec_ = p; }
   MatmulPrecision precision() const { return prec_; }
   Backend backend() const { return backend_; }
+  Device device() const { return device_; }
 
   Arena& params() { return params_; }
   Arena& grads() { return grads_; }
@@ -160,9 +170,12 @@ class GPT {
   // logits() are meaningful. The caller checks the batch (check_batch).
   float forward(const int* inputs, const int* targets, int B, int T);
   // Logits (B,T,Vp) of slot 0's last forward; columns >= V are padding. On a
-  // tensor-parallel last stage, this rank's (B,T,Vp/tp) columns.
+  // tensor-parallel last stage, this rank's (B,T,Vp/tp) columns. Host
+  // memory: on the CPU the activation itself, on CUDA a copy made by this
+  // call (valid until the next call or forward).
   const float* logits() const;
-  // Per-position losses (B,T) of slot 0's last forward with targets.
+  // Per-position losses (B,T) of slot 0's last forward with targets; host
+  // memory as logits().
   const float* losses() const;
 
   // ---- Pipeline-stage interface. Activations of up to `slots` micro-batches
@@ -175,7 +188,7 @@ class GPT {
   // receives into, the output a non-last stage sends, the gradient of that
   // output a non-last stage receives into before backward, and the gradient
   // of the input a non-first stage sends after backward (valid until the
-  // slot's next backward).
+  // slot's next backward). Arena memory: device pointers on CUDA.
   float* stage_input(int slot);
   const float* stage_output(int slot) const;
   float* stage_output_grad();
@@ -211,6 +224,7 @@ class GPT {
   int Vl_ = 0, v0_ = 0;  // vocabulary rows this rank holds: [v0_, v0_ + Vl_)
   double tp_seconds_ = 0.0;
   Backend backend_;
+  Device device_;
   const OpsTable& ops_;
   MatmulPrecision prec_ = MatmulPrecision::kF32;
   GradListener* listener_ = nullptr;
@@ -226,6 +240,10 @@ class GPT {
   };
   std::vector<SlotState> slot_state_;
   std::vector<int> acts_idx_;  // ActId -> index in its arena, see gpt.cc
+  // Off the CPU: host copies of the losses (summed into the loss) and of
+  // what logits()/losses() return.
+  std::vector<float> host_losses_;
+  mutable std::vector<float> host_logits_, host_losses_out_;
 };
 
 }  // namespace tessera

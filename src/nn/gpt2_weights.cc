@@ -139,6 +139,10 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
     by_name[std::string(name)] = &t;
   }
   model.params().zero();
+  // A device model is filled through a host copy, uploaded once at the end.
+  Arena staging;
+  if (model.params().device() != Device::kCPU) staging = model.params().clone_layout(Device::kCPU);
+  const Arena& dst_arena = model.params().device() == Device::kCPU ? model.params() : staging;
   std::vector<float> buf;
   for (const Slot& s : all) {
     auto it = by_name.find(s.name);
@@ -150,7 +154,7 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
                                                  t.name, shape_str(t.shape), c.str(), shape_str(want)));
     buf.resize(t.numel());
     RETURN_IF_ERROR(f.read_f32(t.name, buf));
-    float* dst = slot_ptr(model.params(), s);
+    float* dst = slot_ptr(dst_arena, s);
     if (s.transpose) {  // file (cols=in, rows=out) -> arena (rows, cols)
       for (int64_t i = 0; i < s.cols; i++)
         for (int64_t o = 0; o < s.rows; o++) dst[o * s.cols + i] = buf[i * s.rows + o];
@@ -158,6 +162,7 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
       std::copy(buf.begin(), buf.end(), dst);
     }
   }
+  if (model.params().device() != Device::kCPU) model.params().copy_from(staging);
   return Status::OK();
 }
 
@@ -179,7 +184,14 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
   return model;
 }
 
-std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& a) {
+std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& arena) {
+  // A device arena is read through one host copy.
+  Arena host;
+  if (arena.device() != Device::kCPU) {
+    host = arena.clone_layout(Device::kCPU);
+    host.copy_from(arena);
+  }
+  const Arena& a = arena.device() == Device::kCPU ? arena : host;
   std::vector<HfTensor> out;
   for (const Slot& s : slots(model.config())) {
     HfTensor t{s.name, hf_shape(s), {}};

@@ -25,7 +25,7 @@ std::string hf_config_path(const std::string& weights_path);
 // without the "transformer." prefix; ignores attention-mask buffers
 // (attn.bias, attn.masked_bias) and lm_head.weight (tied to wte). A missing
 // or unexpected tensor, or a shape that does not match model.config(), is an
-// error naming the tensor.
+// error naming the tensor. Works for a model on any device.
 Status load_hf_weights(GPT& model, const io::SafetensorsFile& f);
 
 // Opens path, takes the config from config.json beside it (or *fallback when
@@ -34,7 +34,8 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
                                        Backend backend = Backend::kCPU);
 
 // An arena laid out like model's parameters (the parameters themselves, the
-// gradients, an optimizer moment) as HF-named, HF-shaped fp32 tensors.
+// gradients, an optimizer moment) as HF-named, HF-shaped fp32 tensors, on
+// the host whatever device a is on.
 struct HfTensor {
   std::string name;
   std::vector<int64_t> shape;

@@ -80,6 +80,7 @@ bool same_shape(const GPTConfig& a, const GPTConfig& b) {
 }  // namespace
 
 KVCache::KVCache(const GPT& model, int B, int max_T) : config_(model.config()), B_(B), max_T_(max_T) {
+  CHECK(model.device() == Device::kCPU);  // the cached decode runs the CPU kernels on the parameters
   CHECK(B >= 1);
   CHECK(max_T >= 1 && max_T <= config_.context);
   const int64_t L = config_.layers, C = config_.channels;

@@ -1,19 +1,45 @@
 // A backend's operator set as a table of function pointers, so the model code
 // is written once and runs on the reference kernels (the oracle, in tests) or
-// the fast CPU kernels. The CUDA backend will add a third table.
+// the fast CPU kernels, or the CUDA kernels (device pointers throughout).
 #pragma once
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string_view>
 
+#include "core/status.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/device.h"
 #include "kernels/ref/ops.h"
 #include "obs/op_timer.h"
+#include "tensor/dtype.h"
+#ifdef TESSERA_HAVE_CUDA
+#include "kernels/cuda/ops.h"
+#endif
 
 namespace tessera {
 
 // kCPUProfiled: the fast kernels, each call timed into op_times().
-enum class Backend { kRef, kCPU, kCPUProfiled };
+// kCUDA: the CUDA kernels; only in binaries built with the CUDA backend
+// (TESSERA_HAVE_CUDA), and only with a device (backend_available()).
+enum class Backend { kRef, kCPU, kCPUProfiled, kCUDA };
+
+// Where a backend's tensors live.
+inline Device device_of(Backend b) { return b == Backend::kCUDA ? Device::kCUDA : Device::kCPU; }
+
+// Whether backend b can run in this process, as one line: always for the
+// CPU backends; kCUDA needs the CUDA backend compiled in and a usable device
+// ("CUDA support not compiled in ...", "cudaGetDeviceCount: ...").
+inline Status backend_available(Backend b) {
+  if (b != Backend::kCUDA) return Status::OK();
+  if (!cuda::compiled())
+    return Status::Unavailable("the CUDA backend is not compiled into this binary (configure with TESSERA_CUDA=ON)");
+  Result<int> n = cuda::query_device_count();
+  if (!n.ok()) return Status::Unavailable("no CUDA device: " + n.status().message());
+  if (*n == 0) return Status::Unavailable("no CUDA device: the driver reports 0 devices");
+  return Status::OK();
+}
 
 struct OpsTable {
   decltype(&cpu::encoder_forward) encoder_forward;
@@ -74,14 +100,32 @@ inline const OpsTable& ops_for(Backend b) {
       Timed<cpu::crossentropy_softmax_backward, OpKind::kCrossEntropy>::call,
       Timed<cpu::adamw_update, OpKind::kAdamW>::call,
   };
+#ifdef TESSERA_HAVE_CUDA
+  static const OpsTable kCuda = TESSERA_OPS_TABLE(cuda);
+#endif
   switch (b) {
     case Backend::kRef: return kRef;
     case Backend::kCPU: return kCpu;
     case Backend::kCPUProfiled: return kProfiled;
+    case Backend::kCUDA:
+#ifdef TESSERA_HAVE_CUDA
+      return kCuda;
+#else
+      // Callers check backend_available() first; reaching this is a bug.
+      std::fprintf(stderr, "tessera: Backend::kCUDA asked for, but %s\n",
+                   backend_available(Backend::kCUDA).message().c_str());
+      std::abort();
+#endif
   }
   return kCpu;
 }
 
-inline std::string_view backend_name(Backend b) { return b == Backend::kRef ? "ref" : "cpu"; }
+inline std::string_view backend_name(Backend b) {
+  switch (b) {
+    case Backend::kRef: return "ref";
+    case Backend::kCUDA: return "cuda";
+    default: return "cpu";
+  }
+}
 
 }  // namespace tessera

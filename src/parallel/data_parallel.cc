@@ -22,6 +22,9 @@ constexpr int kFirstLayerParam = kLn1W, kLastLayerParam = kFcProjB;
 
 DataParallel::DataParallel(GPT& model, dist::Communicator& comm, const DataParallelOptions& o)
     : model_(model), comm_(comm), opts_(o) {
+  // Bucket packing, ZeRO and the sharded norm work on host memory; a device
+  // model runs here only as a single replica (the trainer refuses the rest).
+  CHECK(model_.device() == Device::kCPU || (comm_.size() == 1 && o.zero == 0 && o.norm_comm == nullptr));
   model_.set_grad_listener(this);
   const Arena& params = model_.params();
   flat_ = static_cast<int64_t>(params.bytes() / sizeof(float));

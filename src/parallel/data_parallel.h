@@ -19,6 +19,10 @@
 // updates its shard, and the parameters are all-gathered. Optimizer memory
 // per rank falls from 2n to 2S floats.
 //
+// A model on a CUDA device is supported as one replica only (comm of size
+// 1, zero = 0, no norm_comm): the optimizer step then runs on the device.
+// Gradient buckets, ZeRO and the sharded norm use host memory (CHECKed).
+//
 // Not thread-safe; one training loop drives it.
 #pragma once
 

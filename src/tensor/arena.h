@@ -2,6 +2,12 @@
 // gradients, optimizer state and activations each live in one arena, so that
 // a whole group can be zeroed, copied, checksummed or reduced as one flat
 // buffer. Not thread-safe while being laid out; read-only use afterwards is.
+//
+// An arena lives on one device (set_device() before allocate(); the CPU by
+// default). A CUDA arena's memory comes from the device API
+// (kernels/cuda/device.h) on the device current at allocate(); its tensors
+// carry Device::kCUDA and their pointers must never be dereferenced on the
+// host (move bytes with tensor/device_memory.h or copy_from()).
 #pragma once
 
 #include <cstddef>
@@ -31,8 +37,12 @@ class Arena {
   // rounded up to kAlign so each tensor starts on a cache line.
   // Returns the index of the reserved tensor.
   int reserve(std::string name, DType dtype, Shape shape);
-  // Allocates and zero-fills the memory; views are valid from now on.
+  // Allocates and zero-fills the memory; views are valid from now on. A
+  // failed device allocation (out of memory) aborts naming the size.
   void allocate();
+  // Where allocate() puts the memory; only before it.
+  void set_device(Device d);
+  Device device() const { return device_; }
 
   bool allocated() const { return base_ != nullptr; }
   size_t bytes() const { return bytes_; }
@@ -45,7 +55,12 @@ class Arena {
   void zero();
   // A new, allocated, zeroed arena with the same tensors at the same offsets
   // (gradients and optimizer moments mirror the parameters this way).
-  Arena clone_layout() const;
+  Arena clone_layout() const { return clone_layout(device_); }
+  // The same, on device d (a host staging copy of a CUDA arena, ...).
+  Arena clone_layout(Device d) const;
+  // Copies every byte (tensors, gaps and slack) of src, which has this
+  // arena's layout, from whichever device it is on to this arena's.
+  void copy_from(const Arena& src);
 
  private:
   struct Entry {
@@ -55,10 +70,15 @@ class Arena {
     size_t offset;
   };
   struct FreeDeleter {
+    FreeDeleter() : device(Device::kCPU) {}  // user-provided: no NSDMI inside the enclosing class
+    explicit FreeDeleter(Device d) : device(d) {}
+    Device device;
     void operator()(char* p) const;
   };
+  size_t allocated_bytes() const;  // bytes_ rounded up, plus kSlack
   std::vector<Entry> entries_;
   size_t bytes_ = 0;
+  Device device_ = Device::kCPU;
   std::unique_ptr<char, FreeDeleter> base_;
 };
 

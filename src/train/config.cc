@@ -59,6 +59,8 @@ const std::vector<Key>& keys() {
       {"train.beta2", at<float>([](TrainConfig& c) -> float& { return c.opt.beta2; }), "AdamW beta2", 0},
       {"train.seed", &TrainConfig::seed, "seed for initialisation and data order", 0},
       {"train.dtype", &TrainConfig::dtype, "\"fp32\" or \"bf16\" (bf16 matmul inputs; fp32 master weights)"},
+      {"train.device", &TrainConfig::device,
+       "\"cpu\" or \"cuda\" (the model, optimizer and activations on the rank's GPU; one replica only for now)"},
       {"train.eval_every", &TrainConfig::eval_every, "steps between validation passes (0: start and end only)", 0},
       {"train.eval_batches", &TrainConfig::eval_batches, "validation batches per pass", 1},
       {"parallel.dp", &TrainConfig::dp, "data-parallel ranks; dp x tp x pp must equal the ranks launched", 1},
@@ -179,6 +181,8 @@ Status validate(const TrainConfig& c, const std::string& where) {
   auto bad = [&](std::string msg) { return Status::InvalidArgument(where + ": " + msg); };
   if (c.init_from.empty()) RETURN_IF_ERROR(c.model.validate().With(where));
   if (c.dtype != "fp32" && c.dtype != "bf16") return bad(fmt::format("train.dtype must be \"fp32\" or \"bf16\", got \"{}\"", c.dtype));
+  if (c.device != "cpu" && c.device != "cuda")
+    return bad(fmt::format("train.device must be \"cpu\" or \"cuda\", got \"{}\"", c.device));
   if (c.init_from.empty() && c.seq > c.model.context)
     return bad(fmt::format("train.seq ({}) exceeds model.context ({})", c.seq, c.model.context));
   if (c.checkpoint_on_busy != "wait" && c.checkpoint_on_busy != "skip")

@@ -11,6 +11,10 @@
 
 namespace tessera {
 
+// The MFU denominator on a GPU: NVIDIA's H100/H200 SXM dense (no sparsity)
+// bf16 tensor-core peak, TFLOP/s. fp32 runs are measured against it too.
+constexpr double kCudaPeakTflops = 989.0;
+
 inline double flops_per_token(const GPTConfig& c, int T) {
   return 6.0 * static_cast<double>(c.num_parameters()) + 6.0 * c.layers * c.channels * static_cast<double>(T);
 }

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/device.h"
 
 namespace tessera {
 
@@ -21,13 +25,24 @@ float global_norm(const float* x, int64_t n) {
   return static_cast<float>(std::sqrt(sum));
 }
 
+float global_norm(Device d, const float* x, int64_t n) {
+  if (d == Device::kCPU) return global_norm(x, n);
+  Result<double> sq = cuda::sum_of_squares(x, n);
+  if (!sq.ok()) {
+    std::fprintf(stderr, "tessera: CUDA error in the gradient norm: %s\n", sq.status().message().c_str());
+    std::abort();
+  }
+  return static_cast<float>(std::sqrt(*sq));
+}
+
 AdamW::AdamW(const GPT& model) : m_(model.params().clone_layout()), v_(model.params().clone_layout()) {}
 
 float AdamW::step(GPT& model, const OptimizerConfig& c, float lr) {
   Arena& grads = model.grads();
   // Alignment gaps and vocab padding rows are zero, so the flat norm is the
   // norm over the real gradients.
-  float norm = global_norm(reinterpret_cast<const float*>(grads.base()), static_cast<int64_t>(grads.bytes() / 4));
+  float norm = global_norm(grads.device(), reinterpret_cast<const float*>(grads.base()),
+                           static_cast<int64_t>(grads.bytes() / 4));
   apply(model, c, lr, norm);
   return norm;
 }

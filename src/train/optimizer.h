@@ -27,8 +27,13 @@ float lr_at(const OptimizerConfig& c, int step);
 
 // sqrt(sum x^2) over n floats, accumulated in double, threaded.
 float global_norm(const float* x, int64_t n);
+// The same over n floats on device d: the function above on the CPU; on
+// CUDA a deterministic device reduction (cuda::sum_of_squares), whose
+// failure (a dead device) aborts with the CUDA error.
+float global_norm(Device d, const float* x, int64_t n);
 
-// Optimizer state: first and second moments, laid out like the parameters.
+// Optimizer state: first and second moments, laid out like the parameters
+// and on the model's device (m(), v() hold device memory for a CUDA model).
 // Owns its arenas; bound to one model's layout.
 class AdamW {
  public:

@@ -14,12 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
+#include "dist/local_device.h"
 #include "dist/mesh.h"
 #include "ckpt/checkpointer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline.h"
 #include "kernels/cpu/matmul_peak.h"
+#include "kernels/cuda/device.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
@@ -92,11 +94,34 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     if (out) std::fprintf(out, args...);
   };
 
+  // train.device = "cuda": one replica on one GPU. Data parallelism would
+  // need the gradient buckets on the device and an NCCL communicator for the
+  // dp axis; tensor parallelism has host loops (nn/vocab_parallel.cc); the
+  // pipeline's messages and checkpoints read host memory. Refused until then.
+  const bool on_cuda = c.device == "cuda";
+  const Backend backend = on_cuda ? Backend::kCUDA : Backend::kCPU;
+  if (on_cuda) {
+    if (world.size() > 1)
+      return Status::InvalidArgument(fmt::format(
+          "train.device = \"cuda\" runs one replica on one GPU for now: parallel.dp x tp x pp is {} x {} x {}, "
+          "but data, tensor and pipeline parallelism on CUDA are not supported yet (use train.device = \"cpu\")",
+          c.dp, c.tp, c.pp));
+    if (c.zero != 0)
+      return Status::InvalidArgument("parallel.zero = 1 is not supported with train.device = \"cuda\"");
+    if (c.checkpoint_every > 0 || !c.resume.empty())
+      return Status::InvalidArgument(
+          "checkpoints (checkpoint.every, --resume) are not supported with train.device = \"cuda\" yet; the "
+          "final weights are still saved");
+    RETURN_IF_ERROR(backend_available(Backend::kCUDA));
+    ASSIGN_OR_RETURN(int device, dist::select_local_device());
+    say("device: cuda:%d (%s)\n", device, cuda::device_summary(device).c_str());
+  }
+
   // The whole model's shape, then this rank's shard of it.
   std::unique_ptr<GPT> whole;
   GPTConfig mc = c.model;
   if (!c.init_from.empty()) {
-    ASSIGN_OR_RETURN(whole, load_gpt2(c.init_from, nullptr));
+    ASSIGN_OR_RETURN(whole, load_gpt2(c.init_from, nullptr, c.tp == 1 && c.pp == 1 ? backend : Backend::kCPU));
     mc = whole->config();
     if (c.seq > mc.context)
       return Status::InvalidArgument(
@@ -111,7 +136,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   if (whole && c.tp == 1 && c.pp == 1) {
     model = std::move(whole);
   } else {
-    model = std::make_unique<GPT>(mc, Backend::kCPU, shard, c.tp > 1 ? &mesh->tp() : nullptr);
+    model = std::make_unique<GPT>(mc, backend, shard, c.tp > 1 ? &mesh->tp() : nullptr);
     if (whole) {
       copy_from_whole(*whole, *model);
       whole.reset();
@@ -196,7 +221,8 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   // parallel replica reads the same rows.
   const int64_t rows_per_step = int64_t{B} * GA * dp.size();
   const double tokens_per_step = static_cast<double>(rows_per_step) * T;
-  const double peak = cpu::measure_matmul_gflops(1536, prec, 3);
+  // On a GPU the stated peak (train/flops.h), not a measurement.
+  const double peak = on_cuda ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec, 3);
   model->reserve_activations(B, T, pipeline_slots(schedule, c.pp, coord.pp, GA));
   // Memory per rank, the largest over ranks: parameters, gradients, optimizer
   // state, activations (bytes).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `tessera bench allreduce` on 2 MPI ranks: JSON rows for every size, each
 # checked (-c 1) with no wrong element; then the same on one rank without
-# mpirun, and one clear error line for bad flags.
+# mpirun, and one clear error line for bad flags; --backend nccl runs where
+# there is a GPU and NCCL, and otherwise fails with one line saying why.
 set -uo pipefail
 tessera=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -67,6 +68,25 @@ expect_usage min-over-max "larger than -e" allreduce -b 1M -e 1K
 expect_usage small-factor "at least 2" allreduce -f 1
 expect_usage bad-suffix "bad size '4X'" allreduce -e 4X
 expect_usage bad-dtype "unknown type 'half'" allreduce --dtype half
+expect_usage bad-backend "--backend: gloo not in" allreduce --backend gloo
+
+# --backend nccl on one rank: rows like MPI's with a GPU and NCCL; else exit 1
+# and one line with the reason.
+if "$tessera" info | grep -q '^  cuda:0:' && "$tessera" info | grep -q '^nccl: [0-9]'; then
+  if "$tessera" bench allreduce --backend nccl -b 1K -e 1M -f 4 -n 3 -w 1 -c 1 --json >"$tmp/nccl.json" 2>"$tmp/nccl.err"; then
+    check_rows "allreduce-nccl-np1" "$tmp/nccl.json" 6
+  else
+    fail "allreduce-nccl-np1: exit $?"; cat "$tmp/nccl.err"
+  fi
+else
+  "$tessera" bench allreduce --backend nccl -b 1K -e 4K >"$tmp/out" 2>"$tmp/err"; rc=$?
+  if [ $rc -ne 1 ] || [ "$(wc -l <"$tmp/err")" -ne 1 ] ||
+     ! grep -qE '^tessera: error: bench allreduce --backend nccl: .*(no CUDA device|built without NCCL)' "$tmp/err"; then
+    fail "nccl-unavailable: want exit 1 and one line saying why, got exit $rc:"; cat "$tmp/err"
+  else
+    echo "ok   nccl-unavailable: $(cat "$tmp/err")"
+  fi
+fi
 
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "bench allreduce: all cases passed"

@@ -112,28 +112,6 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-// "0-3", "0,2,4-6": ranks in the given order, increasing runs collapsed.
-std::string format_rank_runs(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) j++;
-    if (!out.empty()) out += ",";
-    out += j > i ? fmt::format("{}-{}", ranks[i], ranks[j]) : fmt::format("{}", ranks[i]);
-    i = j + 1;
-  }
-  return out;
-}
-
-// "[1, 2, 3]", at most 16 named.
-std::string format_peer_list(const std::vector<int>& peers) {
-  constexpr size_t kMaxNamed = 16;
-  std::string out = "[";
-  for (size_t i = 0; i < peers.size() && i < kMaxNamed; i++) out += fmt::format("{}{}", i ? ", " : "", peers[i]);
-  if (peers.size() > kMaxNamed) out += fmt::format(", ... and {} more", peers.size() - kMaxNamed);
-  return out + "]";
-}
-
 // " on host(s) h2, h3" for world ranks, when mpi_world learnt the hosts.
 std::string format_peer_hosts(const std::vector<int>& peers) {
   const std::vector<std::string>& hosts = mpi_process().world_hosts;

@@ -59,6 +59,35 @@ std::string device_summary(int device) {
                      static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
 }
 
+Result<MemoryInfo> memory_info() {
+  MemoryInfo m;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+  return m;
+}
+
+Result<int> select_device(int local_rank, size_t min_free_bytes) {
+  if (local_rank < 0) return Status::InvalidArgument(fmt::format("local rank {} < 0", local_rank));
+  const Result<int> count = query_device_count();
+  if (!count.ok()) return Status::Unavailable("no CUDA device: " + count.status().message());
+  if (count.value() == 0) return Status::Unavailable("no CUDA device: the driver reports 0 devices");
+  const int device = local_rank % count.value();
+  RETURN_IF_ERROR(set_device(device));
+  // The first runtime call on a device creates its context: a broken
+  // driver or a device in exclusive use by another process shows up here.
+  Result<MemoryInfo> mem = memory_info();
+  if (!mem.ok()) return mem.status().With(fmt::format("cuda:{}", device));
+  if (mem->free_bytes < min_free_bytes) {
+    cudaDeviceProp prop{};
+    const bool named = cudaGetDeviceProperties(&prop, device) == cudaSuccess;
+    cudaGetLastError();
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    return Status::Unavailable(fmt::format("cuda:{}{} has {:.1f} GiB free of {:.1f} GiB; {:.1f} GiB needed", device,
+                                           named ? fmt::format(" ({})", prop.name) : "", mem->free_bytes / kGiB,
+                                           mem->total_bytes / kGiB, min_free_bytes / kGiB));
+  }
+  return device;
+}
+
 Result<void*> device_malloc(size_t bytes) {
   void* ptr = nullptr;
   const cudaError_t err = cudaMalloc(&ptr, bytes);
@@ -84,6 +113,12 @@ Status memcpy_h2d(void* dst, const void* src, size_t bytes) {
 Status memcpy_d2h(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::OK();
   CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  return Status::OK();
+}
+
+Status memcpy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::OK();
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
   return Status::OK();
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/status.h"
@@ -30,12 +31,33 @@ Status set_device(int device);
 // "NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB, compute 9.0", or the error.
 std::string device_summary(int device);
 
+// Memory of the current device, bytes (cudaMemGetInfo).
+struct MemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+Result<MemoryInfo> memory_info();
+
+// One rank per GPU: makes device local_rank % device_count() current for the
+// calling thread and checks that it has at least min_free_bytes free.
+// Returns the device. Each failure is one line, e.g.
+//   "no CUDA device: cudaGetDeviceCount: no CUDA-capable device is detected"
+//   "cuda:1 (NVIDIA H200) has 3.2 GiB free of 139.8 GiB; 8.0 GiB needed"
+//   "cudaSetDevice(1): ..."  (driver failures as the runtime words them)
+Result<int> select_device(int local_rank, size_t min_free_bytes = 0);
+
 // Device memory on the current device. device_free(nullptr) is a no-op.
 Result<void*> device_malloc(size_t bytes);
 Status device_free(void* ptr);
 Status memcpy_h2d(void* dst, const void* src, size_t bytes);
 Status memcpy_d2h(void* dst, const void* src, size_t bytes);
+// Device to device on the current device, queued in order with the kernels.
+Status memcpy_d2d(void* dst, const void* src, size_t bytes);
 Status memset_zero(void* ptr, size_t bytes);
+// sum x[i]^2 over n device floats, accumulated in double in a fixed order
+// (deterministic: the same bits on every run and every rank), copied back to
+// the host; blocks until the kernels queued before it have run.
+Result<double> sum_of_squares(const float* x, int64_t n);
 // Waits for all queued work on the current device; reports the first
 // asynchronous kernel error, if any.
 Status synchronize();

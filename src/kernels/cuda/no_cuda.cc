@@ -16,11 +16,17 @@ int device_count() { return 0; }
 Result<int> query_device_count() { return not_compiled(); }
 Status set_device(int) { return not_compiled(); }
 std::string device_summary(int device) { return "device " + std::to_string(device) + ": " + not_compiled().message(); }
+Result<MemoryInfo> memory_info() { return not_compiled(); }
+Result<int> select_device(int, size_t) {
+  return Status::Unavailable("no CUDA device: " + not_compiled().message());
+}
 Result<void*> device_malloc(size_t) { return not_compiled(); }
 Status device_free(void* ptr) { return ptr == nullptr ? Status::OK() : not_compiled(); }
 Status memcpy_h2d(void*, const void*, size_t) { return not_compiled(); }
 Status memcpy_d2h(void*, const void*, size_t) { return not_compiled(); }
+Status memcpy_d2d(void*, const void*, size_t) { return not_compiled(); }
 Status memset_zero(void*, size_t) { return not_compiled(); }
+Result<double> sum_of_squares(const float*, int64_t) { return not_compiled(); }
 Status synchronize() { return not_compiled(); }
 
 }  // namespace tessera::cuda

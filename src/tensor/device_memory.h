@@ -1,0 +1,65 @@
+// Host <-> arena memory for either device: the few places where host code
+// moves bytes into or out of tensors (token ids in, losses and logits out,
+// zeroing scratch) call these instead of memcpy/memset. On Device::kCPU they
+// ARE memcpy/memset (inline, no extra copy); on Device::kCUDA they are
+// blocking CUDA runtime calls on the current device, queued after the
+// kernels already launched. A CUDA failure here is a dead device or a bug
+// (a host pointer passed as a device one): it aborts with the call and the
+// CUDA error string, like a failing kernel launch.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+
+#include "core/status.h"
+#include "tensor/dtype.h"
+
+namespace tessera {
+
+namespace device_memory_detail {
+void copy_h2d(void* dst, const void* src, size_t bytes);
+void copy_d2h(void* dst, const void* src, size_t bytes);
+void copy_d2d(void* dst, const void* src, size_t bytes);
+void zero(void* p, size_t bytes);
+}  // namespace device_memory_detail
+
+// dst on `d`, src on the host.
+inline void copy_to_device(Device d, void* dst, const void* src, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    device_memory_detail::copy_h2d(dst, src, bytes);
+  }
+}
+
+// dst on the host, src on `d`.
+inline void copy_to_host(Device d, void* dst, const void* src, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    device_memory_detail::copy_d2h(dst, src, bytes);
+  }
+}
+
+// Both on `d`.
+inline void copy_on_device(Device d, void* dst, const void* src, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+  } else {
+    device_memory_detail::copy_d2d(dst, src, bytes);
+  }
+}
+
+inline void zero_on_device(Device d, void* p, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memset(p, 0, bytes);
+  } else {
+    device_memory_detail::zero(p, bytes);
+  }
+}
+
+// Waits for the work queued on `d` (nothing to wait for on the CPU); the
+// first asynchronous kernel error, if any.
+Status synchronize(Device d);
+
+}  // namespace tessera

@@ -1,0 +1,240 @@
+// GPT on the CUDA backend against GPT on the CPU backend, on a random small
+// model: the same initial weights bit for bit, then logits, loss, every
+// gradient, AdamW steps and a two-stage pipeline split. (Parity with the
+// PyTorch reference is in gpt_parity_test.cc, whose table has CUDA rows.)
+// Without a device (or without the CUDA backend compiled in) every test but
+// the first is skipped, saying why.
+#include <cmath>
+#include <algorithm>
+#include <cctype>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cuda/device.h"
+#include "nn/gpt.h"
+#include "nn/gpt2_weights.h"
+#include "tensor/device_memory.h"
+#include "test_util.h"
+#include "train/optimizer.h"
+
+namespace tessera {
+namespace {
+
+using testing_util::normalised_error;
+
+// fp32 on both sides (cuBLASLt without TF32, the CPU's oneDNN fp32); the two
+// differ only in summation order, as each does from PyTorch (2e-5 there).
+constexpr double kTolF32 = 4e-5;
+
+TEST(GptCuda, UnavailableBackendIsAClearError) {
+  const Status st = backend_available(Backend::kCUDA);
+  if (st.ok()) {
+    EXPECT_GT(cuda::device_count(), 0);
+    return;
+  }
+  EXPECT_FALSE(st.message().empty());
+  for (const char ch : st.message()) EXPECT_TRUE(std::isprint(static_cast<unsigned char>(ch))) << st.message();
+  EXPECT_TRUE(backend_available(Backend::kCPU).ok());
+}
+
+#define SKIP_WITHOUT_CUDA()                                                        \
+  do {                                                                             \
+    const Status _st = backend_available(Backend::kCUDA);                          \
+    if (!_st.ok()) GTEST_SKIP() << _st.message();                                  \
+    const Status _dev = cuda::set_device(0);                                       \
+    if (!_dev.ok()) GTEST_SKIP() << "no CUDA device: " << _dev.message();          \
+  } while (0)
+
+const GPTConfig kConfig{2, 4, 64, 200, 32};  // Vp = 256
+constexpr int kB = 4, kT = 32;
+
+struct Batch {
+  std::vector<int> inputs, targets;
+};
+
+Batch random_batch(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> tok(0, kConfig.vocab - 1);
+  Batch b;
+  for (int i = 0; i < kB * kT; i++) {
+    b.inputs.push_back(tok(rng));
+    b.targets.push_back(tok(rng));
+  }
+  return b;
+}
+
+// The arena's bytes on the host, whatever its device.
+std::vector<char> host_bytes(const Arena& a) {
+  Arena host = a.clone_layout(Device::kCPU);
+  host.copy_from(a);
+  return std::vector<char>(host.base(), host.base() + host.bytes());
+}
+
+void expect_arenas_close(const GPT& cuda_model, const Arena& cuda_arena, const GPT& cpu_model, const Arena& cpu_arena,
+                         double tol) {
+  std::vector<HfTensor> ours = to_hf_tensors(cuda_model, cuda_arena);
+  std::vector<HfTensor> ref = to_hf_tensors(cpu_model, cpu_arena);
+  ASSERT_EQ(ours.size(), ref.size());
+  for (size_t i = 0; i < ours.size(); i++) {
+    SCOPED_TRACE(ref[i].name);
+    ASSERT_EQ(ours[i].data.size(), ref[i].data.size());
+    EXPECT_LE(normalised_error(ours[i].data.data(), ref[i].data.data(), static_cast<int64_t>(ref[i].data.size())),
+              tol);
+  }
+}
+
+TEST(GptCuda, InitWeightsMatchTheCpuBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
+  cpu.init_weights(42);
+  gpu.init_weights(42);
+  EXPECT_EQ(gpu.params().device(), Device::kCUDA);
+  EXPECT_EQ(gpu.params().tensor(kWte).device, Device::kCUDA);
+  EXPECT_EQ(host_bytes(gpu.params()), host_bytes(cpu.params()));
+}
+
+TEST(GptCuda, LogitsLossAndGradientsMatchTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
+  cpu.init_weights(7);
+  gpu.init_weights(7);
+  const Batch b = random_batch(1);
+  const float ref_loss = cpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
+  const float loss = gpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
+  EXPECT_NEAR(loss, ref_loss, kTolF32 * ref_loss);
+  const int64_t n_logits = int64_t{kB} * kT * kConfig.padded_vocab();
+  const float* ref_logits = cpu.logits();
+  const float* logits = gpu.logits();  // a host copy
+  EXPECT_LE(normalised_error(logits, ref_logits, n_logits), kTolF32);
+  EXPECT_LE(normalised_error(gpu.losses(), cpu.losses(), kB * kT), kTolF32);
+
+  cpu.zero_grad();
+  cpu.backward();
+  gpu.zero_grad();
+  gpu.backward();
+  expect_arenas_close(gpu, gpu.grads(), cpu, cpu.grads(), kTolF32);
+
+  // Forward without targets: logits only, loss 0.
+  EXPECT_EQ(gpu.forward(b.inputs.data(), nullptr, kB, kT), 0.0f);
+  EXPECT_LE(normalised_error(gpu.logits(), ref_logits, n_logits), kTolF32);
+  EXPECT_TRUE(cuda::synchronize().ok());
+}
+
+TEST(GptCuda, AdamWStepsMatchTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
+  cpu.init_weights(3);
+  gpu.init_weights(3);
+  AdamW cpu_opt(cpu), gpu_opt(gpu);
+  EXPECT_EQ(gpu_opt.m().device(), Device::kCUDA);
+  OptimizerConfig oc;
+  oc.lr = 1e-3f;
+  oc.warmup = 2;
+  oc.steps = 5;
+  oc.grad_clip = 0.5f;  // clipping on: the device norm feeds the update
+  for (int step = 0; step < oc.steps; step++) {
+    SCOPED_TRACE(step);
+    const Batch b = random_batch(100 + step);
+    const float ref_loss = cpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
+    const float loss = gpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
+    cpu.zero_grad();
+    cpu.backward();
+    gpu.zero_grad();
+    gpu.backward();
+    const float ref_norm = cpu_opt.step(cpu, oc, lr_at(oc, step));
+    const float norm = gpu_opt.step(gpu, oc, lr_at(oc, step));
+    EXPECT_NEAR(loss, ref_loss, 5 * kTolF32 * ref_loss);
+    EXPECT_NEAR(norm, ref_norm, 5 * kTolF32 * ref_norm);
+  }
+  expect_arenas_close(gpu, gpu.params(), cpu, cpu.params(), 5 * kTolF32);
+  expect_arenas_close(gpu, gpu_opt.m(), cpu, cpu_opt.m(), 5 * kTolF32);
+}
+
+TEST(GptCuda, GlobalNormIsDeterministicAndMatchesTheHost) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {0, 1, 255, 256 * 512 + 3, 3'000'001}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    Arena a;
+    a.set_device(Device::kCUDA);
+    a.reserve("x", DType::kF32, {n});
+    a.allocate();
+    copy_to_device(Device::kCUDA, a.base(), x.data(), sizeof(float) * n);
+    const float norm = global_norm(Device::kCUDA, a.tensor(0).f32(), n);
+    EXPECT_NEAR(norm, global_norm(x.data(), n), 1e-6 * std::max(1.0f, norm));
+    EXPECT_EQ(global_norm(Device::kCUDA, a.tensor(0).f32(), n), norm);  // same bits again
+  }
+}
+
+// Two pipeline stages on the device (layers [0,1) and [1,2)), the activation
+// and its gradient handed over through the host, against the whole model.
+TEST(GptCuda, PipelineStagesMatchTheWholeModel) {
+  SKIP_WITHOUT_CUDA();
+  GPT whole(kConfig, Backend::kCUDA);
+  ModelShard s0, s1;
+  s0.layer_begin = 0;
+  s0.layer_end = 1;
+  s1.layer_begin = 1;
+  s1.layer_end = 2;
+  GPT first(kConfig, Backend::kCUDA, s0), last(kConfig, Backend::kCUDA, s1);
+  whole.init_weights(11);
+  first.init_weights(11);
+  last.init_weights(11);
+  const Batch b = random_batch(2);
+  const float ref_loss = whole.forward(b.inputs.data(), b.targets.data(), kB, kT);
+  whole.zero_grad();
+  whole.backward();
+
+  const size_t bytes = sizeof(float) * kB * kT * kConfig.channels;
+  std::vector<float> message(kB * kT * kConfig.channels);
+  first.reserve_activations(kB, kT, 1);
+  last.reserve_activations(kB, kT, 1);
+  first.zero_grad();
+  last.zero_grad();
+  float loss = 0.0f;
+  ASSERT_TRUE(first.forward_stage(0, b.inputs.data(), nullptr, kB, kT, nullptr).ok());
+  copy_to_host(Device::kCUDA, message.data(), first.stage_output(0), bytes);
+  copy_to_device(Device::kCUDA, last.stage_input(0), message.data(), bytes);
+  ASSERT_TRUE(last.forward_stage(0, nullptr, b.targets.data(), kB, kT, &loss).ok());
+  EXPECT_NEAR(loss, ref_loss, 1e-6 * ref_loss);  // the same kernels in the same order
+  ASSERT_TRUE(last.backward_stage(0, 1.0f).ok());
+  copy_to_host(Device::kCUDA, message.data(), last.stage_input_grad(0), bytes);
+  copy_to_device(Device::kCUDA, first.stage_output_grad(), message.data(), bytes);
+  ASSERT_TRUE(first.backward_stage(0, 1.0f).ok());
+
+  // Layer 1's gradients on the last stage, layer 0's and wpe on the first.
+  Arena whole_grads = whole.grads().clone_layout(Device::kCPU), g0 = first.grads().clone_layout(Device::kCPU),
+        g1 = last.grads().clone_layout(Device::kCPU);
+  whole_grads.copy_from(whole.grads());
+  g0.copy_from(first.grads());
+  g1.copy_from(last.grads());
+  // The same kernels on the same data; only encoder_backward's atomicAdd
+  // into wte may reorder sums, so allow rounding.
+  constexpr double kTol = 1e-6;
+  for (int id = kLn1W; id <= kFcProjB; id++) {
+    SCOPED_TRACE(param_name(id));
+    const int64_t per_layer = whole_grads.tensor(id).numel() / kConfig.layers;
+    const float* w = whole_grads.tensor(id).f32();
+    EXPECT_LE(normalised_error(g0.tensor(id).f32(), w, per_layer), kTol);
+    EXPECT_LE(normalised_error(g1.tensor(id).f32(), w + per_layer, per_layer), kTol);
+  }
+  EXPECT_LE(normalised_error(g0.tensor(kWpe).f32(), whole_grads.tensor(kWpe).f32(), whole_grads.tensor(kWpe).numel()),
+            kTol);
+  EXPECT_LE(
+      normalised_error(g1.tensor(kLnfW).f32(), whole_grads.tensor(kLnfW).f32(), whole_grads.tensor(kLnfW).numel()),
+      kTol);
+  // wte's gradient is split: the first stage's embedding part plus the last
+  // stage's output-layer part.
+  std::vector<float> wte_sum(whole_grads.tensor(kWte).numel());
+  for (size_t i = 0; i < wte_sum.size(); i++) wte_sum[i] = g0.tensor(kWte).f32()[i] + g1.tensor(kWte).f32()[i];
+  EXPECT_LE(normalised_error(wte_sum.data(), whole_grads.tensor(kWte).f32(), static_cast<int64_t>(wte_sum.size())),
+            kTol);
+}
+
+}  // namespace
+}  // namespace tessera

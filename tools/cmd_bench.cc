@@ -25,6 +25,18 @@ namespace tessera::tools {
 
 namespace {
 
+// A fixed pseudo-random batch of n input and target token ids in [0, vocab).
+void random_batch(int vocab, int n, std::vector<int>* inputs, std::vector<int>* targets) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  inputs->resize(n);
+  targets->resize(n);
+  for (int i = 0; i < n; i++) {
+    (*inputs)[i] = tok(rng);
+    (*targets)[i] = tok(rng);
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -79,13 +91,8 @@ int run_train_bench(TrainArgs a) {
   OptimizerConfig oc;
   oc.steps = a.warmup + a.steps;
   const int BT = a.batch * a.seq;
-  std::vector<int> inputs(BT), targets(BT);
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> tok(0, a.model.vocab - 1);
-  for (int i = 0; i < BT; i++) {
-    inputs[i] = tok(rng);
-    targets[i] = tok(rng);
-  }
+  std::vector<int> inputs, targets;
+  random_batch(a.model.vocab, BT, &inputs, &targets);
 
   std::vector<double> step_s;
   double fwd_s = 0, bwd_s = 0, opt_s = 0;
@@ -147,13 +154,8 @@ int run_cuda_train_bench(const TrainArgs& a) {
   OptimizerConfig oc;
   oc.steps = a.warmup + a.steps;
   const int BT = a.batch * a.seq;
-  std::vector<int> inputs(BT), targets(BT);
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> tok(0, a.model.vocab - 1);
-  for (int i = 0; i < BT; i++) {
-    inputs[i] = tok(rng);
-    targets[i] = tok(rng);
-  }
+  std::vector<int> inputs, targets;
+  random_batch(a.model.vocab, BT, &inputs, &targets);
   auto sync = [] {
     Status st = synchronize(Device::kCUDA);
     if (!st.ok()) {

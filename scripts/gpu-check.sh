@@ -10,6 +10,9 @@
 #              GPT on CUDA vs the CPU and vs the PyTorch reference)
 #   nccl-np1   tessera_mpi_tests --gtest_filter='Nccl*' at -np 1
 #   nccl-npN   the same at -np N, N = min(GPUs, 4), when there are 2 or more
+#   cuda-train tests/cli/cuda_train.sh: train.device = "cuda", bitwise checkpoint
+#              resume and ZeRO-1 on one GPU; with 2+ GPUs also dp=2 over NCCL vs
+#              dp=1, ZeRO-1 vs plain, and a dp=2 resume
 #   bench-train  tessera bench train, GPT-2 124M shapes (B=16, T=1024, bf16),
 #              with --backend cuda if `bench train --help` lists it; else
 #              recorded as not available (the CPU run is not a GPU check)
@@ -129,6 +132,9 @@ if [ "$np" -ge 2 ]; then
 else
   record nccl-npN SKIP 0 "$gpus GPU(s): NCCL needs one device per rank, so only -np 1 runs"
 fi
+
+step cuda-train 150 bash tests/cli/cuda_train.sh "$tessera" tests
+s=$(grep -m1 '^skip:' "$out/cuda-train.log" | cut -c1-140); [ -n "$s" ] && notes[${#notes[@]}-1]="$s"
 
 # ---- benchmarks --------------------------------------------------------------
 # GPT-2 124M: 12 layers, 12 heads, 768 channels, vocab 50257; micro-batch 16 x 1024 tokens, bf16.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -100,7 +101,12 @@ namespace {
 // Activations kept for backward, one set per pipeline slot (micro-batch in
 // flight), then scratch shared by all slots. Shapes in gpt.h's letters, with
 // Ll this stage's layers, Cl = C/tp, NHl = NH/tp, Fl = 4C/tp, Vl = Vp/tp;
-// "last:" and "first:" tensors are empty on other stages.
+// "last:" and "first:" tensors are empty on other stages. Attention buffers
+// hold S floats per (b, h, t) row: S = T for the CPU backends (the (T,T)
+// matrices), S = 1 for CUDA's flash attention (OpsTable's
+// attention_saved_floats and attention_scratch_floats). "full head:"
+// tensors exist on the CPU backends only; "chunked head:" ones on CUDA,
+// whose output layer works on Hc = min(B*T, head_chunk_rows_) rows at once.
 enum ActId {
   kInputs,     // (B,T) int32
   kTargets,    // (B,T) int32
@@ -110,7 +116,7 @@ enum ActId {
   kLn1Rstd,    // (Ll,B,T)
   kQkv,        // (Ll,B,T,3Cl)
   kAtty,       // (Ll,B,T,Cl)
-  kAtt,        // (Ll,B,NHl,T,T)
+  kAtt,        // (Ll,B,NHl,T,S): softmax probabilities, or flash's log-sum-exp
   kResidual2,  // (Ll,B,T,C)
   kLn2,        // (Ll,B,T,C)
   kLn2Mean,    // (Ll,B,T)
@@ -121,25 +127,27 @@ enum ActId {
   kLnf,        // last: (B,T,C)
   kLnfMean,    // last: (B,T)
   kLnfRstd,    // last: (B,T)
-  kLogits,     // last: (B,T,Vl)
-  kProbs,      // last: (B,T,Vl)
+  kLogits,     // last, full head: (B,T,Vl)
+  kProbs,      // last, full head: (B,T,Vl)
   kLosses,     // last: (B,T)
+  kLse,        // last, chunked head: (B,T) log-sum-exp of each row's logits
   kLocalTargets,  // last, tp > 1: (B,T) int32, target - v0 or -1 off this rank's vocabulary
   kDInput,     // not first: (B,T,C) d(stage input), sent to the previous stage
   kNumSlotActs,
   // scratch
-  kPreatt = kNumSlotActs,  // (B,NHl,T,T)
+  kPreatt = kNumSlotActs,  // (B,NHl,T,S)
   kAttproj,    // (B,T,C): consumed by the residual add
   kFcproj,     // (B,T,C)
-  kDLogits,    // last: (B,T,Vl)
+  kDLogits,    // last, full head: (B,T,Vl)
+  kHeadChunk,  // last, chunked head: (Hc,Vl) one chunk's logits, then its dlogits
   kDResidual,  // (B,T,C): d(residual stream) flowing down the layers
   kDLnf,       // last: (B,T,C)
   kDFchGelu,   // (B,T,Fl)
   kDFch,       // (B,T,Fl)
   kDLn2,       // (B,T,C)
   kDAtty,      // (B,T,Cl)
-  kDPreatt,    // (B,NHl,T,T)
-  kDAtt,       // (B,NHl,T,T)
+  kDPreatt,    // (B,NHl,T,S)
+  kDAtt,       // (B,NHl,T,S)
   kDQkv,       // (B,T,3Cl)
   kDLn1,       // (B,T,C)
   kCEStats,    // tp > 1: (3,B,T) row max, sum of exp, target logit
@@ -263,8 +271,15 @@ void GPT::reserve_activations(int B, int T, int slots) {
   slots = std::max(slots, have);
   const int64_t Ll = local_layers_, C = config_.channels, tp = shard_.tp;
   const int64_t NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
-  const int64_t BT = int64_t{B} * T, TT = int64_t{T} * T;
+  const int64_t BT = int64_t{B} * T;
+  const int hs = config_.channels / config_.heads;
+  // Attention floats per (b, h) at capacity T; a shorter batch's layers fit
+  // (S(T) is T or 1, never more for a smaller T).
+  const int64_t att_saved = T * ops_.attention_saved_floats(T, hs);
+  const int64_t att_scratch = T * ops_.attention_scratch_floats(T, hs);
   const int64_t last = shard_.last ? 1 : 0, first = shard_.first ? 1 : 0;
+  const int64_t full_head = chunked_head() ? 0 : last, chunked = chunked_head() ? last : 0;
+  const int64_t head_rows = std::min<int64_t>(BT, head_chunk_rows_);
   std::vector<int> idx(kNumActs, -1);
   auto layout_slot = [&](Arena& a) {
     a.set_device(device_);
@@ -277,7 +292,7 @@ void GPT::reserve_activations(int B, int T, int slots) {
     add(kLn1Rstd, "ln1_rstd", DType::kF32, {Ll, BT});
     add(kQkv, "qkv", DType::kF32, {Ll, BT, 3 * Cl});
     add(kAtty, "atty", DType::kF32, {Ll, BT, Cl});
-    add(kAtt, "att", DType::kF32, {Ll, B * NHl, TT});
+    add(kAtt, "att", DType::kF32, {Ll, B * NHl, att_saved});
     add(kResidual2, "residual2", DType::kF32, {Ll, BT, C});
     add(kLn2, "ln2", DType::kF32, {Ll, BT, C});
     add(kLn2Mean, "ln2_mean", DType::kF32, {Ll, BT});
@@ -288,9 +303,10 @@ void GPT::reserve_activations(int B, int T, int slots) {
     add(kLnf, "lnf", DType::kF32, {last * BT, C});
     add(kLnfMean, "lnf_mean", DType::kF32, {last * BT});
     add(kLnfRstd, "lnf_rstd", DType::kF32, {last * BT});
-    add(kLogits, "logits", DType::kF32, {last * BT, Vl});
-    add(kProbs, "probs", DType::kF32, {last * BT, Vl});
+    add(kLogits, "logits", DType::kF32, {full_head * BT, Vl});
+    add(kProbs, "probs", DType::kF32, {full_head * BT, Vl});
     add(kLosses, "losses", DType::kF32, {last * BT});
+    add(kLse, "lse", DType::kF32, {chunked * BT});
     add(kLocalTargets, "local_targets", DType::kI32, {(tp > 1 ? last : 0) * BT});
     add(kDInput, "dinput", DType::kF32, {(1 - first) * BT, C});
     a.allocate();
@@ -300,18 +316,19 @@ void GPT::reserve_activations(int B, int T, int slots) {
   Arena s;
   s.set_device(device_);
   auto add = [&](ActId id, const char* name, Shape shape) { idx[id] = s.reserve(name, DType::kF32, shape); };
-  add(kPreatt, "preatt", {B * NHl, TT});
+  add(kPreatt, "preatt", {B * NHl, att_scratch});
   add(kAttproj, "attproj", {BT, C});
   add(kFcproj, "fcproj", {BT, C});
-  add(kDLogits, "dlogits", {last * BT, Vl});
+  add(kDLogits, "dlogits", {full_head * BT, Vl});
+  add(kHeadChunk, "head_chunk", {chunked * head_rows, Vl});
   add(kDResidual, "dresidual", {BT, C});
   add(kDLnf, "dlnf", {last * BT, C});
   add(kDFchGelu, "dfch_gelu", {BT, Fl});
   add(kDFch, "dfch", {BT, Fl});
   add(kDLn2, "dln2", {BT, C});
   add(kDAtty, "datty", {BT, Cl});
-  add(kDPreatt, "dpreatt", {B * NHl, TT});
-  add(kDAtt, "datt", {B * NHl, TT});
+  add(kDPreatt, "dpreatt", {B * NHl, att_scratch});
+  add(kDAtt, "datt", {B * NHl, att_scratch});
   add(kDQkv, "dqkv", {BT, 3 * Cl});
   add(kDLn1, "dln1", {BT, C});
   add(kCEStats, "ce_stats", {(tp > 1 ? 3 : 0) * BT});
@@ -322,6 +339,20 @@ void GPT::reserve_activations(int B, int T, int slots) {
   acts_idx_ = std::move(idx);
   act_B_ = B;
   act_T_ = T;
+  held_logits_ = HeldLogits{};
+}
+
+void GPT::set_head_chunk_rows(int rows) {
+  CHECK(rows > 0);
+  if (rows == head_chunk_rows_) return;
+  head_chunk_rows_ = rows;
+  // The chunk buffer is sized from it: lay the arenas out again on the next
+  // reserve_activations().
+  slot_acts_.clear();
+  scratch_ = Arena();
+  slot_state_.clear();
+  act_B_ = act_T_ = 0;
+  held_logits_ = HeldLogits{};
 }
 
 int64_t GPT::activation_bytes() const {
@@ -403,7 +434,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int64_t att_size = int64_t{B} * NHl * T * T;
+  const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, Cl / NHl);
   const MatmulPrecision prec = prec_;
   ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
@@ -456,14 +487,35 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
 
   const float* residual = act.f(kResidual3) + (L - 1) * BTC;
   ops_.layernorm_forward(act.f(kLnf), act.f(kLnfMean), act.f(kLnfRstd), residual, p[kLnfW], p[kLnfB], BT, C);
-  ops_.matmul_forward(act.f(kLogits), act.f(kLnf), p[kWte], nullptr, BT, C, Vl, prec);
+  const int head_rows = std::min(BT, head_chunk_rows_);
+  if (chunked_head()) {
+    // Without targets only logits() can be wanted: computed when they fit in
+    // one chunk, otherwise not at all.
+    held_logits_ = HeldLogits{};
+    if (!targets && BT <= head_rows) {
+      ops_.matmul_forward(act.f(kHeadChunk), act.f(kLnf), p[kWte], nullptr, BT, C, Vl, prec);
+      held_logits_ = HeldLogits{slot, 0, BT};
+    }
+  } else {
+    ops_.matmul_forward(act.f(kLogits), act.f(kLnf), p[kWte], nullptr, BT, C, Vl, prec);
+  }
   if (!targets) {
     if (loss) *loss = 0.0f;
     return Status::OK();
   }
   copy_to_device(device_, act.i(kTargets), targets, sizeof(int) * BT);
   float* losses = act.f(kLosses);
-  if (tp == 1) {
+  if (chunked_head()) {
+    // One chunk of logits at a time: the loss and each row's log-sum-exp
+    // are all that is kept (backward recomputes the logits).
+    float* chunk = act.f(kHeadChunk);
+    for (int r0 = 0; r0 < BT; r0 += head_rows) {
+      const int rows = std::min(head_rows, BT - r0);
+      ops_.matmul_forward(chunk, act.f(kLnf) + int64_t{r0} * C, p[kWte], nullptr, rows, C, Vl, prec);
+      ops_.crossentropy_lse_forward(losses + r0, act.f(kLse) + r0, chunk, act.i(kTargets) + r0, rows, V, Vl);
+      held_logits_ = HeldLogits{slot, r0, rows};
+    }
+  } else if (tp == 1) {
     ops_.crossentropy_softmax_forward(losses, act.f(kProbs), act.f(kLogits), act.i(kTargets), BT, V, Vl);
   } else {
     // Vocabulary-parallel cross-entropy: the full-vocabulary logits are never
@@ -492,9 +544,20 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
 }
 
 const float* GPT::logits() const {
-  const float* x = ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLogits);
+  ActView act{&slot_acts_.at(0), &scratch_, &acts_idx_};
+  const int64_t BT = int64_t{slot_state_.at(0).B} * slot_state_[0].T;
+  if (chunked_head()) {
+    if (held_logits_.slot != 0 || held_logits_.row0 != 0 || held_logits_.rows != BT) {
+      std::fprintf(stderr,
+                   "tessera: GPT::logits() on CUDA needs the last forward's %lld rows in one head chunk (%d rows; "
+                   "GPT::set_head_chunk_rows) and no forward or backward since\n",
+                   static_cast<long long>(BT), head_chunk_rows_);
+      CHECK(false);
+    }
+  }
+  const float* x = act.f(chunked_head() ? kHeadChunk : kLogits);
   if (device_ == Device::kCPU) return x;
-  const int64_t n = int64_t{slot_state_.at(0).B} * slot_state_[0].T * Vl_;
+  const int64_t n = BT * Vl_;
   host_logits_.resize(n);
   copy_to_host(device_, host_logits_.data(), x, sizeof(float) * n);
   return host_logits_.data();
@@ -519,7 +582,9 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int64_t att_size = int64_t{B} * NHl * T * T;
+  const int hs = Cl / NHl;
+  const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, hs);
+  const int64_t att_scratch = int64_t{B} * NHl * T * ops_.attention_scratch_floats(T, hs);
   const MatmulPrecision prec = prec_;
   ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
@@ -528,7 +593,29 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   auto zero = [dev](float* x, int64_t n) { zero_on_device(dev, x, sizeof(float) * n); };
 
   float* dresidual = act.f(kDResidual);
-  if (shard_.last) {
+  if (shard_.last && chunked_head()) {
+    // Chunk by chunk, last first (the chunk buffer may still hold the last
+    // chunk's logits from forward): logits again, dlogits in their place,
+    // then d(lnf) and d(wte) for those rows.
+    float* dlnf = act.f(kDLnf);
+    float* chunk = act.f(kHeadChunk);
+    zero(dresidual, BTC);
+    zero(dlnf, BTC);
+    const int head_rows = std::min(BT, head_chunk_rows_);
+    for (int r0 = (BT - 1) / head_rows * head_rows; r0 >= 0; r0 -= head_rows) {
+      const int rows = std::min(head_rows, BT - r0);
+      const float* lnf = act.f(kLnf) + int64_t{r0} * C;
+      const bool held = held_logits_.slot == slot && held_logits_.row0 == r0 && held_logits_.rows == rows;
+      if (!held) ops_.matmul_forward(chunk, lnf, p[kWte], nullptr, rows, C, Vl, prec);
+      held_logits_ = HeldLogits{};  // dlogits from here on
+      ops_.crossentropy_lse_backward(chunk, act.f(kLse) + r0, act.i(kTargets) + r0, loss_scale / BT, rows, V, Vl);
+      ops_.matmul_backward(dlnf + int64_t{r0} * C, g[kWte], nullptr, chunk, lnf, p[kWte], rows, C, Vl, prec);
+    }
+    const float* last = act.f(kResidual3) + (L - 1) * BTC;
+    ops_.layernorm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean),
+                            act.f(kLnfRstd), BT, C);
+    if (listener_) listener_->on_grads_ready(GradListener::kFinalNorm);
+  } else if (shard_.last) {
     float* dlogits = act.f(kDLogits);
     float* dlnf = act.f(kDLnf);
     zero(dlogits, int64_t{BT} * Vl);
@@ -575,8 +662,8 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     zero(dfch, int64_t{BT} * Fl);
     zero(dln2, BTC);
     zero(datty, int64_t{BT} * Cl);
-    zero(dpreatt, att_size);
-    zero(datt, att_size);
+    zero(dpreatt, att_scratch);
+    zero(datt, att_scratch);
     zero(dqkv, 3 * int64_t{BT} * Cl);
     zero(dln1, BTC);
 
@@ -594,7 +681,7 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     // Attention branch: residual2 = residual + attproj(attn(qkv(ln1(residual))))
     ops_.matmul_backward(datty, g[kAttProjW] + int64_t{l} * C * Cl, g[kAttProjB] + l * C, dresidual, atty,
                          p[kAttProjW] + int64_t{l} * C * Cl, BT, Cl, C, prec);
-    ops_.attention_backward(dqkv, dpreatt, datt, datty, qkv, att, B, T, Cl, NHl);
+    ops_.attention_backward(dqkv, dpreatt, datt, datty, qkv, atty, att, B, T, Cl, NHl);
     ops_.matmul_backward(dln1, g[kQkvW] + int64_t{l} * 3 * Cl * C, g[kQkvB] + l * 3 * Cl, dqkv, ln1,
                          p[kQkvW] + int64_t{l} * 3 * Cl * C, BT, C, 3 * Cl, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln1, BTC));

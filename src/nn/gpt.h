@@ -25,7 +25,12 @@
 // arrays, the loss comes back as a host float, and logits()/losses() copy
 // back to host buffers; everything else stays on the device. Tensor
 // parallelism (tp > 1) is CPU-only for now (its vocabulary-parallel pieces
-// are host loops); pipeline stages work on either device.
+// are host loops); pipeline stages work on either device. On CUDA the
+// attention keeps only what its kernels need between forward and backward
+// (OpsTable::attention_saved_floats: one log-sum-exp per row with flash
+// attention) and the output layer is chunked (set_head_chunk_rows()):
+// logits exist for at most head_chunk_rows() rows at a time, and backward
+// recomputes them chunk by chunk (docs/gpu.md).
 #pragma once
 
 #include <cstdint>
@@ -172,11 +177,22 @@ class GPT {
   // Logits (B,T,Vp) of slot 0's last forward; columns >= V are padding. On a
   // tensor-parallel last stage, this rank's (B,T,Vp/tp) columns. Host
   // memory: on the CPU the activation itself, on CUDA a copy made by this
-  // call (valid until the next call or forward).
+  // call (valid until the next call or forward). On CUDA only when that
+  // forward's B*T rows fit in one head chunk (B*T <= head_chunk_rows()) and
+  // no other forward or backward ran since; CHECKed.
   const float* logits() const;
   // Per-position losses (B,T) of slot 0's last forward with targets; host
   // memory as logits().
   const float* losses() const;
+
+  // CUDA: rows of logits (each Vp/tp wide) the output layer materialises at
+  // once; forward computes the loss chunk by chunk, backward recomputes each
+  // chunk's logits and turns them into dlogits in place. Changing it drops
+  // the activation arenas (reserve again). The CPU backends ignore it and
+  // keep the full (B,T,Vp) logits and probabilities.
+  static constexpr int kDefaultHeadChunkRows = 2048;
+  void set_head_chunk_rows(int rows);
+  int head_chunk_rows() const { return head_chunk_rows_; }
 
   // ---- Pipeline-stage interface. Activations of up to `slots` micro-batches
   // in flight are kept at once (1F1B keeps pp - stage, GPipe all of them).
@@ -240,6 +256,15 @@ class GPT {
   };
   std::vector<SlotState> slot_state_;
   std::vector<int> acts_idx_;  // ActId -> index in its arena, see gpt.cc
+  // The chunked output layer (CUDA): chunk size, and which logits the chunk
+  // buffer holds now: rows [row0, row0 + rows) of slot's forward (slot -1:
+  // none, e.g. after backward turned them into dlogits).
+  bool chunked_head() const { return ops_.crossentropy_lse_forward != nullptr; }
+  int head_chunk_rows_ = kDefaultHeadChunkRows;
+  struct HeldLogits {
+    int slot = -1, row0 = 0, rows = 0;
+  };
+  HeldLogits held_logits_;
   // Off the CPU: host copies of the losses (summed into the loss) and of
   // what logits()/losses() return.
   std::vector<float> host_losses_;

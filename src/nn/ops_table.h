@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -41,6 +42,18 @@ inline Status backend_available(Backend b) {
   return Status::OK();
 }
 
+// Attention backward as the model calls it: ops.inc's arguments plus the
+// forward's output out (B,T,C), which flash attention needs.
+using AttentionBackwardFn = void (*)(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
+                                     const float* out, const float* att, int B, int T, int C, int NH);
+// Floats per (b, h, t) row of an attention buffer, for T and head size hs.
+using AttentionRowFloatsFn = int64_t (*)(int T, int hs);
+// The CUDA head's cross-entropy (kernels/cuda/ops.h: crossentropy_lse_*).
+using CrossEntropyLseForwardFn = void (*)(float* losses, float* lse, const float* logits, const int* targets, int N,
+                                          int V, int Vp);
+using CrossEntropyLseBackwardFn = void (*)(float* logits, const float* lse, const int* targets, float dloss, int N,
+                                           int V, int Vp);
+
 struct OpsTable {
   decltype(&cpu::encoder_forward) encoder_forward;
   decltype(&cpu::encoder_backward) encoder_backward;
@@ -49,7 +62,7 @@ struct OpsTable {
   decltype(&cpu::matmul_forward) matmul_forward;
   decltype(&cpu::matmul_backward) matmul_backward;
   decltype(&cpu::attention_forward) attention_forward;
-  decltype(&cpu::attention_backward) attention_backward;
+  AttentionBackwardFn attention_backward;
   decltype(&cpu::gelu_forward) gelu_forward;
   decltype(&cpu::gelu_backward) gelu_backward;
   decltype(&cpu::residual_forward) residual_forward;
@@ -57,14 +70,36 @@ struct OpsTable {
   decltype(&cpu::crossentropy_softmax_forward) crossentropy_softmax_forward;
   decltype(&cpu::crossentropy_softmax_backward) crossentropy_softmax_backward;
   decltype(&cpu::adamw_update) adamw_update;
+  // Sizes of the attention buffers the model allocates, per (b, h, t) row:
+  // att, kept from forward to backward, and the scratch preatt, dpreatt,
+  // datt. T for the backends that keep the (T,T) matrices.
+  AttentionRowFloatsFn attention_saved_floats;
+  AttentionRowFloatsFn attention_scratch_floats;
+  // The chunked classifier (nn/gpt.cc): set on CUDA, where the output layer
+  // never holds logits for all B*T rows; null on the CPU backends, which
+  // keep the full logits and probabilities.
+  CrossEntropyLseForwardFn crossentropy_lse_forward;
+  CrossEntropyLseBackwardFn crossentropy_lse_backward;
 };
 
-#define TESSERA_OPS_TABLE(ns)                                                                     \
-  OpsTable {                                                                                      \
-    ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,     \
-        ns::matmul_forward, ns::matmul_backward, ns::attention_forward, ns::attention_backward,   \
-        ns::gelu_forward, ns::gelu_backward, ns::residual_forward, ns::residual_backward,         \
-        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update     \
+// ops.inc's attention_backward, which needs no `out`, as an AttentionBackwardFn.
+template <auto Fn>
+void attention_backward_without_out(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
+                                    const float* /*out*/, const float* att, int B, int T, int C, int NH) {
+  Fn(dinp, dpreatt, datt, dout, inp, att, B, T, C, NH);
+}
+
+inline int64_t full_attention_row_floats(int T, int /*hs*/) { return T; }
+
+// The CPU backends (ns = ref or cpu).
+#define TESSERA_OPS_TABLE(ns)                                                                              \
+  OpsTable {                                                                                               \
+    ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,              \
+        ns::matmul_forward, ns::matmul_backward, ns::attention_forward,                                    \
+        attention_backward_without_out<ns::attention_backward>, ns::gelu_forward, ns::gelu_backward,       \
+        ns::residual_forward, ns::residual_backward, ns::crossentropy_softmax_forward,                     \
+        ns::crossentropy_softmax_backward, ns::adamw_update, full_attention_row_floats,                    \
+        full_attention_row_floats, nullptr, nullptr                                                        \
   }
 
 // A thunk with Fn's signature that adds the call's duration to op_times().
@@ -91,7 +126,7 @@ inline const OpsTable& ops_for(Backend b) {
       Timed<cpu::matmul_forward, OpKind::kMatmul>::call,
       Timed<cpu::matmul_backward, OpKind::kMatmul>::call,
       Timed<cpu::attention_forward, OpKind::kAttention>::call,
-      Timed<cpu::attention_backward, OpKind::kAttention>::call,
+      attention_backward_without_out<Timed<cpu::attention_backward, OpKind::kAttention>::call>,
       Timed<cpu::gelu_forward, OpKind::kElementwise>::call,
       Timed<cpu::gelu_backward, OpKind::kElementwise>::call,
       Timed<cpu::residual_forward, OpKind::kElementwise>::call,
@@ -99,9 +134,35 @@ inline const OpsTable& ops_for(Backend b) {
       Timed<cpu::crossentropy_softmax_forward, OpKind::kCrossEntropy>::call,
       Timed<cpu::crossentropy_softmax_backward, OpKind::kCrossEntropy>::call,
       Timed<cpu::adamw_update, OpKind::kAdamW>::call,
+      full_attention_row_floats,
+      full_attention_row_floats,
+      nullptr,
+      nullptr,
   };
 #ifdef TESSERA_HAVE_CUDA
-  static const OpsTable kCuda = TESSERA_OPS_TABLE(cuda);
+  // Attention through cuda::attention_impl() (flash unless
+  // TESSERA_CUDA_ATTENTION=plain); the chunked classifier's cross-entropy.
+  static const OpsTable kCuda = {
+      cuda::encoder_forward,
+      cuda::encoder_backward,
+      cuda::layernorm_forward,
+      cuda::layernorm_backward,
+      cuda::matmul_forward,
+      cuda::matmul_backward,
+      cuda::model_attention_forward,
+      cuda::model_attention_backward,
+      cuda::gelu_forward,
+      cuda::gelu_backward,
+      cuda::residual_forward,
+      cuda::residual_backward,
+      cuda::crossentropy_softmax_forward,
+      cuda::crossentropy_softmax_backward,
+      cuda::adamw_update,
+      cuda::attention_saved_floats,
+      cuda::attention_scratch_floats,
+      cuda::crossentropy_lse_forward,
+      cuda::crossentropy_lse_backward,
+  };
 #endif
   switch (b) {
     case Backend::kRef: return kRef;

@@ -19,11 +19,28 @@
 // updates its shard, and the parameters are all-gathered. Optimizer memory
 // per rank falls from 2n to 2S floats.
 //
-// A model on a CUDA device is supported as one replica only (comm of size
-// 1, zero = 0, no norm_comm): the optimizer step then runs on the device.
-// Gradient buckets, ZeRO and the sharded norm use host memory (CHECKed).
+// A model on a CUDA device (no norm_comm: tensor and pipeline parallelism
+// stay on the CPU) keeps everything on the device. With more than one rank,
+// comm must be an NCCL communicator (dist/nccl) over the dp ranks, one GPU
+// each; DataParallel makes it order every operation after the work queued on
+// the compute stream (the legacy default stream the kernels use) at the time
+// it is posted (set_producer_stream), and undoes that when destroyed.
+//   - Plain DP: the buckets are device buffers. When a bucket's last event
+//     fires, its gradient slices are copied into it on the compute stream
+//     (cudaMemcpyAsync) and its all-reduce posted; the NCCL stream waits for
+//     those copies by an event and reduces while backward goes on queueing
+//     kernels. finish_gradients() waits for the reductions on the host, then
+//     queues the unpack (src * 1/dp, the CPU's arithmetic) on the compute
+//     stream.
+//   - ZeRO-1: reduce-scatter and all-gather in place over the device arenas
+//     (NCCL's in-place forms; the arena slack covers the padding to dp*S),
+//     moments for the shard in device memory, the AdamW kernel on the shard,
+//     the norm from cuda::sum_of_squares of the shard, summed over the ranks
+//     through a small device scratch buffer.
+// With one rank, comm may be any communicator (nothing is sent).
 //
-// Not thread-safe; one training loop drives it.
+// Not thread-safe; one training loop drives it (on a thread with the
+// model's device current).
 #pragma once
 
 #include <cstdint>
@@ -32,9 +49,14 @@
 
 #include "dist/communicator.h"
 #include "nn/gpt.h"
+#include "tensor/arena.h"
 #include "train/optimizer.h"
 
 namespace tessera {
+
+namespace dist {
+class NcclCommunicator;
+}
 
 struct DataParallelOptions {
   int64_t bucket_bytes = 25 << 20;
@@ -79,7 +101,8 @@ class DataParallel : public GradListener {
 
   // The AdamW moments this rank holds, for checkpoints: floats [lo, hi) of
   // the flat parameter arena (all of it without ZeRO, this rank's shard
-  // with), m[i - lo] and v[i - lo] for arena float i.
+  // with), m[i - lo] and v[i - lo] for arena float i. On the model's device
+  // (device pointers for a CUDA model).
   struct OptimizerState {
     float* m;
     float* v;
@@ -97,7 +120,9 @@ class DataParallel : public GradListener {
   struct Bucket {
     std::vector<Slice> slices;
     int last_event = 0;  // index into the event order of the last slice
-    std::vector<float> buffer;
+    std::vector<float> buffer;  // host model
+    float* device_buffer = nullptr;  // CUDA model: a tensor of bucket_arena_
+    int64_t count = 0;               // floats in the bucket
     std::unique_ptr<dist::Work> work;
   };
   int event_index(int what) const;
@@ -106,6 +131,18 @@ class DataParallel : public GradListener {
   void plan_buckets(int64_t bucket_bytes);
   void progress();
   Status zero_step(const OptimizerConfig& c, float lr, float* norm_out);
+  // Buffer of bucket b (host or device memory, as the model).
+  float* bucket_data(Bucket& b) { return on_device_ ? b.device_buffer : b.buffer.data(); }
+  // Packs bucket b on the compute stream and posts its all-reduce.
+  Status post_device_bucket(Bucket& b);
+  // finish_gradients() for a CUDA model with dp > 1.
+  Status finish_device_gradients(float scale);
+  // ZeRO: this rank's moments (host or device memory, as the model).
+  float* zero_m() { return on_device_ ? zero_moments_.tensor(0).f32() : m_.data(); }
+  float* zero_v() { return on_device_ ? zero_moments_.tensor(1).f32() : v_.data(); }
+  // All-reduces `count` host values over comm_ (through scratch_ when comm_
+  // takes device buffers).
+  Status all_reduce_host(void* data, int64_t count, dist::ElemType type, dist::ReduceOp op);
 
   GPT& model_;
   dist::Communicator& comm_;
@@ -117,8 +154,15 @@ class DataParallel : public GradListener {
   // ZeRO-1 or plain optimizer state.
   std::unique_ptr<AdamW> adamw_;  // plain DP
   int64_t flat_ = 0, shard_ = 0;  // ZeRO: floats in the arena, floats per rank
-  std::vector<float> m_, v_;      // ZeRO: this rank's moments
+  std::vector<float> m_, v_;      // ZeRO: this rank's moments (host model)
   int t_ = 0;
+  // CUDA model.
+  bool on_device_ = false;
+  dist::NcclCommunicator* nccl_ = nullptr;  // comm_ when it is NCCL (dp > 1), else null
+  Arena bucket_arena_;   // the buckets' buffers, one tensor each
+  Arena zero_moments_;   // ZeRO: m (tensor 0) and v (tensor 1), shard_ floats each
+  Arena scratch_;        // 16 bytes for all_reduce_host
+  Status pack_error_;    // a failed pack or post in on_grads_ready, reported by finish_gradients
 };
 
 }  // namespace tessera

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "tensor/device_memory.h"
+
 namespace tessera {
 
 nlohmann::json model_config_json(const GPTConfig& c) {
@@ -45,10 +47,29 @@ TensorSlice sub_slice(const GPT& model, int id, int64_t a, int64_t b, int64_t be
 
 }  // namespace
 
-std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero) {
+std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero,
+                                               CheckpointMirror* mirror) {
   std::vector<ckpt::SavePiece> pieces;
-  const Arena& arena = model.params();
-  const DataParallel::OptimizerState st = ddp.optimizer_state();
+  const Arena* host_params = &model.params();
+  DataParallel::OptimizerState st = ddp.optimizer_state();
+  if (model.device() != Device::kCPU) {
+    // Copy only what this rank saves (below): parameters on dp rank 0,
+    // moments there or, with ZeRO, on every dp rank.
+    CHECK(mirror != nullptr);
+    if (!mirror->params.allocated()) mirror->params = model.params().clone_layout(Device::kCPU);
+    if (dp_rank == 0) mirror->params.copy_from(model.params());
+    const size_t n = static_cast<size_t>(st.hi - st.lo);
+    mirror->m.resize(n);
+    mirror->v.resize(n);
+    if (zero == 1 || dp_rank == 0) {
+      copy_to_host(model.device(), mirror->m.data(), st.m, n * sizeof(float));
+      copy_to_host(model.device(), mirror->v.data(), st.v, n * sizeof(float));
+    }
+    host_params = &mirror->params;
+    st.m = mirror->m.data();
+    st.v = mirror->v.data();
+  }
+  const Arena& arena = *host_params;
   for (int id = 0; id < kNumParams; id++) {
     const auto [begin, end] = flat_range(arena, id);
     if (begin == end || !model.counts_in_norm(id)) continue;  // absent, or another rank's copy
@@ -76,18 +97,28 @@ Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, Data
                                                saved.str(), want.str()));
   const Arena& arena = model.params();
   const DataParallel::OptimizerState st = ddp.optimizer_state();
+  // Reads a block into n floats at dst on the model's device (through a
+  // host buffer for a device).
+  const Device device = model.device();
+  std::vector<float> host;
+  auto read = [&](const std::string& name, const TensorSlice& t, float* dst, int64_t n) -> Status {
+    if (device == Device::kCPU) return ck.read(name, t, std::span<float>(dst, static_cast<size_t>(n)));
+    host.resize(static_cast<size_t>(n));
+    RETURN_IF_ERROR(ck.read(name, t, std::span<float>(host.data(), host.size())));
+    copy_to_device(device, dst, host.data(), host.size() * sizeof(float));
+    return Status::OK();
+  };
   for (int id = 0; id < kNumParams; id++) {
     const auto [begin, end] = flat_range(arena, id);
     if (begin == end) continue;
     const std::string name = param_name(id);
     Tensor p = arena.tensor(id);
-    RETURN_IF_ERROR(ck.read("param/" + name, param_slice(want, model.shard(), id),
-                            std::span<float>(p.f32(), static_cast<size_t>(p.numel()))));
+    RETURN_IF_ERROR(read("param/" + name, param_slice(want, model.shard(), id), p.f32(), p.numel()));
     const int64_t a = std::max(begin, st.lo), b = std::min(end, st.hi);
     if (a >= b) continue;
     const TensorSlice t = sub_slice(model, id, a, b, begin, end);
-    RETURN_IF_ERROR(ck.read("adam_m/" + name, t, std::span<float>(st.m + (a - st.lo), static_cast<size_t>(b - a))));
-    RETURN_IF_ERROR(ck.read("adam_v/" + name, t, std::span<float>(st.v + (a - st.lo), static_cast<size_t>(b - a))));
+    RETURN_IF_ERROR(read("adam_m/" + name, t, st.m + (a - st.lo), b - a));
+    RETURN_IF_ERROR(read("adam_v/" + name, t, st.v + (a - st.lo), b - a));
   }
   ASSIGN_OR_RETURN(std::string state, ck.state(0));
   ResumeState r;

@@ -33,8 +33,21 @@ namespace tessera {
 nlohmann::json model_config_json(const GPTConfig& c);
 Result<GPTConfig> model_config_from_json(const nlohmann::json& j);
 
-// This rank's pieces; dp_rank is the rank's coordinate on the dp axis.
-std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero);
+// Host copies of a CUDA model's checkpointed tensors: the pieces of a save
+// must be host memory (ckpt::SavePiece). Kept between saves so its memory is
+// allocated once.
+struct CheckpointMirror {
+  Arena params;             // the parameter arena's layout, on the host
+  std::vector<float> m, v;  // DataParallel::optimizer_state()'s [lo, hi)
+};
+
+// This rank's pieces; dp_rank is the rank's coordinate on the dp axis. For a
+// model on a CUDA device, the parameters and AdamW moments are first copied
+// into *mirror (blocking device-to-host copies after the queued kernels:
+// the part of a save that stalls training longest) and the pieces point
+// there; mirror must then be non-null and outlive the pieces' use.
+std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero,
+                                               CheckpointMirror* mirror = nullptr);
 
 struct ResumeState {
   int64_t step = 0;  // optimizer steps completed
@@ -43,7 +56,8 @@ struct ResumeState {
 
 // Reads this rank's parameters and AdamW moments out of ck (any layout of
 // the same model; error naming the difference otherwise) and returns the
-// step to continue from.
+// step to continue from. A CUDA model's tensors are read into host memory,
+// then copied to the device.
 Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, DataParallel& ddp);
 
 // The whole model's parameters from a checkpoint (for export).

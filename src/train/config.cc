@@ -60,7 +60,7 @@ const std::vector<Key>& keys() {
       {"train.seed", &TrainConfig::seed, "seed for initialisation and data order", 0},
       {"train.dtype", &TrainConfig::dtype, "\"fp32\" or \"bf16\" (bf16 matmul inputs; fp32 master weights)"},
       {"train.device", &TrainConfig::device,
-       "\"cpu\" or \"cuda\" (the model, optimizer and activations on the rank's GPU; one replica only for now)"},
+       "\"cpu\" or \"cuda\" (the model, optimizer and activations on the rank's GPU; data parallelism over NCCL, tp = pp = 1)"},
       {"train.eval_every", &TrainConfig::eval_every, "steps between validation passes (0: start and end only)", 0},
       {"train.eval_batches", &TrainConfig::eval_batches, "validation batches per pass", 1},
       {"parallel.dp", &TrainConfig::dp, "data-parallel ranks; dp x tp x pp must equal the ranks launched", 1},

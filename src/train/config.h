@@ -24,7 +24,7 @@ struct TrainConfig {
   OptimizerConfig opt;  // lr, min_lr, warmup, weight_decay, grad_clip, ...
   int seed = 1337;
   std::string dtype = "fp32";
-  std::string device = "cpu";  // "cpu" or "cuda" (one GPU per rank; dp = tp = pp = 1 for now)
+  std::string device = "cpu";  // "cpu" or "cuda" (one GPU per rank; tp = pp = 1 for now)
   int eval_every = 50;   // 0: only at the start and the end
   int eval_batches = 8;
   int dp = 1, tp = 1, pp = 1, zero = 0;

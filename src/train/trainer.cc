@@ -16,6 +16,7 @@
 #include "data/loader.h"
 #include "dist/local_device.h"
 #include "dist/mesh.h"
+#include "dist/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
@@ -94,27 +95,39 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     if (out) std::fprintf(out, args...);
   };
 
-  // train.device = "cuda": one replica on one GPU. Data parallelism would
-  // need the gradient buckets on the device and an NCCL communicator for the
-  // dp axis; tensor parallelism has host loops (nn/vocab_parallel.cc); the
-  // pipeline's messages and checkpoints read host memory. Refused until then.
+  // train.device = "cuda": one GPU per rank, data parallelism (and ZeRO-1)
+  // over an NCCL communicator for the dp axis. Tensor parallelism has host
+  // loops (nn/vocab_parallel.cc) and the pipeline's messages read host
+  // memory, so tp and pp stay on the CPU.
   const bool on_cuda = c.device == "cuda";
   const Backend backend = on_cuda ? Backend::kCUDA : Backend::kCPU;
+  std::unique_ptr<dist::Communicator> nccl_dp;  // the dp axis on the GPUs (dp > 1)
   if (on_cuda) {
-    if (world.size() > 1)
+    if (c.tp > 1 || c.pp > 1)
       return Status::InvalidArgument(fmt::format(
-          "train.device = \"cuda\" runs one replica on one GPU for now: parallel.dp x tp x pp is {} x {} x {}, "
-          "but data, tensor and pipeline parallelism on CUDA are not supported yet (use train.device = \"cpu\")",
-          c.dp, c.tp, c.pp));
-    if (c.zero != 0)
-      return Status::InvalidArgument("parallel.zero = 1 is not supported with train.device = \"cuda\"");
-    if (c.checkpoint_every > 0 || !c.resume.empty())
-      return Status::InvalidArgument(
-          "checkpoints (checkpoint.every, --resume) are not supported with train.device = \"cuda\" yet; the "
-          "final weights are still saved");
-    RETURN_IF_ERROR(backend_available(Backend::kCUDA));
-    ASSIGN_OR_RETURN(int device, dist::select_local_device());
-    say("device: cuda:%d (%s)\n", device, cuda::device_summary(device).c_str());
+          "train.device = \"cuda\" supports data parallelism only: parallel.tp = {} and parallel.pp = {} must be 1 "
+          "(tensor and pipeline parallelism on CUDA are not supported yet; use train.device = \"cpu\")",
+          c.tp, c.pp));
+    // Every rank needs its GPU; the ranks agree on each stage before going
+    // on (select_local_device may itself be collective), so one rank's
+    // failure is every rank's error, not a wait for it.
+    auto agree = [&](const Status& mine) -> Status {
+      int32_t ok = mine.ok() ? 1 : 0;
+      RETURN_IF_ERROR(world.all_reduce(&ok, &ok, 1, dist::ElemType::kI32, dist::ReduceOp::kMin));
+      RETURN_IF_ERROR(mine);
+      if (!ok) return Status::Unavailable("another rank has no usable CUDA device (see its error)");
+      return Status::OK();
+    };
+    RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA)));
+    Result<int> device = dist::select_local_device();
+    RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status()));
+    say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
+        world.size() > 1 ? " on rank 0, one GPU per rank" : "");
+    if (c.dp > 1) {
+      dist::CommOptions o;
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
+      ASSIGN_OR_RETURN(nccl_dp, dist::make_nccl_communicator(dp, "dp-nccl", o));
+    }
   }
 
   // The whole model's shape, then this rank's shard of it.
@@ -147,7 +160,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   const MatmulPrecision prec = c.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
   model->set_precision(prec);
   const bool sharded = !model->whole();
-  DataParallel ddp(*model, dp,
+  DataParallel ddp(*model, nccl_dp ? *nccl_dp : dp,
                    {static_cast<int64_t>(c.bucket_mb * (1 << 20)), c.zero, sharded ? &world : nullptr});
   RETURN_IF_ERROR(ddp.sync_parameters());
   Pipeline pipe(*model, mesh->pp(), schedule);
@@ -169,6 +182,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     say("resumed from %s at step %d (saved by layout %s)\n", ck.dir().c_str(), start_step, ck.layout().dump().c_str());
   }
   std::unique_ptr<ckpt::Checkpointer> checkpointer;
+  CheckpointMirror mirror;  // host copies of a CUDA model's tensors
   if (c.checkpoint_every > 0) {
     ckpt::CheckpointerOptions o;
     o.dir = c.checkpoint_dir;
@@ -179,7 +193,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     o.layout = layout_json;
     checkpointer = std::make_unique<ckpt::Checkpointer>(std::move(o));
     size_t floats = 0;
-    for (const ckpt::SavePiece& p : checkpoint_pieces(*model, ddp, coord.dp, c.zero))
+    for (const ckpt::SavePiece& p : checkpoint_pieces(*model, ddp, coord.dp, c.zero, &mirror))
       floats += static_cast<size_t>(p.slice.numel());
     checkpointer->reserve_staging(floats);
   }
@@ -235,7 +249,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
       T, GA, dp.size(), tokens_per_step, peak);
   if (world.size() > 1) {
     std::string stages;
-    for (int n : stage_layers) stages += (stages.empty() ? "" : ",") + std::to_string(n);
+    for (int n : stage_layers) stages += fmt::format("{}{}", stages.empty() ? "" : ",", n);
     say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c.dp, c.tp, c.pp,
         stages.c_str(), c.schedule.c_str(), c.zero ? "ZeRO-1" : "all-reduce", ddp.buckets());
   }
@@ -350,10 +364,11 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     if (last || (c.eval_every > 0 && (step + 1) % c.eval_every == 0)) RETURN_IF_ERROR(run_eval(step + 1));
     if (checkpointer) {
       if ((step + 1) % c.checkpoint_every == 0 || stop) {
-        const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model, ddp, coord.dp, c.zero);
+        // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
+        auto ts = Clock::now();
+        const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model, ddp, coord.dp, c.zero, &mirror);
         const std::string state =
             nlohmann::json{{"step", step + 1}, {"adam_t", ddp.optimizer_steps()}}.dump();
-        auto ts = Clock::now();
         ASSIGN_OR_RETURN(bool started, checkpointer->save(world, step + 1, pieces, state));
         stall_s += std::chrono::duration<double>(Clock::now() - ts).count();
         if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step + 1);

@@ -9,13 +9,16 @@
 // Compiled into every build: without TESSERA_HAVE_CUDA only the device API
 // test exists; with it but no device, every kernel test is skipped with the
 // reason. Backward cases pre-fill gradients with random values, so a kernel
-// that overwrites instead of accumulating fails.
+// that overwrites instead of accumulating fails. The table's attention rows
+// are the plain kernels (ops.inc's contract); CudaFlashAttention checks the
+// flash kernels against both them and the oracle.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <ostream>
@@ -598,6 +601,116 @@ TEST_P(CudaMatchesRef, WithinTolerance) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, CudaMatchesRef, ::testing::ValuesIn(all_cases()), case_name);
+
+// ---- flash attention: against the plain CUDA kernels and the oracle ---------
+
+struct AttentionShape {
+  int B, T, C, NH;
+};
+
+void PrintTo(const AttentionShape& s, std::ostream* os) {
+  *os << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH << " hs=" << s.C / s.NH;
+}
+
+// log sum over t2 <= t of exp(preatt[row, t2]), per (b, h, t) row: what
+// flash attention saves as lse.
+Vec reference_lse(const Vec& preatt, size_t rows, int T) {
+  Vec lse(rows);
+  for (size_t row = 0; row < rows; row++) {
+    const int t = static_cast<int>(row % T);
+    const float* x = preatt.data() + row * T;
+    double m = -INFINITY, sum = 0.0;
+    for (int t2 = 0; t2 <= t; t2++) m = std::max(m, static_cast<double>(x[t2]));
+    for (int t2 = 0; t2 <= t; t2++) sum += std::exp(x[t2] - m);
+    lse[row] = static_cast<float>(m + std::log(sum));
+  }
+  return lse;
+}
+
+class CudaFlashAttention : public ::testing::TestWithParam<AttentionShape> {};
+
+// Forward out and lse, backward dinp (accumulated onto random values, as the
+// table does): flash against ref and against the plain CUDA kernels, which
+// keep the (T,T) matrices.
+TEST_P(CudaFlashAttention, MatchesPlainAndRef) {
+  SKIP_WITHOUT_DEVICE();
+  const AttentionShape s = GetParam();
+  const size_t n_inp = static_cast<size_t>(s.B) * s.T * 3 * s.C, n_out = static_cast<size_t>(s.B) * s.T * s.C;
+  const size_t rows = static_cast<size_t>(s.B) * s.NH * s.T, n_att = rows * s.T;
+  const Vec inp = uniform(n_inp, 151, -2.0f, 2.0f), dout = uniform(n_out, 152), dinp0 = uniform(n_inp, 153);
+
+  Vec ref_out(n_out), preatt(n_att), att(n_att), ref_dinp = dinp0;
+  {
+    Vec dpreatt(n_att, 0.0f), datt(n_att, 0.0f);
+    ref::attention_forward(ref_out.data(), preatt.data(), att.data(), inp.data(), s.B, s.T, s.C, s.NH);
+    ref::attention_backward(ref_dinp.data(), dpreatt.data(), datt.data(), dout.data(), inp.data(), att.data(), s.B,
+                            s.T, s.C, s.NH);
+  }
+  const Vec ref_lse = reference_lse(preatt, rows, s.T);
+
+  Vec plain_out(n_out), plain_dinp = dinp0;
+  {
+    const Vec zeros(n_att, 0.0f);
+    F d_inp(inp.data(), n_inp), d_out(plain_out.data(), n_out), d_pre(zeros.data(), n_att), d_att(zeros.data(), n_att);
+    F d_dout(dout.data(), n_out), d_dinp(plain_dinp.data(), n_inp), d_dpre(zeros.data(), n_att),
+        d_datt(zeros.data(), n_att);
+    cuda::attention_forward(d_out.get(), d_pre.get(), d_att.get(), d_inp.get(), s.B, s.T, s.C, s.NH);
+    cuda::attention_backward(d_dinp.get(), d_dpre.get(), d_datt.get(), d_dout.get(), d_inp.get(), d_att.get(), s.B,
+                             s.T, s.C, s.NH);
+    d_out.copy_to(plain_out.data());
+    d_dinp.copy_to(plain_dinp.data());
+  }
+
+  // Outputs and scratch start as garbage: forward must write every element.
+  Vec flash_out = uniform(n_out, 154), lse = uniform(rows, 155), dsum = uniform(rows, 156), flash_dinp = dinp0;
+  {
+    F d_inp(inp.data(), n_inp), d_out(flash_out.data(), n_out), d_lse(lse.data(), rows);
+    F d_dout(dout.data(), n_out), d_dinp(flash_dinp.data(), n_inp), d_dsum(dsum.data(), rows);
+    cuda::flash_attention_forward(d_out.get(), d_lse.get(), d_inp.get(), s.B, s.T, s.C, s.NH);
+    cuda::flash_attention_backward(d_dinp.get(), d_dsum.get(), d_dout.get(), d_inp.get(), d_out.get(), d_lse.get(),
+                                   s.B, s.T, s.C, s.NH);
+    d_out.copy_to(flash_out.data());
+    d_lse.copy_to(lse.data());
+    d_dinp.copy_to(flash_dinp.data());
+  }
+
+  EXPECT_LE(normalised_error(ref_out, flash_out), kMatmulTolerance) << "out, flash vs ref";
+  EXPECT_LE(normalised_error(plain_out, flash_out), kMatmulTolerance) << "out, flash vs plain";
+  EXPECT_LE(normalised_error(ref_lse, lse), kMatmulTolerance) << "lse, flash vs ref";
+  EXPECT_LE(normalised_error(ref_dinp, flash_dinp), kMatmulTolerance) << "dinp, flash vs ref";
+  EXPECT_LE(normalised_error(plain_dinp, flash_dinp), kMatmulTolerance) << "dinp, flash vs plain";
+  EXPECT_LE(normalised_error(ref_dinp, plain_dinp), kMatmulTolerance) << "dinp, plain vs ref";
+}
+
+// Tiles are 32 queries x 32 keys: T = 1, 7, 33, 100, 257, 1030 end inside a
+// tile, 64 on its edge; head sizes 1, 3, 20, 100 leave lanes idle in the
+// last group of 32 dims, 64 and 128 fill them; B*NH from 1 to 12.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashAttention,
+                         ::testing::Values(AttentionShape{1, 1, 3, 1}, AttentionShape{2, 7, 3, 3},
+                                           AttentionShape{2, 50, 40, 2}, AttentionShape{1, 45, 100, 1},
+                                           AttentionShape{2, 33, 256, 4}, AttentionShape{3, 64, 192, 3},
+                                           AttentionShape{4, 100, 768, 12}, AttentionShape{1, 100, 256, 2},
+                                           AttentionShape{2, 257, 384, 3}, AttentionShape{1, 1030, 128, 2}),
+                         [](const ::testing::TestParamInfo<AttentionShape>& info) {
+                           const AttentionShape& s = info.param;
+                           return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_C" +
+                                  std::to_string(s.C) + "_NH" + std::to_string(s.NH);
+                         });
+
+// The model's choice (no device needed): flash unless the environment asks
+// for the plain kernels, plain above the head-size cap; the buffer sizes
+// follow the choice.
+TEST(CudaAttentionImpl, SizesFollowTheChoice) {
+  const char* env = std::getenv("TESSERA_CUDA_ATTENTION");
+  const bool plain = env != nullptr && std::string(env) == "plain";
+  const cuda::AttentionImpl want = plain ? cuda::AttentionImpl::kPlain : cuda::AttentionImpl::kFlash;
+  EXPECT_EQ(cuda::attention_impl(64), want);
+  EXPECT_EQ(cuda::attention_impl(cuda::kFlashMaxHeadSize), want);
+  EXPECT_EQ(cuda::attention_impl(cuda::kFlashMaxHeadSize + 1), cuda::AttentionImpl::kPlain);
+  EXPECT_EQ(cuda::attention_saved_floats(100, 64), plain ? 100 : 1);
+  EXPECT_EQ(cuda::attention_scratch_floats(100, 64), plain ? 100 : 1);
+  EXPECT_EQ(cuda::attention_saved_floats(100, 256), 100);
+}
 
 #endif  // TESSERA_HAVE_CUDA
 

@@ -1,11 +1,15 @@
 // Causal multi-head self-attention, the plain kernel set: correct and
-// obvious rather than fast (the oracle for any flash-style kernel later).
+// obvious rather than fast (the oracle for flash_attention.cu, and the
+// fallback), then the model's choice between the two (ops.h).
 // B batch, T time, C channels, NH heads, hs = C/NH head size.
 // inp (B,T,3C) holds q, k, v; preatt, att, dpreatt, datt (B,NH,T,T).
 // Every kernel gives each thread one output element and loops over the
 // reduced index in the oracle's order, so nothing races and results are
 // deterministic. Work is O(B NH T^2 hs) per kernel.
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -203,6 +207,40 @@ void attention_backward(float* dinp, float* dpreatt, float* datt, const float* d
   CUDA_CHECK_LAUNCH();
   dk_kernel<<<grid_for(n_out, kBlock), kBlock>>>(dinp, dpreatt, inp, B, T, C, NH, scale);
   CUDA_CHECK_LAUNCH();
+}
+
+AttentionImpl attention_impl(int hs) {
+  static const AttentionImpl chosen = [] {
+    const char* env = std::getenv("TESSERA_CUDA_ATTENTION");
+    if (env == nullptr || *env == '\0' || std::strcmp(env, "flash") == 0) return AttentionImpl::kFlash;
+    if (std::strcmp(env, "plain") == 0) return AttentionImpl::kPlain;
+    std::fprintf(stderr, "tessera: TESSERA_CUDA_ATTENTION=%s is neither 'flash' nor 'plain'; using flash\n", env);
+    return AttentionImpl::kFlash;
+  }();
+  return hs <= kFlashMaxHeadSize ? chosen : AttentionImpl::kPlain;
+}
+
+int64_t attention_saved_floats(int T, int hs) { return attention_impl(hs) == AttentionImpl::kFlash ? 1 : T; }
+
+int64_t attention_scratch_floats(int T, int hs) { return attention_impl(hs) == AttentionImpl::kFlash ? 1 : T; }
+
+void model_attention_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int C, int NH) {
+  if (B == 0 || T == 0 || C == 0) return;
+  if (attention_impl(C / NH) == AttentionImpl::kFlash) {
+    flash_attention_forward(out, /*lse=*/att, inp, B, T, C, NH);
+  } else {
+    attention_forward(out, preatt, att, inp, B, T, C, NH);
+  }
+}
+
+void model_attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
+                              const float* out, const float* att, int B, int T, int C, int NH) {
+  if (B == 0 || T == 0 || C == 0) return;
+  if (attention_impl(C / NH) == AttentionImpl::kFlash) {
+    flash_attention_backward(dinp, /*dsum=*/datt, dout, inp, out, /*lse=*/att, B, T, C, NH);
+  } else {
+    attention_backward(dinp, dpreatt, datt, dout, inp, att, B, T, C, NH);
+  }
 }
 
 }  // namespace tessera::cuda

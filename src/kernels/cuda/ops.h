@@ -16,4 +16,48 @@
 
 namespace tessera::cuda {
 #include "kernels/ops.inc"
+
+// attention_forward/attention_backward above are the plain kernels
+// (attention.cu): ops.inc's contract, the full (B,NH,T,T) preatt and att.
+// They stay as the fallback and as the oracle for the flash kernels below.
+
+// ---- Flash-style causal attention (flash_attention.cu). Same letters;
+// head size hs = C/NH at most kFlashMaxHeadSize (aborts otherwise).
+constexpr int kFlashMaxHeadSize = 128;
+// out (B,T,C) as attention_forward's; lse (B,NH,T) = log of each row's
+// softmax denominator over the scaled scores (all that backward needs).
+void flash_attention_forward(float* out, float* lse, const float* inp, int B, int T, int C, int NH);
+// dinp (B,T,3C) += d(loss)/d(inp), recomputing the probabilities from inp and
+// lse tile by tile; out is the forward's output; dsum (B,NH,T) is scratch
+// (overwritten with rowsum(dout * out)).
+void flash_attention_backward(float* dinp, float* dsum, const float* dout, const float* inp, const float* out,
+                              const float* lse, int B, int T, int C, int NH);
+
+// ---- The model's attention (attention.cu), as the OpsTable calls it.
+enum class AttentionImpl { kPlain, kFlash };
+// kFlash unless the environment says TESSERA_CUDA_ATTENTION=plain (read once
+// per process); kPlain for head sizes above kFlashMaxHeadSize.
+AttentionImpl attention_impl(int hs);
+// Floats per (b, h, t) row of the state the model keeps between forward and
+// backward (att) and of the scratch buffers (preatt, dpreatt, datt): T for
+// the plain kernels (the (T,T) matrices), 1 for flash (lse; dsum in datt).
+int64_t attention_saved_floats(int T, int hs);
+int64_t attention_scratch_floats(int T, int hs);
+// attention_forward/backward through attention_impl(C/NH): plain, or flash
+// with att holding lse and datt holding dsum. Backward takes the forward's
+// output `out` (B,T,C), which flash needs and plain ignores.
+void model_attention_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int C, int NH);
+void model_attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
+                              const float* out, const float* att, int B, int T, int C, int NH);
+
+// ---- The chunked classifier's cross-entropy (crossentropy.cu). logits
+// (N,Vp), only the first V columns real; no probabilities are stored.
+// losses (N) = -log softmax(logits)[target]; lse (N) = log sum exp(logits).
+void crossentropy_lse_forward(float* losses, float* lse, const float* logits, const int* targets, int N, int V,
+                              int Vp);
+// In place: logits (N,Vp) become dlogits = (softmax - onehot(target)) * dloss
+// in the first V columns and 0 in the padding columns (written, not
+// accumulated: the buffer held logits).
+void crossentropy_lse_backward(float* logits, const float* lse, const int* targets, float dloss, int N, int V,
+                               int Vp);
 }  // namespace tessera::cuda

@@ -476,8 +476,8 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(attproj, BTC));
     ops_.residual_forward(residual2, residual, attproj, BTC);
     ops_.layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p[kLn2W] + l * C, p[kLn2B] + l * C, BT, C);
-    ops_.matmul_forward(fch, ln2, p[kFcW] + int64_t{l} * Fl * C, p[kFcB] + l * Fl, BT, C, Fl, prec);
-    ops_.gelu_forward(fch_gelu, fch, int64_t{BT} * Fl);
+    // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
+    ops_.matmul_gelu_forward(fch, fch_gelu, ln2, p[kFcW] + int64_t{l} * Fl * C, p[kFcB] + l * Fl, BT, C, Fl, prec);
     ops_.matmul_forward(fcproj, fch_gelu, p[kFcProjW] + int64_t{l} * C * Fl, lead ? p[kFcProjB] + l * C : nullptr,
                         BT, Fl, C, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(fcproj, BTC));

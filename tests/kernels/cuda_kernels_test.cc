@@ -226,6 +226,16 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
   d_dinp.copy_to(dinp);
 }
 
+void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC, MatmulPrecision prec) {
+  const size_t n_out = static_cast<size_t>(N) * OC;
+  F d_pre(pre, n_out), d_out(out, n_out), d_inp(inp, static_cast<size_t>(N) * C),
+      d_w(weight, static_cast<size_t>(OC) * C), d_b(bias, OC);
+  cuda::matmul_gelu_forward(d_pre.get(), d_out.get(), d_inp.get(), d_w.get(), d_b.get(), N, C, OC, prec);
+  d_pre.copy_to(pre);
+  d_out.copy_to(out);
+}
+
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t n) {
   F d_out(out, n), d_a(inp1, n), d_b(inp2, n);
   cuda::residual_forward(d_out.get(), d_a.get(), d_b.get(), n);
@@ -299,6 +309,7 @@ struct Backend {
   decltype(&ref::attention_backward) attention_backward;
   decltype(&ref::gelu_forward) gelu_forward;
   decltype(&ref::gelu_backward) gelu_backward;
+  decltype(&ref::matmul_gelu_forward) matmul_gelu_forward;
   decltype(&ref::residual_forward) residual_forward;
   decltype(&ref::residual_backward) residual_backward;
   decltype(&ref::crossentropy_softmax_forward) crossentropy_softmax_forward;
@@ -310,8 +321,8 @@ struct Backend {
   Backend {                                                                                                      \
     #ns, ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,               \
         ns::matmul_forward, ns::matmul_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward, \
-        ns::gelu_backward, ns::residual_forward, ns::residual_backward, ns::crossentropy_softmax_forward,         \
-        ns::crossentropy_softmax_backward, ns::adamw_update                                                       \
+        ns::gelu_backward, ns::matmul_gelu_forward, ns::residual_forward, ns::residual_backward,                  \
+        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update                     \
   }
 
 const Backend kRef = TESSERA_BACKEND(ref);
@@ -439,6 +450,13 @@ void add_matmul_cases(std::vector<OpCase>& cases) {
                                               with_bias ? dbias.data() : nullptr, dout.data(), inp.data(),
                                               weight.data(), s.N, s.C, s.OC, prec);
                            return std::vector<Output>{{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}};
+                         }});
+        cases.push_back({"matmul_gelu_forward", shape, tol, [=](const Backend& be) {
+                           const Vec inp = uniform(n_in, 41), weight = uniform(n_w, 42), bias = uniform(s.OC, 43);
+                           Vec pre = uniform(n_out, 44), out = uniform(n_out, 45);
+                           be.matmul_gelu_forward(pre.data(), out.data(), inp.data(), weight.data(),
+                                                  with_bias ? bias.data() : nullptr, s.N, s.C, s.OC, prec);
+                           return std::vector<Output>{{"pre", pre}, {"out", out}};
                          }});
       }
     }

@@ -16,6 +16,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <ostream>
@@ -57,6 +58,7 @@ struct Backend {
   decltype(&ref::attention_backward) attention_backward;
   decltype(&ref::gelu_forward) gelu_forward;
   decltype(&ref::gelu_backward) gelu_backward;
+  decltype(&ref::matmul_gelu_forward) matmul_gelu_forward;
   decltype(&ref::residual_forward) residual_forward;
   decltype(&ref::residual_backward) residual_backward;
   decltype(&ref::crossentropy_softmax_forward) crossentropy_softmax_forward;
@@ -68,8 +70,8 @@ struct Backend {
   Backend {                                                                                                      \
     #ns, ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,               \
         ns::matmul_forward, ns::matmul_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward, \
-        ns::gelu_backward, ns::residual_forward, ns::residual_backward, ns::crossentropy_softmax_forward,         \
-        ns::crossentropy_softmax_backward, ns::adamw_update                                                       \
+        ns::gelu_backward, ns::matmul_gelu_forward, ns::residual_forward, ns::residual_backward,                  \
+        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update                     \
   }
 
 const Backend kRef = TESSERA_BACKEND(ref);
@@ -213,6 +215,13 @@ void add_matmul_cases(std::vector<OpCase>& cases) {
                                               with_bias ? dbias.data() : nullptr, dout.data(), inp.data(),
                                               weight.data(), s.N, s.C, s.OC, prec);
                            return std::vector<Output>{{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}};
+                         }});
+        cases.push_back({"matmul_gelu_forward", shape, tol, [=](const Backend& be) {
+                           const Vec inp = uniform(n_in, 41), weight = uniform(n_w, 42), bias = uniform(s.OC, 43);
+                           Vec pre = uniform(n_out, 44), out = uniform(n_out, 45);
+                           be.matmul_gelu_forward(pre.data(), out.data(), inp.data(), weight.data(),
+                                                  with_bias ? bias.data() : nullptr, s.N, s.C, s.OC, prec);
+                           return std::vector<Output>{{"pre", pre}, {"out", out}};
                          }});
       }
     }
@@ -383,6 +392,30 @@ TEST_P(CpuMatchesRef, WithinTolerance) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllOps, CpuMatchesRef, ::testing::ValuesIn(all_cases()), case_name);
+
+// matmul_gelu_forward on the CPU backends is exactly matmul_forward then
+// gelu_forward (the CPU model relies on it being bitwise unchanged).
+TEST(CpuMatmulGelu, EqualsMatmulThenGeluBitwise) {
+  const int N = 33, C = 100, OC = 96;
+  const Vec inp = uniform(static_cast<size_t>(N) * C, 111), weight = uniform(static_cast<size_t>(OC) * C, 112);
+  const Vec bias = uniform(OC, 113);
+  const size_t n_out = static_cast<size_t>(N) * OC;
+  for (const Backend& be : {kRef, kCpu}) {
+    for (const MatmulPrecision prec : {MatmulPrecision::kF32, MatmulPrecision::kBF16}) {
+      for (const bool with_bias : {true, false}) {
+        SCOPED_TRACE(std::string(be.name) + (prec == MatmulPrecision::kF32 ? " f32" : " bf16") +
+                     (with_bias ? " bias" : " nobias"));
+        const float* b = with_bias ? bias.data() : nullptr;
+        Vec want_pre(n_out), want_out(n_out), pre(n_out), out(n_out);
+        be.matmul_forward(want_pre.data(), inp.data(), weight.data(), b, N, C, OC, prec);
+        be.gelu_forward(want_out.data(), want_pre.data(), static_cast<int64_t>(n_out));
+        be.matmul_gelu_forward(pre.data(), out.data(), inp.data(), weight.data(), b, N, C, OC, prec);
+        EXPECT_EQ(0, std::memcmp(pre.data(), want_pre.data(), n_out * sizeof(float)));
+        EXPECT_EQ(0, std::memcmp(out.data(), want_out.data(), n_out * sizeof(float)));
+      }
+    }
+  }
+}
 
 // Many positions with one token id: each contribution must land in the same
 // dwte row exactly once (no lost updates between threads). Large enough to

@@ -200,4 +200,11 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
+// Exactly the two ops the model used to call, so the CPU model is unchanged.
+void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC, MatmulPrecision prec) {
+  matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
+  gelu_forward(out, pre, static_cast<int64_t>(N) * OC);
+}
+
 }  // namespace tessera::cpu

@@ -7,7 +7,8 @@
 // Backward accumulates through beta = 1 (C and D are the same buffer).
 // kF32 computes in plain fp32 (CUBLAS_COMPUTE_32F, no TF32) so it matches
 // the oracle; kBF16 converts both inputs to bf16 scratch first and runs
-// bf16 x bf16 -> fp32 with fp32 accumulation.
+// bf16 x bf16 -> fp32 with fp32 accumulation. matmul_gelu_forward is the
+// forward gemm with the GELU_AUX epilogue (pre-activation out as aux).
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -166,11 +167,17 @@ Operand prepare(LtContext& ctx, int slot, const float* src, int64_t rows, int64_
   return {dst, CUDA_R_16BF, rows, cols, ld};
 }
 
-// d (m, n) column-major, ld m:  d = op(a) * op(b) + beta * d [+ bias (m)],
-// op(a) (m, k), op(b) (k, n). a and b are stored as given by their Operand
-// (transposed when trans_*).
-void lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const Operand& b, bool trans_b, int64_t m,
-             int64_t n, int64_t k, float beta, const float* bias) {
+// What cuBLASLt applies after the product (its epilogue).
+enum class Epilogue { kNone, kBias, kGeluAux, kGeluAuxBias };
+
+// One cuBLASLt call, d (m, n) column-major, ld m:
+//   d = epilogue(op(a) * op(b) + beta * d),  op(a) (m, k), op(b) (k, n);
+// kBias adds bias (m) to every column; kGeluAux[Bias] (beta = 0 only) also
+// writes the GELU input, product [+ bias], to aux (m, n) with ld m, and d =
+// gelu(aux). Returns false, having queued nothing, when the heuristic offers
+// no algorithm for this combination.
+bool try_lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const Operand& b, bool trans_b, int64_t m,
+                 int64_t n, int64_t k, float beta, Epilogue epilogue, const float* bias, float* aux) {
   Layout la(a.type, a.rows, a.cols, a.ld);
   Layout lb(b.type, b.rows, b.cols, b.ld);
   Layout ld(CUDA_R_32F, m, n, m);
@@ -181,36 +188,52 @@ void lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const Ope
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(d));
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(d));
 
-  // The bias epilogue where cuBLASLt offers an algorithm for it (and the
-  // bias vector is 16-byte aligned); otherwise a separate add.
-  bool fused_bias = bias != nullptr && alignment_of(bias) >= 16;
+  MatmulDesc desc;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+  switch (epilogue) {
+    case Epilogue::kNone: break;
+    case Epilogue::kBias: desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS); break;
+    case Epilogue::kGeluAux: desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX); break;
+    case Epilogue::kGeluAuxBias: desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_GELU_AUX_BIAS); break;
+  }
+  if (epilogue == Epilogue::kBias || epilogue == Epilogue::kGeluAuxBias)
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (epilogue == Epilogue::kGeluAux || epilogue == Epilogue::kGeluAuxBias) {
+    // The aux matrix has D's type (fp32) unless EPILOGUE_AUX_DATA_TYPE says
+    // otherwise; the heuristic reads the pointer for its alignment.
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux));
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, m);
+  }
   cublasLtMatmulHeuristicResult_t heuristic{};
-  for (;;) {
-    MatmulDesc desc;
-    desc.set(CUBLASLT_MATMUL_DESC_TRANSA, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-    desc.set(CUBLASLT_MATMUL_DESC_TRANSB, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-    if (fused_bias) {
-      desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-      desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    }
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.desc, la.layout, lb.layout, ld.layout,
-                                                             ld.layout, pref.pref, 1, &heuristic, &found);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-      const float alpha = 1.0f;
-      CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.desc, &alpha, a.ptr, la.layout, b.ptr, lb.layout, &beta, d,
-                                  ld.layout, d, ld.layout, &heuristic.algo, ctx.workspace, kWorkspaceBytes, 0));
-      break;
-    }
-    if (!fused_bias) {
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.desc, la.layout, lb.layout, ld.layout,
+                                                           ld.layout, pref.pref, 1, &heuristic, &found);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    if (epilogue == Epilogue::kNone) {
       std::fprintf(stderr, "cuBLASLt: no algorithm for m=%lld n=%lld k=%lld (%s)\n", static_cast<long long>(m),
                    static_cast<long long>(n), static_cast<long long>(k),
                    st == CUBLAS_STATUS_SUCCESS ? "heuristic returned none" : cublas_status_name(st));
       std::abort();
     }
-    fused_bias = false;  // retry without the epilogue
+    return false;
   }
-  if (bias != nullptr && !fused_bias) {
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.desc, &alpha, a.ptr, la.layout, b.ptr, lb.layout, &beta, d, ld.layout,
+                              d, ld.layout, &heuristic.algo, ctx.workspace, kWorkspaceBytes, 0));
+  return true;
+}
+
+// d (m, n) column-major, ld m:  d = op(a) * op(b) + beta * d [+ bias (m)].
+// The bias epilogue where cuBLASLt offers an algorithm for it (and the bias
+// vector is 16-byte aligned); otherwise a separate add.
+void lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const Operand& b, bool trans_b, int64_t m,
+             int64_t n, int64_t k, float beta, const float* bias) {
+  const bool fused_bias = bias != nullptr && alignment_of(bias) >= 16 &&
+                          try_lt_gemm(ctx, d, a, trans_a, b, trans_b, m, n, k, beta, Epilogue::kBias, bias, nullptr);
+  if (fused_bias) return;
+  try_lt_gemm(ctx, d, a, trans_a, b, trans_b, m, n, k, beta, Epilogue::kNone, nullptr, nullptr);  // aborts if none
+  if (bias != nullptr) {
     add_bias_kernel<<<grid_for(m * n, 256), 256>>>(d, bias, m, n);
     CUDA_CHECK_LAUNCH();
   }
@@ -234,6 +257,32 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   const Operand w = prepare(ctx, 0, weight, C, OC, prec);  // W (OC,C) row-major = (C,OC) column-major
   const Operand x = prepare(ctx, 1, inp, C, N, prec);      // inp (N,C) = (C,N)
   lt_gemm(ctx, out, w, /*trans_a=*/true, x, /*trans_b=*/false, OC, N, C, 0.0f, bias);
+}
+
+// cuBLASLt's GELU is the tanh approximation, the same function as
+// gelu_forward (elementwise.cu), evaluated by its own code: the fused result
+// agrees with matmul_forward + gelu_forward to rounding, not bitwise. The
+// epilogue wants the aux leading dimension (OC) divisible by 8; the aux and
+// bias pointers 16-byte aligned are asked for too (as the bias epilogue
+// does). Otherwise, or when the heuristic offers no algorithm, the two ops.
+void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* weight, const float* bias, int N,
+                         int C, int OC, MatmulPrecision prec) {
+  if (N == 0 || OC == 0) return;
+  const int64_t n = static_cast<int64_t>(N) * OC;
+  if (C == 0) {  // cuBLASLt rejects k = 0; matmul_forward writes the bias
+    matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
+    gelu_forward(out, pre, n);
+    return;
+  }
+  LtContext& ctx = context_for_current_device();
+  std::lock_guard<std::mutex> lock(ctx.mu);
+  const Operand w = prepare(ctx, 0, weight, C, OC, prec);
+  const Operand x = prepare(ctx, 1, inp, C, N, prec);
+  const bool can_fuse = OC % 8 == 0 && alignment_of(pre) >= 16 && (bias == nullptr || alignment_of(bias) >= 16);
+  const Epilogue epilogue = bias != nullptr ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux;
+  if (can_fuse && try_lt_gemm(ctx, out, w, true, x, false, OC, N, C, 0.0f, epilogue, bias, pre)) return;
+  lt_gemm(ctx, pre, w, /*trans_a=*/true, x, /*trans_b=*/false, OC, N, C, 0.0f, bias);
+  gelu_forward(out, pre, n);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

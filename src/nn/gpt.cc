@@ -156,6 +156,26 @@ enum ActId {
 
 }  // namespace
 
+Arena param_layout(const GPTConfig& c, const ModelShard& shard) {
+  // Local tensors are the blocks of param_slice(), merged back to the
+  // canonical number of dimensions.
+  Arena a;
+  for (int id = 0; id < kNumParams; id++) {
+    TensorSlice t = param_slice(c, shard, id);
+    Shape local;
+    switch (id) {
+      case kQkvW: local = {t.size[0], 3 * t.size[2], c.channels}; break;
+      case kQkvB: local = {t.size[0], 3 * t.size[2]}; break;
+      default:
+        local.rank = t.view.rank;
+        for (int d = 0; d < t.view.rank; d++) local.dims[d] = t.size[d];
+    }
+    CHECK(local.numel() == t.block_numel());
+    a.reserve(param_name(id), DType::kF32, local);
+  }
+  return a;
+}
+
 GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, dist::Communicator* tp_comm)
     : config_(config),
       shard_(shard),
@@ -168,29 +188,14 @@ GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, dist
   CHECK(shard_.tp == 1 || tp_comm_ != nullptr);
   // Tensor parallelism is CPU-only: nn/vocab_parallel.cc runs host loops.
   CHECK(device_ == Device::kCPU || shard_.tp == 1);
-  params_.set_device(device_);
   if (shard_.layer_end < 0) shard_.layer_end = config_.layers;
   shard_.first = shard_.layer_begin == 0;
   shard_.last = shard_.layer_end == config_.layers;
   local_layers_ = shard_.layer_end - shard_.layer_begin;
   Vl_ = config_.padded_vocab(shard_.tp) / shard_.tp;
   v0_ = shard_.tp_rank * Vl_;
-  // Local tensors are the blocks of param_slice(), merged back to the
-  // canonical number of dimensions.
-  const int64_t C = config_.channels;
-  for (int id = 0; id < kNumParams; id++) {
-    TensorSlice t = param_slice(config_, shard_, id);
-    Shape local;
-    switch (id) {
-      case kQkvW: local = {t.size[0], 3 * t.size[2], C}; break;
-      case kQkvB: local = {t.size[0], 3 * t.size[2]}; break;
-      default:
-        local.rank = t.view.rank;
-        for (int d = 0; d < t.view.rank; d++) local.dims[d] = t.size[d];
-    }
-    CHECK(local.numel() == t.block_numel());
-    params_.reserve(param_name(id), DType::kF32, local);
-  }
+  params_ = param_layout(config_, shard_);
+  params_.set_device(device_);
   params_.allocate();
   grads_ = params_.clone_layout();
   CHECK(params_.count() == kNumParams);

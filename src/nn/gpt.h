@@ -107,6 +107,9 @@ struct ModelShard {
 // empty block. Views: qkv weights (L, 3, C, C) and biases (L, 3, C), the rest
 // their canonical shapes; wte's global rows are padded_vocab(shard.tp).
 TensorSlice param_slice(const GPTConfig& c, const ModelShard& s, int param_id);
+// The parameter arena of a shard, laid out (offsets, bytes) but not
+// allocated: what GPT allocates, for reading another rank's arena.
+Arena param_layout(const GPTConfig& c, const ModelShard& s);
 // Name of a parameter tensor ("wte", "qkvw", ...), as in the arena.
 const char* param_name(int param_id);
 

@@ -1,5 +1,6 @@
 #include "parallel/model_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -17,20 +18,30 @@ ModelShard shard_for(const dist::MeshShape& shape, const dist::MeshCoord& coord,
   return s;
 }
 
+namespace {
+
+// Shard id's block within `whole`'s tensor. Only wte differs: a tp shard's
+// view has padded_vocab(tp) rows, whole's padded_vocab(1); the rows past
+// whole's are zero padding, so the block is clipped to them (it is the
+// leading dimension, so the clipped block is a prefix of the local tensor).
+TensorSlice block_in_whole(const GPT& whole, const GPTConfig& c, const ModelShard& s, int id) {
+  TensorSlice t = param_slice(c, s, id);
+  const int64_t rows = whole.params().tensor(id).shape[0];
+  if (id == kWte && t.global[0] != rows) {
+    t.global.dims[0] = rows;
+    t.view.dims[0] = rows;
+    t.size[0] = std::clamp<int64_t>(rows - t.begin[0], 0, t.size[0]);
+    t.begin[0] = std::min(t.begin[0], rows);
+  }
+  return t;
+}
+
+}  // namespace
+
 void copy_from_whole(const GPT& whole, GPT& shard) {
   for (int id = 0; id < kNumParams; id++) {
-    TensorSlice t = param_slice(shard.config(), shard.shard(), id);
-    if (t.block_numel() == 0) continue;
-    // whole's wte has padded_vocab(1) rows; a tp shard's view may have more
-    // (padded_vocab(tp)): the rows past whole's are padding, zero.
-    if (id == kWte && t.global[0] != whole.params().tensor(id).shape[0]) {
-      const int64_t C = whole.config().channels, rows = whole.params().tensor(id).shape[0];
-      std::vector<float> padded(t.global.numel(), 0.0f);
-      std::memcpy(padded.data(), whole.params().tensor(id).f32(), sizeof(float) * rows * C);
-      gather_block(padded.data(), t, shard.params().tensor(id).f32());
-      continue;
-    }
-    gather_block(whole.params().tensor(id).f32(), t, shard.params().tensor(id).f32());
+    const TensorSlice t = block_in_whole(whole, shard.config(), shard.shard(), id);
+    if (t.block_numel() > 0) gather_block(whole.params().tensor(id).f32(), t, shard.params().tensor(id).f32());
   }
 }
 
@@ -48,29 +59,17 @@ Status gather_whole(GPT& shard, dist::Mesh& mesh, const std::vector<int>& stage_
     const dist::MeshCoord c = dist::mesh_coord(shape, q);
     if (c.dp != 0) continue;
     const ModelShard s = shard_for(shape, c, stage_layers);
-    // The peer's arena layout: the same reserve sequence as GPT's constructor.
-    GPT layout_only(shard.config(), Backend::kRef, s, &world);
-    const Arena* src = &shard.params();
+    const Arena layout = param_layout(shard.config(), s);  // the peer's offsets
     if (q != 0) {
-      buf.resize(layout_only.params().bytes());
+      buf.resize(layout.bytes());
       RETURN_IF_ERROR(world.recv(buf.data(), static_cast<int64_t>(buf.size()), q, kTag));
     }
     for (int id = 0; id < kNumParams; id++) {
-      TensorSlice t = param_slice(shard.config(), s, id);
+      const TensorSlice t = block_in_whole(*whole, shard.config(), s, id);
       if (t.block_numel() == 0) continue;
-      const float* local = q == 0 ? src->tensor(id).f32()
-                                  : reinterpret_cast<const float*>(buf.data() + layout_only.params().offset(id));
-      float* dst = whole->params().tensor(id).f32();
-      if (id == kWte && t.global[0] != whole->params().tensor(id).shape[0]) {
-        // Padded more for tp: scatter into a padded copy, keep whole's rows.
-        const int64_t C = shard.config().channels, rows = whole->params().tensor(id).shape[0];
-        std::vector<float> padded(t.global.numel(), 0.0f);
-        std::memcpy(padded.data(), dst, sizeof(float) * rows * C);
-        scatter_block(local, t, padded.data());
-        std::memcpy(dst, padded.data(), sizeof(float) * rows * C);
-        continue;
-      }
-      scatter_block(local, t, dst);
+      const float* local = q == 0 ? shard.params().tensor(id).f32()
+                                  : reinterpret_cast<const float*>(buf.data() + layout.offset(id));
+      scatter_block(local, t, whole->params().tensor(id).f32());
     }
   }
   return Status::OK();

@@ -36,6 +36,15 @@ done
 # 1F1B and GPipe run the same micro-batches in the same order: equal losses.
 same_losses "$tmp/dp1_tp1_pp4.jsonl" "$tmp/dp1_tp1_pp4_parallel_schedule_gpipe.jsonl" 1e-6 "1F1B vs GPipe, pp=4" || status=1
 
+# The final weights gathered from the tp x pp shards (rank 0 writes the whole
+# model) give the trainer's own last validation loss in `tessera eval`.
+want=$(grep '"val_loss"' "$tmp/dp2_tp2_pp2.jsonl" | tail -1 | sed 's/.*"val_loss":\([-0-9.eE+]*\).*/\1/')
+got=$("$tessera" eval --weights "$tmp/dp2_tp2_pp2/model.safetensors" --tokens "$(ls "$tmp"/data/val_*.bin | head -1)" \
+  --batch 2 --seq 32 --max-batches 2 | tail -1 | sed 's/.*"loss": *\([-0-9.eE+]*\).*/\1/')
+if awk -v a="$want" -v b="$got" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-4) }'; then
+  echo "ok   gathered weights of dp2_tp2_pp2: tessera eval gives $got, the trainer said $want"
+else echo "FAIL gathered weights of dp2_tp2_pp2: tessera eval gives '$got', the trainer said $want"; status=1; fi
+
 # Memory per rank (largest over ranks), from the metrics.
 mem() { grep -m1 "\"$2\"" "$tmp/$1.jsonl" | sed "s/.*\"$2\":\([-0-9.eE+]*\).*/\1/"; }
 ratio_at_most() {  # NAME FIELD MAX

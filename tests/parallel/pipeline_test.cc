@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "dist/mpi/mpi_communicator.h"
 #include "nn/gpt.h"
 #include "parallel/model_parallel.h"
 #include "tensor/slice.h"
@@ -118,6 +119,29 @@ TEST(ModelShard, TpShardsTileTheWholeModel) {
                        id == kFcProjW;
     for (float n : count) ASSERT_EQ(n, split ? 1.0f : 2.0f) << param_name(id);
     EXPECT_EQ(whole.global.numel(), static_cast<int64_t>(count.size())) << param_name(id);
+  }
+}
+
+// tp=3 pads the vocabulary further (lcm(128, 3) = 384 rows here against the
+// whole model's 128): each shard gets whole's rows of its block, and zero
+// past them.
+TEST(ModelShard, CopyFromWholeKeepsTheWholeRowsWhenTpPadsTheVocabularyMore) {
+  const GPTConfig c{1, 3, 24, 100, 8};
+  ASSERT_EQ(c.padded_vocab(1), 128);
+  ASSERT_EQ(c.padded_vocab(3), 384);
+  GPT whole(c, Backend::kRef);
+  whole.init_weights(5);
+  auto comm = dist::self_communicator();  // never used: no forward here
+  const float* w = whole.params().tensor(kWte).f32();
+  for (int r = 0; r < 3; r++) {
+    GPT shard(c, Backend::kRef, ModelShard{3, r}, comm.get());
+    copy_from_whole(whole, shard);
+    const float* s = shard.params().tensor(kWte).f32();
+    for (int64_t row = 0; row < 128; row++) {
+      const int64_t global = r * 128 + row;
+      for (int i = 0; i < c.channels; i++)
+        ASSERT_EQ(s[row * c.channels + i], global < 128 ? w[global * c.channels + i] : 0.0f) << r << " " << row;
+    }
   }
 }
 

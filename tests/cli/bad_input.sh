@@ -57,6 +57,11 @@ expect_error pp-layers "parallel.pp .2. exceeds model.layers .1." -- "$tessera" 
 expect_error stages-count "parallel.stages lists 2 stage.s. but parallel.pp is 1" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.stages=2,1
 expect_error stages-item "\"x\" is not a positive layer count" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.stages=1,x
 expect_error schedule "parallel.schedule must be" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.schedule=zigzag
+expect_error on-busy "checkpoint.on_busy must be .wait. or .skip., got .maybe." -- "$tessera" train --config "$tmp/ok.toml" --set checkpoint.on_busy=maybe
+expect_error resume-missing "$tmp/none: not a checkpoint" -- "$tessera" train --config "$tmp/ok.toml" --resume "$tmp/none"
+expect_error export-missing "$tmp/none: not a checkpoint" -- "$tessera" export "$tmp/none" --out "$tmp/x.safetensors"
+"$tessera" train --config "$tmp/ok.toml" --set checkpoint.every=1 --set "checkpoint.dir=$tmp/ck1" >/dev/null 2>&1
+expect_error resume-other-model "holds a model L=1 .* but the config asks for L=2" -- "$tessera" train --config "$tmp/ok.toml" --set model.layers=2 --set "checkpoint.dir=$tmp/ck1" --resume latest
 expect_error dp-without-launch "1 rank.s. are running" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.dp=2
 printf '[model]\nlayers = \n' >"$tmp/broken.toml"
 expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"

@@ -20,7 +20,7 @@ readonly kSubnet=10.99.0            # hosts are $kSubnet.1 .. $kSubnet.N, /24
 readonly kHostsFile=/etc/hosts
 readonly kTag="# tessera-cluster"   # trailing comment on our /etc/hosts lines
 readonly kLatency=50ms              # tbf: longest a packet may wait in the queue
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+here=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")" && pwd)  # $0 when read from stdin
 readonly agent_path=$here/netns-agent.sh
 
 die() { echo "cluster.sh: error: $*" >&2; exit 1; }

@@ -53,7 +53,10 @@ fi
 
 # Refusals: not root; a bad rate.
 if command -v setpriv >/dev/null; then
-  setpriv --reuid=65534 --regid=65534 --clear-groups bash "$cluster" up 2 --rate 1gbit --prefix "$p" >/dev/null 2>"$tmp/err"; rc=$?
+  # The script is read from stdin, opened while still root: the clone may sit
+  # in a folder other users cannot enter (mktemp -d makes it 0700).
+  (cd / && setpriv --reuid=65534 --regid=65534 --clear-groups bash -s -- up 2 --rate 1gbit --prefix "$p" \
+    <"$cluster" >/dev/null 2>"$tmp/err"); rc=$?
   [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "root" "$tmp/err" &&
     ok "not-root: $(cat "$tmp/err")" || { fail "not-root: exit $rc"; cat "$tmp/err"; }
 fi

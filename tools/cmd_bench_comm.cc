@@ -28,10 +28,10 @@
 
 #include <fmt/format.h>
 
-#include "dist/communicator.h"
-#include "dist/local_device.h"
-#include "dist/mpi/mpi_communicator.h"
-#include "dist/nccl/nccl_factory.h"
+#include "comm/communicator.h"
+#include "comm/local_device.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/nccl/nccl_factory.h"
 #include "kernels/cuda/device.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
@@ -40,8 +40,8 @@ namespace tessera::tools {
 
 namespace {
 
-using dist::Communicator;
-using dist::ElemType;
+using comm::Communicator;
+using comm::ElemType;
 using Clock = std::chrono::steady_clock;
 
 enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
@@ -60,7 +60,7 @@ struct CommBenchArgs {
 
 Result<ElemType> parse_dtype(const std::string& s) {
   for (ElemType t : {ElemType::kF32, ElemType::kF64, ElemType::kI32, ElemType::kI64, ElemType::kU64, ElemType::kU8})
-    if (s == dist::elem_name(t)) return t;
+    if (s == comm::elem_name(t)) return t;
   return Status::InvalidArgument(
       fmt::format("--dtype: unknown type '{}' (float, double, int32, int64, uint64, uint8)", s));
 }
@@ -149,14 +149,14 @@ struct Buffers {
 // Posts one iteration of the operation; its Works go to `out`.
 template <typename T>
 void post_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et,
-               std::vector<std::unique_ptr<dist::Work>>& out) {
+               std::vector<std::unique_ptr<comm::Work>>& out) {
   const int n = c.size(), r = c.rank();
   switch (op) {
     case CommOp::kAllReduce:
-      out.push_back(c.all_reduce_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, dist::ReduceOp::kSum));
+      out.push_back(c.all_reduce_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, comm::ReduceOp::kSum));
       return;
     case CommOp::kReduceScatter:
-      out.push_back(c.reduce_scatter_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, dist::ReduceOp::kSum));
+      out.push_back(c.reduce_scatter_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, comm::ReduceOp::kSum));
       return;
     case CommOp::kAllGather: out.push_back(c.all_gather_async(b.send_ptr(), b.recv_ptr(), l.param_count, et)); return;
     case CommOp::kBroadcast: out.push_back(c.broadcast_async(b.recv_ptr(), l.param_count, et, 0)); return;
@@ -170,7 +170,7 @@ void post_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemT
   }
 }
 
-Status wait_all(std::vector<std::unique_ptr<dist::Work>>& works) {
+Status wait_all(std::vector<std::unique_ptr<comm::Work>>& works) {
   Status first;
   for (auto& w : works) {
     Status st = w->wait();
@@ -182,7 +182,7 @@ Status wait_all(std::vector<std::unique_ptr<dist::Work>>& works) {
 
 template <typename T>
 Status run_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et) {
-  std::vector<std::unique_ptr<dist::Work>> works;
+  std::vector<std::unique_ptr<comm::Work>> works;
   post_once(c, op, b, l, et, works);
   return wait_all(works);
 }
@@ -241,14 +241,14 @@ Result<Row> bench_size(Communicator& c, Communicator& host, const CommBenchArgs&
   const auto t0 = Clock::now();
   if (on_device) {
     // Back to back on the stream; done when the last has completed.
-    std::vector<std::unique_ptr<dist::Work>> works;
+    std::vector<std::unique_ptr<comm::Work>> works;
     for (int i = 0; i < a.iters; i++) post_once(c, a.op, b, l, et, works);
     RETURN_IF_ERROR(wait_all(works));
   } else {
     for (int i = 0; i < a.iters; i++) RETURN_IF_ERROR(run_once(c, a.op, b, l, et));
   }
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / a.iters;
-  RETURN_IF_ERROR(host.all_reduce(&seconds, &seconds, 1, ElemType::kF64, dist::ReduceOp::kMax));
+  RETURN_IF_ERROR(host.all_reduce(&seconds, &seconds, 1, ElemType::kF64, comm::ReduceOp::kMax));
   row.time_us = seconds * 1e6;
   row.algbw = l.alg_bytes / seconds / 1e9;
   row.busbw = row.algbw * l.bus_factor;
@@ -306,7 +306,7 @@ int run_comm_bench(const CommBenchArgs& a) {
   if (a.warmup < 0) return usage_error(fmt::format("-w {}: warm-up iterations must be >= 0", a.warmup));
   if (a.link_gbps < 0) return usage_error(fmt::format("--link-gbps {} must be positive", a.link_gbps));
 
-  auto world = dist::world_communicator();
+  auto world = comm::world_communicator();
   if (!world.ok()) return fail(world.status());
   // The measured communicator: the world itself (MPI), or NCCL over it.
   std::unique_ptr<Communicator> nccl;
@@ -314,25 +314,25 @@ int run_comm_bench(const CommBenchArgs& a) {
   if (a.backend == "nccl") {
     // Every failure ends the whole job: the other ranks may be waiting in a
     // collective for this one.
-    if (!dist::nccl_compiled())  // says why (no CUDA backend, or NCCL not found)
-      dist::abort_job(dist::make_nccl_communicator(**world, "bench").status().With(
+    if (!comm::nccl_compiled())  // says why (no CUDA backend, or NCCL not found)
+      comm::abort_job(comm::make_nccl_communicator(**world, "bench").status().With(
           fmt::format("bench {} --backend nccl", a.name)));
     const size_t need = 2 * static_cast<size_t>(*max_bytes) + (size_t{64} << 20);  // buffers + NCCL's own
-    Result<int> device = dist::select_local_device(need);
-    if (!device.ok()) dist::abort_job(device.status().With(fmt::format("bench {} --backend nccl", a.name)));
-    auto made = dist::make_nccl_communicator(**world, "bench");
-    if (!made.ok()) dist::abort_job(made.status().With(fmt::format("bench {} --backend nccl", a.name)));
+    Result<int> device = comm::select_local_device(need);
+    if (!device.ok()) comm::abort_job(device.status().With(fmt::format("bench {} --backend nccl", a.name)));
+    auto made = comm::make_nccl_communicator(**world, "bench");
+    if (!made.ok()) comm::abort_job(made.status().With(fmt::format("bench {} --backend nccl", a.name)));
     nccl = std::move(made).value();
-    backend_desc = fmt::format("nccl (NCCL {}, rank 0 on cuda:{}: {})", dist::nccl_version(), device.value(),
+    backend_desc = fmt::format("nccl (NCCL {}, rank 0 on cuda:{}: {})", comm::nccl_version(), device.value(),
                                cuda::device_summary(device.value()));
   }
   Communicator& c = nccl ? *nccl : **world;
   const bool root = c.rank() == 0;
-  const char* type = dist::elem_name(*dtype);
+  const char* type = comm::elem_name(*dtype);
   if (root && !a.json) {
     std::printf("# tessera bench %s: %d rank(s)%s, backend %s, type %s, minBytes %lld maxBytes %lld step %d(factor) "
                 "warmup %d iters %d check %d\n#\n",
-                a.name.c_str(), c.size(), dist::launched_under_mpi() ? " (MPI)" : " (no mpirun: self)",
+                a.name.c_str(), c.size(), comm::launched_under_mpi() ? " (MPI)" : " (no mpirun: self)",
                 backend_desc.c_str(), type, static_cast<long long>(*min_bytes), static_cast<long long>(*max_bytes),
                 a.factor, a.warmup, a.iters, a.check);
     std::printf("# %10s  %12s  %6s  %9s  %7s  %7s  %6s%s\n", "size", "count", "type", "time", "algbw", "busbw",
@@ -343,7 +343,7 @@ int run_comm_bench(const CommBenchArgs& a) {
   int64_t total_wrong = 0;
   for (int64_t bytes = *min_bytes; bytes <= *max_bytes; bytes *= a.factor) {
     Result<Row> row = bench_size(c, **world, a, bytes, *dtype);
-    if (!row.ok()) dist::abort_job(row.status().With(fmt::format("bench {} at {} bytes", a.name, bytes)));
+    if (!row.ok()) comm::abort_job(row.status().With(fmt::format("bench {} at {} bytes", a.name, bytes)));
     rows.push_back(*row);
     total_wrong += std::max<int64_t>(row->wrong, 0);
     if (root) print_row(a, *row, type);
@@ -373,7 +373,7 @@ int run_comm_bench(const CommBenchArgs& a) {
   std::fflush(stdout);
   nccl.reset();
   world->reset();
-  dist::mpi_finalize();
+  comm::mpi_finalize();
   return total_wrong == 0 ? kExitOk : kExitError;
 }
 

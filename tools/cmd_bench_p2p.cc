@@ -34,8 +34,8 @@
 
 #include <fmt/format.h>
 
-#include "dist/communicator.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 
@@ -43,8 +43,8 @@ namespace tessera::tools {
 
 namespace {
 
-using dist::Communicator;
-using dist::ElemType;
+using comm::Communicator;
+using comm::ElemType;
 using Clock = std::chrono::steady_clock;
 
 // Message tags; stream s of a transfer uses kDataTag + s.
@@ -63,7 +63,7 @@ struct P2pArgs {
   double timeout_s = 300;  // the Communicator's deadline per wait
 };
 
-Status wait_all(std::vector<std::unique_ptr<dist::Work>>& works) {
+Status wait_all(std::vector<std::unique_ptr<comm::Work>>& works) {
   Status first;
   for (auto& w : works) {
     Status st = w->wait();
@@ -77,7 +77,7 @@ Status wait_all(std::vector<std::unique_ptr<dist::Work>>& works) {
 Status transfer(Communicator& c, std::vector<char>& buf, int64_t bytes, int streams, int src, int dst) {
   const bool sending = c.rank() == src;
   const int peer = sending ? dst : src;
-  std::vector<std::unique_ptr<dist::Work>> works;
+  std::vector<std::unique_ptr<comm::Work>> works;
   works.reserve(streams);
   int64_t offset = 0;
   for (int s = 0; s < streams; s++) {
@@ -148,7 +148,7 @@ Result<PairResult> bench_pair(Communicator& c, const P2pArgs& a, std::vector<cha
     ASSIGN_OR_RETURN(r[1], time_transfers(c, a, buf, bytes, a.streams, src, dst));
     ASSIGN_OR_RETURN(r[2], time_latency(c, a, msg, src, dst));
   }
-  auto reduce = c.all_reduce_async(r, r, 3, ElemType::kF64, dist::ReduceOp::kMax);
+  auto reduce = c.all_reduce_async(r, r, 3, ElemType::kF64, comm::ReduceOp::kMax);
   Status st = reduce->wait();
   // The pair's ranks arrive here within one wait of each other, so one
   // deadline is theirs. The idle ranks wait for the whole measurement, which
@@ -207,9 +207,9 @@ int run_p2p_bench(const P2pArgs& a) {
   if (a.link_gbps < 0) return usage_error(fmt::format("--link-gbps {} must be positive", a.link_gbps));
   if (!(a.timeout_s > 0)) return usage_error(fmt::format("--timeout {} must be positive", a.timeout_s));
 
-  dist::CommOptions options;
+  comm::CommOptions options;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
-  auto world = dist::world_communicator(options);
+  auto world = comm::world_communicator(options);
   if (!world.ok()) return fail(world.status());
   Communicator& c = **world;
   const int n = c.size();
@@ -217,7 +217,7 @@ int run_p2p_bench(const P2pArgs& a) {
   if (n < 2) {
     // A self loopback would time memcpy, not a link: refuse instead.
     world->reset();
-    dist::mpi_finalize();
+    comm::mpi_finalize();
     return fail(Status::InvalidArgument(
         fmt::format("bench p2p needs at least 2 ranks, got {} (run it as: mpirun -np 2 tessera bench p2p ...)", n)));
   }
@@ -227,7 +227,7 @@ int run_p2p_bench(const P2pArgs& a) {
     buf.assign(*bytes, static_cast<char>(c.rank() + 1));  // touched now, so page faults stay out of the timing
     msg.assign(*lat_bytes, 0);
   } catch (const std::bad_alloc&) {
-    dist::abort_job(Status::InvalidArgument(fmt::format("-b {}: cannot allocate {} bytes", a.bytes, *bytes)));
+    comm::abort_job(Status::InvalidArgument(fmt::format("-b {}: cannot allocate {} bytes", a.bytes, *bytes)));
   }
 
   if (root && !a.json) {
@@ -248,7 +248,7 @@ int run_p2p_bench(const P2pArgs& a) {
     for (int dst = 0; dst < n; dst++) {
       if (src == dst) continue;
       Result<PairResult> r = bench_pair(c, a, buf, msg, *bytes, src, dst);
-      if (!r.ok()) dist::abort_job(r.status().With(fmt::format("bench p2p, pair {} -> {}", src, dst)));
+      if (!r.ok()) comm::abort_job(r.status().With(fmt::format("bench p2p, pair {} -> {}", src, dst)));
       results[src * n + dst] = *r;
       const double g1 = gbit_per_s(*bytes, r->seconds_1), gn = gbit_per_s(*bytes, r->seconds_n);
       all_1.push_back(g1);
@@ -307,7 +307,7 @@ int run_p2p_bench(const P2pArgs& a) {
   }
   std::fflush(stdout);
   world->reset();
-  dist::mpi_finalize();
+  comm::mpi_finalize();
   return kExitOk;
 }
 

@@ -4,7 +4,7 @@
 #include <omp.h>
 
 #include "core/cpu_features.h"
-#include "dist/nccl/nccl_factory.h"
+#include "comm/nccl/nccl_factory.h"
 #include "kernels/cuda/device.h"
 #include "tools/commands.h"
 
@@ -33,11 +33,11 @@ void print_cuda() {
 
 // "nccl: 2.28.9" or "nccl: not compiled".
 void print_nccl() {
-  if (!dist::nccl_compiled()) {
+  if (!comm::nccl_compiled()) {
     std::printf("nccl: not compiled%s\n", cuda::compiled() ? " (nccl.h/libnccl not found at configure time)" : "");
     return;
   }
-  std::printf("nccl: %s\n", dist::nccl_version().c_str());
+  std::printf("nccl: %s\n", comm::nccl_version().c_str());
 }
 
 }  // namespace

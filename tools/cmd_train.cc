@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "data/prepare.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "tools/commands.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -32,26 +32,26 @@ int run_train(const TrainArgs& a) {
   auto c = load_train_config(a.config, a.overrides);
   if (!c.ok()) return fail(c.status());
   c->resume = a.resume;
-  dist::CommOptions opts;
+  comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
-  auto world = dist::world_communicator(opts);
+  auto world = comm::world_communicator(opts);
   if (!world.ok()) return fail(world.status());
-  dist::Communicator& w = *world.value();
+  comm::Communicator& w = *world.value();
   auto r = run_training(c.value(), w, stdout);
   if (!r.ok()) {
     // A user error is the same on every rank: rank 0 reports it, all exit
     // cleanly. Anything else (a peer timed out, I/O) may be this rank's
     // alone: report it here and end the whole job so no peer hangs.
-    if (w.size() > 1 && r.status().code() != StatusCode::kInvalidArgument) dist::abort_job(r.status());
+    if (w.size() > 1 && r.status().code() != StatusCode::kInvalidArgument) comm::abort_job(r.status());
     int code = w.rank() == 0 ? fail(r.status()) : kExitError;
     world.value().reset();
-    dist::mpi_finalize();
+    comm::mpi_finalize();
     return code;
   }
   if (w.rank() == 0 && r->has_val)
     std::printf("validation loss: %.4f -> %.4f\n", r->first_val_loss, r->last_val_loss);
   world.value().reset();
-  dist::mpi_finalize();
+  comm::mpi_finalize();
   return kExitOk;
 }
 

@@ -65,7 +65,7 @@ std::string Checkpointer::tmp_dir(int64_t step) const {
   return fmt::format("{}/.tmp-{}", options_.dir, step_dir_name(step));
 }
 
-Result<bool> Checkpointer::save(dist::Communicator& world, int64_t step, std::span<const SavePiece> pieces,
+Result<bool> Checkpointer::save(comm::Communicator& world, int64_t step, std::span<const SavePiece> pieces,
                                 std::string_view state) {
   const auto t0 = Clock::now();
   if (pending_) {
@@ -204,7 +204,7 @@ Status Checkpointer::write_shard() {
   return Status::OK();
 }
 
-Result<PollResult> Checkpointer::poll(dist::Communicator& world, bool wait_for_it) {
+Result<PollResult> Checkpointer::poll(comm::Communicator& world, bool wait_for_it) {
   if (deferred_) {
     PollResult r = std::move(*deferred_);
     deferred_.reset();
@@ -213,7 +213,7 @@ Result<PollResult> Checkpointer::poll(dist::Communicator& world, bool wait_for_i
   return complete(world, wait_for_it);
 }
 
-Result<PollResult> Checkpointer::complete(dist::Communicator& world, bool wait_for_it) {
+Result<PollResult> Checkpointer::complete(comm::Communicator& world, bool wait_for_it) {
   PollResult result;
   if (!pending_) return result;
   result.step = pending_step_;
@@ -226,7 +226,7 @@ Result<PollResult> Checkpointer::complete(dist::Communicator& world, bool wait_f
   const int rank = world.rank(), size = world.size();
   // {every rank done, lowest failed rank (size if none)}
   int64_t agree[2] = {ws == WriterState::kWriting ? 0 : 1, ws == WriterState::kFailed ? rank : size};
-  RETURN_IF_ERROR(world.all_reduce(agree, agree, 2, dist::ElemType::kI64, dist::ReduceOp::kMin));
+  RETURN_IF_ERROR(world.all_reduce(agree, agree, 2, comm::ElemType::kI64, comm::ReduceOp::kMin));
   if (agree[0] == 0) {
     result.state = SaveState::kPending;
     return result;
@@ -260,11 +260,11 @@ Result<PollResult> Checkpointer::complete(dist::Communicator& world, bool wait_f
   } else {
     int64_t mine = static_cast<int64_t>(shard_json_.size());
     std::vector<int64_t> lengths(size);
-    RETURN_IF_ERROR(world.all_gather(&mine, lengths.data(), 1, dist::ElemType::kI64));
+    RETURN_IF_ERROR(world.all_gather(&mine, lengths.data(), 1, comm::ElemType::kI64));
     if (rank == 0) {
       std::vector<std::string> shards(size);
       shards[0] = shard_json_;
-      std::vector<std::unique_ptr<dist::Work>> recvs;
+      std::vector<std::unique_ptr<comm::Work>> recvs;
       for (int r = 1; r < size; r++) {
         shards[r].resize(static_cast<size_t>(lengths[r]));
         recvs.push_back(world.recv_async(shards[r].data(), lengths[r], r, kTagShardJson));
@@ -280,9 +280,9 @@ Result<PollResult> Checkpointer::complete(dist::Communicator& world, bool wait_f
     }
   }
   outcome[2] = static_cast<int64_t>(message.size());
-  RETURN_IF_ERROR(world.broadcast(outcome, 3, dist::ElemType::kI64, 0));
+  RETURN_IF_ERROR(world.broadcast(outcome, 3, comm::ElemType::kI64, 0));
   message.resize(static_cast<size_t>(outcome[2]));
-  if (outcome[2] > 0) RETURN_IF_ERROR(world.broadcast(message.data(), outcome[2], dist::ElemType::kU8, 0));
+  if (outcome[2] > 0) RETURN_IF_ERROR(world.broadcast(message.data(), outcome[2], comm::ElemType::kU8, 0));
 
   const auto code = static_cast<StatusCode>(outcome[0]);
   result.stats.stall_ms = stall_ms_;

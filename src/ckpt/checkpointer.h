@@ -47,7 +47,7 @@
 
 #include "ckpt/env.h"
 #include "core/status.h"
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 #include "tensor/slice.h"
 
 namespace tessera::ckpt {
@@ -108,13 +108,13 @@ class Checkpointer {
   // false when skipped (OnBusy::kSkip and a save pending). Bad pieces (wrong
   // slice, duplicate name) fail the save through poll(), not here. When it
   // had to wait, the previous save's PollResult is returned by the next poll().
-  Result<bool> save(dist::Communicator& world, int64_t step, std::span<const SavePiece> pieces,
+  Result<bool> save(comm::Communicator& world, int64_t step, std::span<const SavePiece> pieces,
                     std::string_view state);
 
   // See the file comment. wait_for_it: block until this rank's writer is
   // done, so the save completes in this call. Without a pending save (and
   // no deferred result) returns kIdle at once with no communication.
-  Result<PollResult> poll(dist::Communicator& world, bool wait_for_it);
+  Result<PollResult> poll(comm::Communicator& world, bool wait_for_it);
 
   bool pending() const { return pending_; }
   const std::string& dir() const { return options_.dir; }
@@ -135,7 +135,7 @@ class Checkpointer {
 
   void writer_loop();
   Status write_shard();  // the writer thread's job; fills shard_json_
-  Result<PollResult> complete(dist::Communicator& world, bool wait_for_it);
+  Result<PollResult> complete(comm::Communicator& world, bool wait_for_it);
   // Rank 0: manifest, renames, latest, pruning. Fills *total_bytes; pruning
   // problems go to *warning.
   Status publish(const std::vector<std::string>& shard_json, uint64_t* total_bytes, std::string* warning);

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 #include "nn/vocab_parallel.h"
 #include "tensor/device_memory.h"
 
@@ -176,7 +176,7 @@ Arena param_layout(const GPTConfig& c, const ModelShard& shard) {
   return a;
 }
 
-GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, dist::Communicator* tp_comm)
+GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm)
     : config_(config),
       shard_(shard),
       tp_comm_(tp_comm),
@@ -404,14 +404,14 @@ double GPT::take_tp_comm_seconds() {
 
 Status GPT::tp_all_reduce(float* x, int64_t n) {
   auto t0 = std::chrono::steady_clock::now();
-  Status st = tp_comm_->all_reduce(x, x, n, dist::ElemType::kF32, dist::ReduceOp::kSum);
+  Status st = tp_comm_->all_reduce(x, x, n, comm::ElemType::kF32, comm::ReduceOp::kSum);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
 
 Status GPT::tp_all_reduce_max(float* x, int64_t n) {
   auto t0 = std::chrono::steady_clock::now();
-  Status st = tp_comm_->all_reduce(x, x, n, dist::ElemType::kF32, dist::ReduceOp::kMax);
+  Status st = tp_comm_->all_reduce(x, x, n, comm::ElemType::kF32, comm::ReduceOp::kMax);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }

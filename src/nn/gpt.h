@@ -43,7 +43,7 @@
 #include "tensor/arena.h"
 #include "tensor/slice.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 class Communicator;
 }
 
@@ -140,7 +140,7 @@ class GPT {
   // required when shard.tp > 1, with rank shard.tp_rank.
   // Backend::kCUDA needs a device (backend_available()) and tp == 1.
   explicit GPT(const GPTConfig& config, Backend backend = Backend::kCPU, const ModelShard& shard = {},
-               dist::Communicator* tp_comm = nullptr);
+               comm::Communicator* tp_comm = nullptr);
 
   const GPTConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
@@ -238,7 +238,7 @@ class GPT {
 
   GPTConfig config_;
   ModelShard shard_;
-  dist::Communicator* tp_comm_ = nullptr;
+  comm::Communicator* tp_comm_ = nullptr;
   int local_layers_ = 0;
   int Vl_ = 0, v0_ = 0;  // vocabulary rows this rank holds: [v0_, v0_ + Vl_)
   double tp_seconds_ = 0.0;

@@ -15,7 +15,7 @@
 #include "parallel/cuda/dp_device.h"
 #endif
 #ifdef TESSERA_HAVE_NCCL
-#include "dist/nccl/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 #endif
 
 namespace tessera {
@@ -28,7 +28,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 constexpr int kFirstLayerParam = kLn1W, kLastLayerParam = kFcProjB;
 }  // namespace
 
-DataParallel::DataParallel(GPT& model, dist::Communicator& comm, const DataParallelOptions& o)
+DataParallel::DataParallel(GPT& model, comm::Communicator& comm, const DataParallelOptions& o)
     : model_(model), comm_(comm), opts_(o) {
   on_device_ = model_.device() == Device::kCUDA;
   if (on_device_) {
@@ -37,7 +37,7 @@ DataParallel::DataParallel(GPT& model, dist::Communicator& comm, const DataParal
     CHECK(o.norm_comm == nullptr);
     if (comm_.size() > 1) {
 #ifdef TESSERA_HAVE_NCCL
-      nccl_ = dynamic_cast<dist::NcclCommunicator*>(&comm_);
+      nccl_ = dynamic_cast<comm::NcclCommunicator*>(&comm_);
 #endif
       CHECK(nccl_ != nullptr && "a CUDA model with dp > 1 needs an NCCL communicator");
 #ifdef TESSERA_HAVE_NCCL
@@ -152,17 +152,17 @@ Status DataParallel::post_device_bucket(Bucket& b) {
     RETURN_IF_ERROR(dp_cuda::copy_async(dst, s.grad, s.count));
     dst += s.count;
   }
-  b.work = comm_.all_reduce_async(b.device_buffer, b.device_buffer, b.count, dist::ElemType::kF32,
-                                  dist::ReduceOp::kSum);
+  b.work = comm_.all_reduce_async(b.device_buffer, b.device_buffer, b.count, comm::ElemType::kF32,
+                                  comm::ReduceOp::kSum);
   return Status::OK();
 #else
   return Status::Unavailable("gradient buckets on a device need the CUDA backend");
 #endif
 }
 
-Status DataParallel::all_reduce_host(void* data, int64_t count, dist::ElemType type, dist::ReduceOp op) {
+Status DataParallel::all_reduce_host(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op) {
   if (!nccl_) return comm_.all_reduce(data, data, count, type, op);
-  const size_t bytes = static_cast<size_t>(count) * dist::elem_size(type);
+  const size_t bytes = static_cast<size_t>(count) * comm::elem_size(type);
   CHECK(bytes <= 16);
   // Blocking copies on the compute stream; the all-reduce is ordered after
   // the first by the producer stream, and wait() returning OK means the
@@ -194,7 +194,7 @@ void DataParallel::on_grads_ready(int what) {
       dst += s.count;
     }
     b.work = comm_.all_reduce_async(b.buffer.data(), b.buffer.data(), static_cast<int64_t>(b.buffer.size()),
-                                    dist::ElemType::kF32, dist::ReduceOp::kSum);
+                                    comm::ElemType::kF32, comm::ReduceOp::kSum);
   }
   progress();
 }
@@ -210,7 +210,7 @@ Status DataParallel::finish_gradients() {
     // padding to dp*S floats). In place, rank r's block lands at the start;
     // move it to its own offset r*S, where the optimizer step reads it.
     float* g = reinterpret_cast<float*>(model_.grads().base());
-    Status st = comm_.reduce_scatter(g, g, shard_, dist::ElemType::kF32);
+    Status st = comm_.reduce_scatter(g, g, shard_, comm::ElemType::kF32);
     comm_seconds_ = since(t0);
     RETURN_IF_ERROR(st);
     float* mine = g + comm_.rank() * shard_;
@@ -243,7 +243,7 @@ Status DataParallel::finish_device_gradients(float scale) {
     // the sums stays at its own offset r*S, where the optimizer step reads it.
     float* g = reinterpret_cast<float*>(model_.grads().base());
     float* mine = g + comm_.rank() * shard_;
-    Status st = comm_.reduce_scatter(g, mine, shard_, dist::ElemType::kF32);
+    Status st = comm_.reduce_scatter(g, mine, shard_, comm::ElemType::kF32);
     comm_seconds_ = since(t0);
     RETURN_IF_ERROR(st);
     return dp_cuda::scaled_copy_async(mine, mine, shard_, scale);
@@ -306,7 +306,7 @@ double DataParallel::owned_sum_of_squares(int64_t lo, int64_t hi) const {
 Result<float> DataParallel::global_norm_of_grads() {
   double sq = comm_.rank() == 0 ? owned_sum_of_squares(0, flat_) : 0.0;
   auto t0 = Clock::now();
-  Status st = opts_.norm_comm->all_reduce(&sq, &sq, 1, dist::ElemType::kF64);
+  Status st = opts_.norm_comm->all_reduce(&sq, &sq, 1, comm::ElemType::kF64);
   comm_seconds_ += since(t0);
   RETURN_IF_ERROR(st);
   return static_cast<float>(std::sqrt(sq));
@@ -334,8 +334,8 @@ Status DataParallel::zero_step(const OptimizerConfig& c, float lr, float* norm_o
     for (int64_t i = lo; i < hi; i++) sq += static_cast<double>(grads[i]) * grads[i];
   }
   auto t0 = Clock::now();
-  RETURN_IF_ERROR(opts_.norm_comm ? opts_.norm_comm->all_reduce(&sq, &sq, 1, dist::ElemType::kF64)
-                                  : all_reduce_host(&sq, 1, dist::ElemType::kF64, dist::ReduceOp::kSum));
+  RETURN_IF_ERROR(opts_.norm_comm ? opts_.norm_comm->all_reduce(&sq, &sq, 1, comm::ElemType::kF64)
+                                  : all_reduce_host(&sq, 1, comm::ElemType::kF64, comm::ReduceOp::kSum));
   comm_seconds_ += since(t0);
   const float norm = static_cast<float>(std::sqrt(sq));
   float scale = 1.0f;
@@ -359,7 +359,7 @@ Status DataParallel::zero_step(const OptimizerConfig& c, float lr, float* norm_o
   // kernels by the producer stream; wait() returning OK orders it before the
   // next forward.
   t0 = Clock::now();
-  Status st = comm_.all_gather(params + lo, params, shard_, dist::ElemType::kF32);
+  Status st = comm_.all_gather(params + lo, params, shard_, comm::ElemType::kF32);
   comm_seconds_ += since(t0);
   return st;
 }
@@ -390,7 +390,7 @@ int64_t DataParallel::optimizer_state_bytes() const {
 Status DataParallel::sync_parameters() {
   if (comm_.size() == 1) return Status::OK();
   RETURN_IF_ERROR(comm_.broadcast(model_.params().base(), static_cast<int64_t>(model_.params().bytes()),
-                                  dist::ElemType::kU8, 0));
+                                  comm::ElemType::kU8, 0));
   return check_parameters_identical();
 }
 
@@ -407,8 +407,8 @@ Status DataParallel::check_parameters_identical() {
     h = XXH3_64bits(params.base(), params.bytes());
   }
   uint64_t lo = h, hi = h;
-  RETURN_IF_ERROR(all_reduce_host(&lo, 1, dist::ElemType::kU64, dist::ReduceOp::kMin));
-  RETURN_IF_ERROR(all_reduce_host(&hi, 1, dist::ElemType::kU64, dist::ReduceOp::kMax));
+  RETURN_IF_ERROR(all_reduce_host(&lo, 1, comm::ElemType::kU64, comm::ReduceOp::kMin));
+  RETURN_IF_ERROR(all_reduce_host(&hi, 1, comm::ElemType::kU64, comm::ReduceOp::kMax));
   if (lo != hi)
     return Status::Internal(fmt::format("parameters differ across data-parallel ranks (xxhash64 {:016x} on rank {}; "
                                         "min {:016x}, max {:016x})",

@@ -21,7 +21,7 @@
 //
 // A model on a CUDA device (no norm_comm: tensor and pipeline parallelism
 // stay on the CPU) keeps everything on the device. With more than one rank,
-// comm must be an NCCL communicator (dist/nccl) over the dp ranks, one GPU
+// comm must be an NCCL communicator (comm/nccl) over the dp ranks, one GPU
 // each; DataParallel makes it order every operation after the work queued on
 // the compute stream (the legacy default stream the kernels use) at the time
 // it is posted (set_producer_stream), and undoes that when destroyed.
@@ -47,14 +47,14 @@
 #include <memory>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 #include "nn/gpt.h"
 #include "tensor/arena.h"
 #include "train/optimizer.h"
 
 namespace tessera {
 
-namespace dist {
+namespace comm {
 class NcclCommunicator;
 }
 
@@ -66,14 +66,14 @@ struct DataParallelOptions {
   // job (the world). Each rank adds the tensors it owns (GPT::counts_in_norm),
   // on dp rank 0 only unless ZeRO shards them. Null: the model is whole and
   // the norm needs only the dp ranks.
-  dist::Communicator* norm_comm = nullptr;
+  comm::Communicator* norm_comm = nullptr;
 };
 
 class DataParallel : public GradListener {
  public:
   // Registers itself as model's gradient listener. model and comm must
   // outlive it.
-  DataParallel(GPT& model, dist::Communicator& comm, const DataParallelOptions& o);
+  DataParallel(GPT& model, comm::Communicator& comm, const DataParallelOptions& o);
   ~DataParallel() override;
 
   // Broadcasts the parameters from rank 0, then checks that every rank holds
@@ -123,7 +123,7 @@ class DataParallel : public GradListener {
     std::vector<float> buffer;  // host model
     float* device_buffer = nullptr;  // CUDA model: a tensor of bucket_arena_
     int64_t count = 0;               // floats in the bucket
-    std::unique_ptr<dist::Work> work;
+    std::unique_ptr<comm::Work> work;
   };
   int event_index(int what) const;
   double owned_sum_of_squares(int64_t lo, int64_t hi) const;
@@ -142,10 +142,10 @@ class DataParallel : public GradListener {
   float* zero_v() { return on_device_ ? zero_moments_.tensor(1).f32() : v_.data(); }
   // All-reduces `count` host values over comm_ (through scratch_ when comm_
   // takes device buffers).
-  Status all_reduce_host(void* data, int64_t count, dist::ElemType type, dist::ReduceOp op);
+  Status all_reduce_host(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op);
 
   GPT& model_;
-  dist::Communicator& comm_;
+  comm::Communicator& comm_;
   DataParallelOptions opts_;
   bool communicate_ = true;
   double comm_seconds_ = 0.0;
@@ -158,7 +158,7 @@ class DataParallel : public GradListener {
   int t_ = 0;
   // CUDA model.
   bool on_device_ = false;
-  dist::NcclCommunicator* nccl_ = nullptr;  // comm_ when it is NCCL (dp > 1), else null
+  comm::NcclCommunicator* nccl_ = nullptr;  // comm_ when it is NCCL (dp > 1), else null
   Arena bucket_arena_;   // the buckets' buffers, one tensor each
   Arena zero_moments_;   // ZeRO: m (tensor 0) and v (tensor 1), shard_ floats each
   Arena scratch_;        // 16 bytes for all_reduce_host

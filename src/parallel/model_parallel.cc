@@ -8,7 +8,7 @@
 
 namespace tessera {
 
-ModelShard shard_for(const dist::MeshShape& shape, const dist::MeshCoord& coord,
+ModelShard shard_for(const comm::MeshShape& shape, const comm::MeshCoord& coord,
                      const std::vector<int>& stage_layers) {
   ModelShard s;
   s.tp = shape.tp;
@@ -45,9 +45,9 @@ void copy_from_whole(const GPT& whole, GPT& shard) {
   }
 }
 
-Status gather_whole(GPT& shard, dist::Mesh& mesh, const std::vector<int>& stage_layers, GPT* whole) {
-  dist::Communicator& world = mesh.world();
-  const dist::MeshShape& shape = mesh.shape();
+Status gather_whole(GPT& shard, comm::Mesh& mesh, const std::vector<int>& stage_layers, GPT* whole) {
+  comm::Communicator& world = mesh.world();
+  const comm::MeshShape& shape = mesh.shape();
   const int kTag = 7001;
   if (mesh.coord().dp == 0 && world.rank() != 0) {
     const Arena& p = shard.params();
@@ -56,7 +56,7 @@ Status gather_whole(GPT& shard, dist::Mesh& mesh, const std::vector<int>& stage_
   if (world.rank() != 0) return Status::OK();
   std::vector<char> buf;
   for (int q = 0; q < shape.size(); q++) {
-    const dist::MeshCoord c = dist::mesh_coord(shape, q);
+    const comm::MeshCoord c = comm::mesh_coord(shape, q);
     if (c.dp != 0) continue;
     const ModelShard s = shard_for(shape, c, stage_layers);
     const Arena layout = param_layout(shard.config(), s);  // the peer's offsets
@@ -75,12 +75,12 @@ Status gather_whole(GPT& shard, dist::Mesh& mesh, const std::vector<int>& stage_
   return Status::OK();
 }
 
-Result<std::unique_ptr<TiedEmbedding>> TiedEmbedding::create(dist::Mesh& mesh) {
+Result<std::unique_ptr<TiedEmbedding>> TiedEmbedding::create(comm::Mesh& mesh) {
   auto tied = std::make_unique<TiedEmbedding>();
   const int pp = mesh.shape().pp, stage = mesh.coord().pp;
   if (pp == 1) return tied;
   const bool holds = stage == 0 || stage == pp - 1;
-  ASSIGN_OR_RETURN(std::unique_ptr<dist::Communicator> c, mesh.pp().split(holds ? 0 : 1, stage, "embed"));
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> c, mesh.pp().split(holds ? 0 : 1, stage, "embed"));
   if (holds) tied->comm_ = std::move(c);
   return tied;
 }
@@ -89,7 +89,7 @@ Status TiedEmbedding::sum_grads(GPT& model) {
   if (!comm_) return Status::OK();
   auto t0 = std::chrono::steady_clock::now();
   Tensor g = model.grads().tensor(kWte);
-  Status st = comm_->all_reduce(g.f32(), g.f32(), g.numel(), dist::ElemType::kF32, dist::ReduceOp::kSum);
+  Status st = comm_->all_reduce(g.f32(), g.f32(), g.numel(), comm::ElemType::kF32, comm::ReduceOp::kSum);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }

@@ -7,28 +7,28 @@
 #include <vector>
 
 #include "core/status.h"
-#include "dist/mesh.h"
+#include "comm/mesh.h"
 #include "nn/gpt.h"
 
 namespace tessera {
 
 // The shard of the rank at `coord`: tp rank coord.tp, the layers of stage
 // coord.pp given every stage's layer count.
-ModelShard shard_for(const dist::MeshShape& shape, const dist::MeshCoord& coord, const std::vector<int>& stage_layers);
+ModelShard shard_for(const comm::MeshShape& shape, const comm::MeshCoord& coord, const std::vector<int>& stage_layers);
 
 // shard's parameters = its blocks of whole's (same GPTConfig).
 void copy_from_whole(const GPT& whole, GPT& shard);
 
 // Assembles the whole model's parameters into *whole on world rank 0 (whole
 // is null elsewhere) from the shards of dp rank 0. Collective over the world.
-Status gather_whole(GPT& shard, dist::Mesh& mesh, const std::vector<int>& stage_layers, GPT* whole);
+Status gather_whole(GPT& shard, comm::Mesh& mesh, const std::vector<int>& stage_layers, GPT* whole);
 
 // With pp > 1 the first stage's token embedding and the last stage's output
 // layer are one tensor (wte), held by both: their gradients are summed so the
 // two copies stay identical. Collective over the pp axis at create().
 class TiedEmbedding {
  public:
-  static Result<std::unique_ptr<TiedEmbedding>> create(dist::Mesh& mesh);
+  static Result<std::unique_ptr<TiedEmbedding>> create(comm::Mesh& mesh);
   // Sums wte's gradient between the two stages (no-op with pp == 1 and on
   // middle stages).
   Status sum_grads(GPT& model);
@@ -40,7 +40,7 @@ class TiedEmbedding {
   }
 
  private:
-  std::unique_ptr<dist::Communicator> comm_;  // first and last stage; null if not one of them or pp == 1
+  std::unique_ptr<comm::Communicator> comm_;  // first and last stage; null if not one of them or pp == 1
   double seconds_ = 0.0;
 };
 

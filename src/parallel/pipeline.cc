@@ -72,7 +72,7 @@ Result<std::vector<int>> stage_layer_counts(int layers, int stages, const std::v
   return counts;
 }
 
-Pipeline::Pipeline(GPT& model, dist::Communicator& pp, PipelineSchedule schedule)
+Pipeline::Pipeline(GPT& model, comm::Communicator& pp, PipelineSchedule schedule)
     : model_(model), pp_(pp), schedule_(schedule), stage_(pp.rank()), stages_(pp.size()) {}
 
 Pipeline::Times Pipeline::take_times() {
@@ -85,7 +85,7 @@ Status Pipeline::recv(float* dst, int64_t n, int peer, int tag) {
   return pp_.recv(dst, n * static_cast<int64_t>(sizeof(float)), peer, tag);
 }
 
-Status Pipeline::wait_send(std::unique_ptr<dist::Work>& w) {
+Status Pipeline::wait_send(std::unique_ptr<comm::Work>& w) {
   if (!w) return Status::OK();
   auto t0 = Clock::now();
   Status st = w->wait();

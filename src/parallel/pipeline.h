@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 #include "nn/gpt.h"
 
 namespace tessera {
@@ -50,7 +50,7 @@ Result<std::vector<int>> stage_layer_counts(int layers, int stages, const std::v
 class Pipeline {
  public:
   // model is this stage's shard; pp's rank is the stage. Both outlive this.
-  Pipeline(GPT& model, dist::Communicator& pp, PipelineSchedule schedule);
+  Pipeline(GPT& model, comm::Communicator& pp, PipelineSchedule schedule);
 
   // Fills micro-batch `micro`'s token ids, (B,T) each.
   using FillFn = std::function<Status(int micro, int* inputs, int* targets)>;
@@ -77,15 +77,15 @@ class Pipeline {
 
  private:
   Status recv(float* dst, int64_t n, int peer, int tag);
-  Status wait_send(std::unique_ptr<dist::Work>& w);
+  Status wait_send(std::unique_ptr<comm::Work>& w);
 
   GPT& model_;
-  dist::Communicator& pp_;
+  comm::Communicator& pp_;
   PipelineSchedule schedule_;
   int stage_, stages_;
   Times times_;
   std::vector<int> in_, tg_;  // one micro-batch's tokens
-  std::vector<std::unique_ptr<dist::Work>> act_sends_, grad_sends_;  // per slot
+  std::vector<std::unique_ptr<comm::Work>> act_sends_, grad_sends_;  // per slot
 };
 
 }  // namespace tessera

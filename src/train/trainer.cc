@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
-#include "dist/local_device.h"
-#include "dist/mesh.h"
-#include "dist/nccl/nccl_factory.h"
+#include "comm/local_device.h"
+#include "comm/mesh.h"
+#include "comm/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
@@ -80,16 +80,16 @@ void maybe_inject_fault(int rank, int step) {
 
 }  // namespace
 
-Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& world, std::FILE* out) {
+Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out) {
   const int rank = world.rank();
   if (c.dp * c.tp * c.pp != world.size())
     return Status::InvalidArgument(fmt::format(
         "parallel.dp x tp x pp = {} x {} x {} = {} but {} rank(s) are running; launch with "
         "`tessera launch -n {} -- train ...` or set parallel.dp",
         c.dp, c.tp, c.pp, c.dp * c.tp * c.pp, world.size(), c.dp * c.tp * c.pp));
-  ASSIGN_OR_RETURN(std::unique_ptr<dist::Mesh> mesh, dist::Mesh::create(world, {c.dp, c.tp, c.pp}));
-  dist::Communicator& dp = mesh->dp();
-  const dist::MeshCoord coord = mesh->coord();
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::Mesh> mesh, comm::Mesh::create(world, {c.dp, c.tp, c.pp}));
+  comm::Communicator& dp = mesh->dp();
+  const comm::MeshCoord coord = mesh->coord();
   if (rank != 0) out = nullptr;  // rank 0 speaks for the job
   auto say = [&](auto&&... args) {
     if (out) std::fprintf(out, args...);
@@ -101,7 +101,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   // memory, so tp and pp stay on the CPU.
   const bool on_cuda = c.device == "cuda";
   const Backend backend = on_cuda ? Backend::kCUDA : Backend::kCPU;
-  std::unique_ptr<dist::Communicator> nccl_dp;  // the dp axis on the GPUs (dp > 1)
+  std::unique_ptr<comm::Communicator> nccl_dp;  // the dp axis on the GPUs (dp > 1)
   if (on_cuda) {
     if (c.tp > 1 || c.pp > 1)
       return Status::InvalidArgument(fmt::format(
@@ -113,20 +113,20 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     // failure is every rank's error, not a wait for it.
     auto agree = [&](const Status& mine) -> Status {
       int32_t ok = mine.ok() ? 1 : 0;
-      RETURN_IF_ERROR(world.all_reduce(&ok, &ok, 1, dist::ElemType::kI32, dist::ReduceOp::kMin));
+      RETURN_IF_ERROR(world.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
       RETURN_IF_ERROR(mine);
       if (!ok) return Status::Unavailable("another rank has no usable CUDA device (see its error)");
       return Status::OK();
     };
     RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA)));
-    Result<int> device = dist::select_local_device();
+    Result<int> device = comm::select_local_device();
     RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status()));
     say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
         world.size() > 1 ? " on rank 0, one GPU per rank" : "");
     if (c.dp > 1) {
-      dist::CommOptions o;
+      comm::CommOptions o;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
-      ASSIGN_OR_RETURN(nccl_dp, dist::make_nccl_communicator(dp, "dp-nccl", o));
+      ASSIGN_OR_RETURN(nccl_dp, comm::make_nccl_communicator(dp, "dp-nccl", o));
     }
   }
 
@@ -242,7 +242,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
   // state, activations (bytes).
   double mem[4] = {static_cast<double>(model->params().bytes()), static_cast<double>(model->grads().bytes()),
                    static_cast<double>(ddp.optimizer_state_bytes()), static_cast<double>(model->activation_bytes())};
-  RETURN_IF_ERROR(world.all_reduce(mem, mem, 4, dist::ElemType::kF64, dist::ReduceOp::kMax));
+  RETURN_IF_ERROR(world.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc.str().c_str(),
       mc.num_parameters() / 1e6, c.dtype.c_str(), static_cast<long long>(train.tokens()), train.files().size());
   say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step; matmul peak %.0f GFLOP/s/rank\n", B,
@@ -284,7 +284,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
         sums[1] += 1;
       }
     }
-    RETURN_IF_ERROR(world.all_reduce(sums, sums, 2, dist::ElemType::kF64));
+    RETURN_IF_ERROR(world.all_reduce(sums, sums, 2, comm::ElemType::kF64));
     const double loss = sums[0] / sums[1];
     if (!summary.has_val) summary.first_val_loss = loss;
     summary.has_val = true;
@@ -325,7 +325,7 @@ Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& worl
     double sums[4] = {reports_loss ? loss_sum / GA : 0.0, ddp.comm_seconds() + tp_s + tied->take_seconds(),
                       pt.bubble, pt.p2p};
     auto tl = Clock::now();
-    RETURN_IF_ERROR(world.all_reduce(sums, sums, 4, dist::ElemType::kF64));
+    RETURN_IF_ERROR(world.all_reduce(sums, sums, 4, comm::ElemType::kF64));
     const double loss = sums[0] / dp.size();
     const double comm_s = sums[1] / world.size() + std::chrono::duration<double>(Clock::now() - tl).count();
     const double bubble_s = sums[2] / world.size(), p2p_s = sums[3] / world.size();

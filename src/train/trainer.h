@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "core/status.h"
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -20,6 +20,6 @@ struct TrainSummary {
 // Runs c.steps optimizer steps on the ranks of `world` (size 1 without
 // mpirun), laid out as c.dp x c.tp x c.pp. Rank 0 prints progress to `out`,
 // writes the metrics and saves the weights.
-Result<TrainSummary> run_training(const TrainConfig& c, dist::Communicator& world, std::FILE* out);
+Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out);
 
 }  // namespace tessera

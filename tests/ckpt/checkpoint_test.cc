@@ -1,7 +1,7 @@
 // Sharded checkpoints (src/ckpt): round trips, resharding between layouts,
 // ZeRO flat ranges, padding, corruption, failing writes, publishing and
 // pruning. Multi-rank cases run ranks as threads (thread_comm.h); the MPI
-// version is tests/dist/mpi_checkpoint.cc.
+// version is tests/comm/mpi_checkpoint.cc.
 #include <unistd.h>
 
 #include <atomic>
@@ -20,7 +20,7 @@
 #include "ckpt/checkpointer.h"
 #include "ckpt/reshard.h"
 #include "ckpt/thread_comm.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "io/safetensors.h"
 
 namespace tessera::ckpt {
@@ -111,7 +111,7 @@ class CheckpointTest : public testing::Test {
                                            std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    world_ = dist::self_communicator();
+    world_ = comm::self_communicator();
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -124,7 +124,7 @@ class CheckpointTest : public testing::Test {
     return o;
   }
   // save() then poll(world, true): the result of that poll.
-  PollResult save_now(Checkpointer& c, dist::Communicator& w, int64_t step, const Pieces& p,
+  PollResult save_now(Checkpointer& c, comm::Communicator& w, int64_t step, const Pieces& p,
                       std::string_view state = "{}") {
     Result<bool> started = c.save(w, step, p.list, state);
     EXPECT_TRUE(started.ok() && *started) << started.status().message();
@@ -147,7 +147,7 @@ class CheckpointTest : public testing::Test {
   }
 
   fs::path dir_;
-  std::unique_ptr<dist::Communicator> world_;
+  std::unique_ptr<comm::Communicator> world_;
 };
 
 // ---- reshard core ----
@@ -272,7 +272,7 @@ TEST_F(CheckpointTest, ReshardsTwoRowBlocksIntoColumnBlocksAndFlatRanges) {
   // A QKV-like weight (L, 3C, C) = (2, 12, 4) viewed (L, 3, C, C): saved split
   // by heads (dim 2), read split by layers (dim 0).
   const Shape qkv{2, 12, 4}, qkv_view{2, 3, 4, 4};
-  run_ranks(2, [&](dist::Communicator& world) {
+  run_ranks(2, [&](comm::Communicator& world) {
     const int r = world.rank();
     Checkpointer c(options());
     Pieces p;
@@ -314,7 +314,7 @@ TEST_F(CheckpointTest, ReshardsTwoRowBlocksIntoColumnBlocksAndFlatRanges) {
 TEST_F(CheckpointTest, AssemblesZeroFlatRangePiecesIntoBlocks) {
   const Shape m{7, 6};  // 42 elements, split unevenly by flat range as ZeRO-1 does
   const int64_t cut[] = {0, 10, 30, 42};
-  run_ranks(3, [&](dist::Communicator& world) {
+  run_ranks(3, [&](comm::Communicator& world) {
     const int r = world.rank();
     Checkpointer c(options());
     Pieces p;
@@ -336,7 +336,7 @@ TEST_F(CheckpointTest, AssemblesZeroFlatRangePiecesIntoBlocks) {
 TEST_F(CheckpointTest, ReadsOnlyPiecesThatHoldWantedElements) {
   const Shape m{6, 5};  // ZeRO: every piece's block is the whole tensor
   const int64_t cut[] = {0, 10, 20, 30};
-  run_ranks(3, [&](dist::Communicator& world) {
+  run_ranks(3, [&](comm::Communicator& world) {
     const int r = world.rank();
     Checkpointer c(options());
     Pieces p;
@@ -537,7 +537,7 @@ TEST_F(CheckpointTest, FaultVariableOnlyHitsTheNamedRank) {
 TEST_F(CheckpointTest, FailureOnOneRankIsReportedOnEveryRank) {
   const Shape s{12, 4};
   FaultEnv full_disk(posix_env(), ENOSPC);
-  run_ranks(3, [&](dist::Communicator& world) {
+  run_ranks(3, [&](comm::Communicator& world) {
     const int r = world.rank();
     Checkpointer c(options(r == 1 ? static_cast<Env*>(&full_disk) : &posix_env()));
     Pieces p;
@@ -591,7 +591,7 @@ TEST_F(CheckpointTest, BadPiecesFailTheSaveNotTheProcess) {
 TEST_F(CheckpointTest, PollNeverPublishesBeforeEveryRankIsDurable) {
   const Shape s{8, 8};
   GateEnv slow(/*open=*/false);  // rank 1's disk, stuck until rank 1 opens it
-  run_ranks(2, [&](dist::Communicator& world) {
+  run_ranks(2, [&](comm::Communicator& world) {
     const int r = world.rank();
     Checkpointer c(options(r == 1 ? static_cast<Env*>(&slow) : &posix_env()));
     Pieces p;

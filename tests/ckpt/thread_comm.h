@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 
 namespace tessera::testing_util {
 
@@ -79,7 +79,7 @@ class ThreadHub {
   std::map<std::tuple<int, int, int>, std::deque<std::vector<std::byte>>> mail_;
 };
 
-class DoneWork : public dist::Work {
+class DoneWork : public comm::Work {
  public:
   explicit DoneWork(Status st) : st_(std::move(st)) {}
   bool test() override { return true; }
@@ -89,7 +89,7 @@ class DoneWork : public dist::Work {
   Status st_;
 };
 
-class ThreadComm : public dist::Communicator {
+class ThreadComm : public comm::Communicator {
  public:
   ThreadComm(ThreadHub& hub, int rank) : hub_(hub), rank_(rank) {}
   int rank() const override { return rank_; }
@@ -97,9 +97,9 @@ class ThreadComm : public dist::Communicator {
   const std::string& name() const override { return name_; }
   int world_rank_of(int rank) const override { return rank; }
 
-  std::unique_ptr<dist::Work> all_reduce_async(const void* send, void* recv, int64_t count, dist::ElemType type,
-                                               dist::ReduceOp op) override {
-    const size_t bytes = count * dist::elem_size(type);
+  std::unique_ptr<comm::Work> all_reduce_async(const void* send, void* recv, int64_t count, comm::ElemType type,
+                                               comm::ReduceOp op) override {
+    const size_t bytes = count * comm::elem_size(type);
     std::vector<std::vector<std::byte>> all;
     Status st = hub_.exchange(rank_, send, bytes, &all);
     if (st.ok()) {
@@ -109,57 +109,57 @@ class ThreadComm : public dist::Communicator {
     }
     return std::make_unique<DoneWork>(st);
   }
-  std::unique_ptr<dist::Work> all_gather_async(const void* send, void* recv, int64_t send_count,
-                                               dist::ElemType type) override {
-    const size_t bytes = send_count * dist::elem_size(type);
+  std::unique_ptr<comm::Work> all_gather_async(const void* send, void* recv, int64_t send_count,
+                                               comm::ElemType type) override {
+    const size_t bytes = send_count * comm::elem_size(type);
     std::vector<std::vector<std::byte>> all;
     Status st = hub_.exchange(rank_, send, bytes, &all);
     if (st.ok())
       for (int r = 0; r < size(); r++) std::memcpy(static_cast<std::byte*>(recv) + r * bytes, all[r].data(), bytes);
     return std::make_unique<DoneWork>(st);
   }
-  std::unique_ptr<dist::Work> broadcast_async(void* data, int64_t count, dist::ElemType type, int root) override {
-    const size_t bytes = count * dist::elem_size(type);
+  std::unique_ptr<comm::Work> broadcast_async(void* data, int64_t count, comm::ElemType type, int root) override {
+    const size_t bytes = count * comm::elem_size(type);
     std::vector<std::vector<std::byte>> all;
     Status st = hub_.exchange(rank_, data, rank_ == root ? bytes : 0, &all);
     if (st.ok()) std::memcpy(data, all[root].data(), bytes);
     return std::make_unique<DoneWork>(st);
   }
-  std::unique_ptr<dist::Work> send_async(const void* data, int64_t bytes, int peer, int tag) override {
+  std::unique_ptr<comm::Work> send_async(const void* data, int64_t bytes, int peer, int tag) override {
     hub_.post(rank_, peer, tag, data, bytes);
     return std::make_unique<DoneWork>(Status::OK());
   }
-  std::unique_ptr<dist::Work> recv_async(void* data, int64_t bytes, int peer, int tag) override {
+  std::unique_ptr<comm::Work> recv_async(void* data, int64_t bytes, int peer, int tag) override {
     return std::make_unique<DoneWork>(hub_.take(peer, rank_, tag, data, bytes));
   }
-  std::unique_ptr<dist::Work> barrier_async() override { return std::make_unique<DoneWork>(hub_.barrier()); }
-  std::unique_ptr<dist::Work> reduce_scatter_async(const void*, void*, int64_t, dist::ElemType,
-                                                   dist::ReduceOp) override {
+  std::unique_ptr<comm::Work> barrier_async() override { return std::make_unique<DoneWork>(hub_.barrier()); }
+  std::unique_ptr<comm::Work> reduce_scatter_async(const void*, void*, int64_t, comm::ElemType,
+                                                   comm::ReduceOp) override {
     return std::make_unique<DoneWork>(Status::Internal("thread hub: reduce_scatter not supported"));
   }
-  Result<std::unique_ptr<dist::Communicator>> split(int, int, const std::string&) override {
+  Result<std::unique_ptr<comm::Communicator>> split(int, int, const std::string&) override {
     return Status::Internal("thread hub: split not supported");
   }
 
  private:
   template <typename T>
-  static void combine_as(std::byte* acc, const std::byte* in, int64_t count, dist::ReduceOp op) {
+  static void combine_as(std::byte* acc, const std::byte* in, int64_t count, comm::ReduceOp op) {
     for (int64_t i = 0; i < count; i++) {
       T a, b;
       std::memcpy(&a, acc + i * sizeof(T), sizeof(T));
       std::memcpy(&b, in + i * sizeof(T), sizeof(T));
-      a = op == dist::ReduceOp::kSum ? a + b : op == dist::ReduceOp::kMax ? std::max(a, b) : std::min(a, b);
+      a = op == comm::ReduceOp::kSum ? a + b : op == comm::ReduceOp::kMax ? std::max(a, b) : std::min(a, b);
       std::memcpy(acc + i * sizeof(T), &a, sizeof(T));
     }
   }
-  static void combine(std::byte* acc, const std::byte* in, int64_t count, dist::ElemType type, dist::ReduceOp op) {
+  static void combine(std::byte* acc, const std::byte* in, int64_t count, comm::ElemType type, comm::ReduceOp op) {
     switch (type) {
-      case dist::ElemType::kF32: return combine_as<float>(acc, in, count, op);
-      case dist::ElemType::kF64: return combine_as<double>(acc, in, count, op);
-      case dist::ElemType::kI32: return combine_as<int32_t>(acc, in, count, op);
-      case dist::ElemType::kI64: return combine_as<int64_t>(acc, in, count, op);
-      case dist::ElemType::kU64: return combine_as<uint64_t>(acc, in, count, op);
-      case dist::ElemType::kU8: return combine_as<uint8_t>(acc, in, count, op);
+      case comm::ElemType::kF32: return combine_as<float>(acc, in, count, op);
+      case comm::ElemType::kF64: return combine_as<double>(acc, in, count, op);
+      case comm::ElemType::kI32: return combine_as<int32_t>(acc, in, count, op);
+      case comm::ElemType::kI64: return combine_as<int64_t>(acc, in, count, op);
+      case comm::ElemType::kU64: return combine_as<uint64_t>(acc, in, count, op);
+      case comm::ElemType::kU8: return combine_as<uint8_t>(acc, in, count, op);
     }
   }
 
@@ -169,7 +169,7 @@ class ThreadComm : public dist::Communicator {
 };
 
 // Runs fn(comm) on n threads, rank r on thread r, and joins them.
-inline void run_ranks(int n, const std::function<void(dist::Communicator&)>& fn) {
+inline void run_ranks(int n, const std::function<void(comm::Communicator&)>& fn) {
   ThreadHub hub(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; r++)

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "nn/gpt.h"
 #include "parallel/model_parallel.h"
 #include "tensor/slice.h"
@@ -131,7 +131,7 @@ TEST(ModelShard, CopyFromWholeKeepsTheWholeRowsWhenTpPadsTheVocabularyMore) {
   ASSERT_EQ(c.padded_vocab(3), 384);
   GPT whole(c, Backend::kRef);
   whole.init_weights(5);
-  auto comm = dist::self_communicator();  // never used: no forward here
+  auto comm = comm::self_communicator();  // never used: no forward here
   const float* w = whole.params().tensor(kWte).f32();
   for (int r = 0; r < 3; r++) {
     GPT shard(c, Backend::kRef, ModelShard{3, r}, comm.get());

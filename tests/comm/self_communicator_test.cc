@@ -6,9 +6,9 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 TEST(SelfCommunicator, IsOneRank) {
@@ -92,4 +92,4 @@ TEST(ElemType, SizesAndNames) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -21,7 +21,7 @@ namespace tessera::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
-using dist::mpi_test::test_world;
+using comm::mpi_test::test_world;
 
 std::vector<float> tensor_data(const Shape& s, int seed) {
   std::vector<float> v(s.numel());
@@ -54,9 +54,9 @@ int64_t cut(int64_t n, int part, int parts) { return n * part / parts; }
 class MpiCheckpoint : public testing::Test {
  protected:
   void SetUp() override {
-    dist::Communicator& w = test_world();
+    comm::Communicator& w = test_world();
     int64_t pid = ::getpid();
-    ASSERT_TRUE(w.broadcast(&pid, 1, dist::ElemType::kI64, 0).ok());
+    ASSERT_TRUE(w.broadcast(&pid, 1, comm::ElemType::kI64, 0).ok());
     const auto* info = testing::UnitTest::GetInstance()->current_test_info();
     dir_ = fs::path(testing::TempDir()) / fmt::format("tessera_mpi_ckpt_{}_{}", info->name(), pid);
     if (w.rank() == 0) {
@@ -80,7 +80,7 @@ class MpiCheckpoint : public testing::Test {
 };
 
 TEST_F(MpiCheckpoint, SavedAsRowBlocksReadBackAsColumnsAndFlatRanges) {
-  dist::Communicator& w = test_world();
+  comm::Communicator& w = test_world();
   const int r = w.rank(), n = w.size();
   const Shape a{13, 10}, m{7, 9}, b{5};
   {
@@ -123,7 +123,7 @@ TEST_F(MpiCheckpoint, SavedAsRowBlocksReadBackAsColumnsAndFlatRanges) {
 }
 
 TEST_F(MpiCheckpoint, OneRanksFailingDiskIsReportedOnEveryRank) {
-  dist::Communicator& w = test_world();
+  comm::Communicator& w = test_world();
   const int r = w.rank(), n = w.size();
   FaultEnv full(posix_env(), ENOSPC);
   Checkpointer c(options(r == n - 1 ? static_cast<Env*>(&full) : &posix_env()));
@@ -150,7 +150,7 @@ class SlowEnv : public Env {
 };
 
 TEST_F(MpiCheckpoint, NothingIsPublishedBeforeTheSlowestRankIsDurable) {
-  dist::Communicator& w = test_world();
+  comm::Communicator& w = test_world();
   const int r = w.rank(), n = w.size();
   SlowEnv slow;
   Checkpointer c(options(r == n - 1 ? static_cast<Env*>(&slow) : &posix_env()));
@@ -172,7 +172,7 @@ TEST_F(MpiCheckpoint, NothingIsPublishedBeforeTheSlowestRankIsDurable) {
   }
   EXPECT_GT(pending_polls, 0);
   int64_t polls[2] = {pending_polls, -pending_polls};  // every rank made the same number of polls
-  ASSERT_TRUE(w.all_reduce(polls, polls, 2, dist::ElemType::kI64, dist::ReduceOp::kMax).ok());
+  ASSERT_TRUE(w.all_reduce(polls, polls, 2, comm::ElemType::kI64, comm::ReduceOp::kMax).ok());
   EXPECT_EQ(polls[0], -polls[1]);
   EXPECT_TRUE(fs::exists(dir_ / "step-00000010" / fmt::format("shard-{:05d}.safetensors", n - 1)));
 }

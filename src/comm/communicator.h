@@ -9,7 +9,7 @@
 // (CommOptions::timeout): on expiry it returns Status::Unavailable naming the
 // operation, its sequence number on this communicator, the communicator and
 // the peers it was waiting on, instead of hanging. A rank that gets such an
-// error should report it and exit non-zero (dist::abort_job).
+// error should report it and exit non-zero (comm::abort_job).
 //
 // Thread safety: one thread issues operations on a communicator; Work
 // handles are waited on by that same thread. Buffers passed to an async
@@ -24,7 +24,7 @@
 
 #include "core/status.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 enum class ReduceOp { kSum, kMax, kMin };
 // Element types collectives carry.
@@ -106,4 +106,4 @@ class Communicator {
   Status barrier() { return barrier_async()->wait(); }
 };
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

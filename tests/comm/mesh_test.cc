@@ -3,10 +3,10 @@
 // (mpi_topology.cc).
 #include <gtest/gtest.h>
 
-#include "dist/mesh.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mesh.h"
+#include "comm/mpi/mpi_communicator.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 TEST(MeshCoord, RoundTripsAndPutsTensorParallelPeersAdjacent) {
@@ -41,4 +41,4 @@ TEST(Mesh, ShapeMismatchAndZeroAxesAreErrors) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -7,11 +7,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "dist/mesh.h"
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mesh.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "mpi_test_env.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using mpi_test::test_world;
@@ -116,4 +116,4 @@ TEST(MpiMesh, ShapeMustCoverTheWorld) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,6 +1,6 @@
 // Local rank (launcher environment, else MPI's shared-memory split) and the
 // CUDA device it selects.
-#include "dist/local_device.h"
+#include "comm/local_device.h"
 
 #include <mpi.h>
 
@@ -10,7 +10,7 @@
 
 #include "kernels/cuda/device.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 namespace {
 
@@ -66,4 +66,4 @@ Result<int> select_local_device(size_t min_free_bytes, bool exclusive) {
   return device;
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

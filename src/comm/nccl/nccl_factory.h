@@ -3,16 +3,16 @@
 // (TESSERA_HAVE_NCCL undefined: TESSERA_CUDA=OFF, no nvcc, or no libnccl)
 // nccl_compiled() is false and make_nccl_communicator() returns
 // Status::Unavailable("Tessera was built without NCCL ...")
-// (dist/nccl/no_nccl.cc). The communicator itself, with its CUDA stream
-// hooks, is dist/nccl/nccl_communicator.h (needs the CUDA headers).
+// (comm/nccl/no_nccl.cc). The communicator itself, with its CUDA stream
+// hooks, is comm/nccl/nccl_communicator.h (needs the CUDA headers).
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 // True when the NCCL communicator is compiled into this binary.
 bool nccl_compiled();
@@ -21,7 +21,7 @@ std::string nccl_version();
 
 // A communicator over the same ranks as `bootstrap`, in the same order
 // (rank r here is rank r there, world_rank_of() agrees), on the calling
-// thread's current CUDA device: select it first (dist/local_device.h),
+// thread's current CUDA device: select it first (comm/local_device.h),
 // one device per rank. Rank 0 creates an NCCL unique id and broadcasts it
 // over `bootstrap`, a host-memory communicator (MPI, or self for one rank)
 // that is used only during this call. Collective over `bootstrap`; bounded
@@ -30,4 +30,4 @@ std::string nccl_version();
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& bootstrap, const std::string& name,
                                                              const CommOptions& options = {});
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -26,9 +26,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 // True when this process was started by mpirun/mpiexec (OpenMPI: the
 // OMPI_COMM_WORLD_SIZE variable) or a PMI launcher such as srun (PMI_SIZE,
@@ -65,4 +65,4 @@ void mpi_finalize();
 int64_t mpi_chunk_limit();
 void set_mpi_chunk_limit_for_testing(int64_t elements);
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -7,9 +7,9 @@
 
 #include <memory>
 
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 struct MeshShape {
   int dp = 1, tp = 1, pp = 1;
@@ -43,4 +43,4 @@ class Mesh {
   std::unique_ptr<Communicator> dp_, tp_, pp_;
 };
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

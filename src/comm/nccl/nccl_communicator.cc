@@ -1,7 +1,7 @@
 // NCCL communicator: nonblocking NCCL calls on the communicator's own
 // stream, a CUDA event per operation, deadline-bounded waits that abort the
 // NCCL communicator on expiry. Bootstrapped over a host communicator (MPI).
-#include "dist/nccl/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 
 #include <nccl.h>
 #include <sched.h>
@@ -18,7 +18,7 @@
 
 #include "core/check.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 namespace {
 
@@ -749,4 +749,4 @@ Result<std::unique_ptr<Communicator>> NcclCommunicator::split(int color, int key
   return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(sub)));
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,8 +1,8 @@
-#include "dist/mesh.h"
+#include "comm/mesh.h"
 
 #include <fmt/format.h>
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 MeshCoord mesh_coord(const MeshShape& s, int world_rank) {
   MeshCoord c;
@@ -40,4 +40,4 @@ Result<std::unique_ptr<Mesh>> Mesh::create(Communicator& world, const MeshShape&
   return mesh;
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

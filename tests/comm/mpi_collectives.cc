@@ -10,10 +10,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "mpi_test_env.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using mpi_test::test_world;
@@ -270,4 +270,4 @@ TEST(MpiChunking, ReduceScatterOverTheLimitIsAClearError) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -22,18 +22,18 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "dist/local_device.h"
-#include "dist/mpi/mpi_communicator.h"
-#include "dist/nccl/nccl_factory.h"
+#include "comm/local_device.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "comm/nccl/nccl_factory.h"
 #include "kernels/cuda/device.h"
 #include "mpi_test_env.h"
 #ifdef TESSERA_HAVE_NCCL
 #include <cuda_runtime_api.h>
 
-#include "dist/nccl/nccl_communicator.h"
+#include "comm/nccl/nccl_communicator.h"
 #endif
 
-namespace tessera::dist {
+namespace tessera::comm {
 namespace {
 
 using mpi_test::test_world;
@@ -497,4 +497,4 @@ TEST(NcclDeadline, MissingPeerTimesOutAndAborts) {
 }
 
 }  // namespace
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,6 +1,6 @@
 // MPI communicator (nonblocking MPI calls + deadline-bounded waits), the
 // single-process "self" communicator, and MPI start-up/shut-down.
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -20,7 +20,7 @@
 
 #include "core/check.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 namespace {
 
@@ -703,4 +703,4 @@ void set_mpi_chunk_limit_for_testing(int64_t elements) {
   mpi_process().chunk_limit = elements;
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,10 +1,10 @@
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 
 #include <fmt/format.h>
 
 #include "core/check.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 size_t elem_size(ElemType t) {
   switch (t) {
@@ -52,4 +52,4 @@ std::string format_peer_list(const std::vector<int>& peers) {
   return out + "]";
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

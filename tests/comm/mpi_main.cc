@@ -8,10 +8,10 @@
 
 #include <gtest/gtest.h>
 
-#include "dist/mpi/mpi_communicator.h"
+#include "comm/mpi/mpi_communicator.h"
 #include "mpi_test_env.h"
 
-namespace tessera::dist::mpi_test {
+namespace tessera::comm::mpi_test {
 
 namespace {
 Communicator* g_world = nullptr;
@@ -36,10 +36,10 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 Communicator& test_world() { return *g_world; }
 
-}  // namespace tessera::dist::mpi_test
+}  // namespace tessera::comm::mpi_test
 
 int main(int argc, char** argv) {
-  using namespace tessera::dist;
+  using namespace tessera::comm;
   ::testing::InitGoogleTest(&argc, argv);
   CommOptions options;
   options.timeout = mpi_test::kTestTimeout;

@@ -1,5 +1,5 @@
 // The NCCL backend of Communicator (GPUs). Made by make_nccl_communicator()
-// (dist/nccl/nccl_factory.h); this header adds what only CUDA code needs:
+// (comm/nccl/nccl_factory.h); this header adds what only CUDA code needs:
 // the communicator's stream and the hooks that order it against compute
 // streams. Compiled only with TESSERA_HAVE_NCCL; includes the CUDA runtime
 // header, not nccl.h.
@@ -57,10 +57,10 @@
 #include <memory>
 #include <string>
 
-#include "dist/communicator.h"
-#include "dist/nccl/nccl_factory.h"
+#include "comm/communicator.h"
+#include "comm/nccl/nccl_factory.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 struct NcclState;  // nccl_communicator.cc
 
@@ -110,4 +110,4 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<NcclState> state_;
 };
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

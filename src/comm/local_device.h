@@ -8,7 +8,7 @@
 
 #include "core/status.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 struct LocalRank {
   int rank = 0;  // among the job's processes on this host
@@ -29,4 +29,4 @@ Result<LocalRank> local_rank();
 // error naming both counts. Returns the device, now current on this thread.
 Result<int> select_local_device(size_t min_free_bytes = 0, bool exclusive = true);
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

@@ -1,8 +1,8 @@
-// dist/nccl/nccl_factory.h when the NCCL communicator is not compiled in:
+// comm/nccl/nccl_factory.h when the NCCL communicator is not compiled in:
 // every call says why. Built into tessera_core only in that case.
-#include "dist/nccl/nccl_factory.h"
+#include "comm/nccl/nccl_factory.h"
 
-namespace tessera::dist {
+namespace tessera::comm {
 
 bool nccl_compiled() { return false; }
 std::string nccl_version() { return ""; }
@@ -18,4 +18,4 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator&, cons
   return Status::Unavailable("communicator '" + name + "': Tessera was built without NCCL; " + why);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::comm

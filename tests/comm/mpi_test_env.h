@@ -1,13 +1,13 @@
-// Shared by the tests of tessera_mpi_tests (tests/dist/mpi_*.cc), a GoogleTest
+// Shared by the tests of tessera_mpi_tests (tests/comm/mpi_*.cc), a GoogleTest
 // program run under mpirun with 2-4 ranks (see tests/CMakeLists.txt). Every
 // rank runs every test in the same order, so collectives inside tests match.
 #pragma once
 
 #include <chrono>
 
-#include "dist/communicator.h"
+#include "comm/communicator.h"
 
-namespace tessera::dist::mpi_test {
+namespace tessera::comm::mpi_test {
 
 // The world communicator of the run (timeout kTestTimeout), made by main().
 Communicator& test_world();
@@ -16,4 +16,4 @@ Communicator& test_world();
 // hanging until ctest's timeout.
 constexpr std::chrono::milliseconds kTestTimeout{15000};
 
-}  // namespace tessera::dist::mpi_test
+}  // namespace tessera::comm::mpi_test

@@ -19,7 +19,7 @@
 #include "obs/op_timer.h"
 #include "tools/commands.h"
 #include "train/flops.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera::tools {
 

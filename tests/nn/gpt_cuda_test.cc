@@ -22,7 +22,7 @@
 #include "nn/gpt2_weights.h"
 #include "tensor/device_memory.h"
 #include "test_util.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 namespace {

@@ -80,6 +80,16 @@ class Communicator {
   virtual std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> barrier_async() = 0;
 
+  // Whether buffers passed to operations are device memory (NCCL) rather
+  // than host memory (MPI, self).
+  virtual bool takes_device_memory() const { return false; }
+  // on: from now on every operation first waits for the work queued on the
+  // device's compute stream (the legacy default stream, where the model's
+  // kernels run) at the time it is posted, so a gradient bucket can be posted
+  // right after the kernels that produce it; off undoes that. A no-op for
+  // host communicators.
+  virtual void order_after_compute(bool on) {}
+
   // A sub-communicator of the ranks that pass the same color, ordered by key
   // (MPI_Comm_split semantics). Collective over this communicator.
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) = 0;

@@ -86,6 +86,9 @@ class NcclCommunicator final : public Communicator {
   // A 1-element all-reduce on a device scratch word.
   std::unique_ptr<Work> barrier_async() override;
   Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) override;
+  bool takes_device_memory() const override { return true; }
+  // set_producer_stream(on ? cudaStreamLegacy : nullptr).
+  void order_after_compute(bool on) override { set_producer_stream(on ? cudaStreamLegacy : nullptr); }
 
   // The stream every operation runs on (owned; non-blocking w.r.t. the
   // legacy default stream).

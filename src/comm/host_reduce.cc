@@ -1,0 +1,29 @@
+#include "comm/host_reduce.h"
+
+#include "core/check.h"
+#include "tensor/device_memory.h"
+
+namespace tessera::comm {
+
+HostReduce::HostReduce(Communicator& comm) : comm_(comm) {
+  if (!comm_.takes_device_memory()) return;
+  scratch_.reserve("scratch", DType::kF32, Shape{kMaxBytes / 4});
+  scratch_.set_device(Device::kCUDA);
+  scratch_.allocate();
+}
+
+Status HostReduce::all_reduce(void* data, int64_t count, ElemType type, ReduceOp op) {
+  if (!scratch_.allocated()) return comm_.all_reduce(data, data, count, type, op);
+  const size_t bytes = static_cast<size_t>(count) * elem_size(type);
+  CHECK(bytes <= static_cast<size_t>(kMaxBytes));
+  // Blocking copies on the compute stream; the all-reduce is ordered after
+  // the first by the producer stream, and wait() returning OK means the
+  // result is in place for the second.
+  void* dev = scratch_.base();
+  copy_to_device(Device::kCUDA, dev, data, bytes);
+  RETURN_IF_ERROR(comm_.all_reduce(dev, dev, count, type, op));
+  copy_to_host(Device::kCUDA, data, dev, bytes);
+  return Status::OK();
+}
+
+}  // namespace tessera::comm

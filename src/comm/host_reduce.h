@@ -1,0 +1,29 @@
+// All-reduce of a few host values (a norm's squares, a hash) over any
+// communicator, also one that takes device buffers (NCCL): the values then
+// travel through a small device scratch buffer, with blocking copies on the
+// compute stream (the communicator is expected to be ordered after it,
+// Communicator::order_after_compute). Owns the scratch; the communicator
+// must outlive it. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "tensor/arena.h"
+
+namespace tessera::comm {
+
+class HostReduce {
+ public:
+  static constexpr int64_t kMaxBytes = 16;
+
+  explicit HostReduce(Communicator& comm);
+  // In place over count values at host pointer data (count * elem_size <= kMaxBytes).
+  Status all_reduce(void* data, int64_t count, ElemType type, ReduceOp op);
+
+ private:
+  Communicator& comm_;
+  Arena scratch_;  // kMaxBytes on the device, when comm_ takes device memory
+};
+
+}  // namespace tessera::comm

@@ -20,6 +20,7 @@
 #include "tools/commands.h"
 #include "train/flops.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel.h"
 
 namespace tessera::tools {
 
@@ -87,7 +88,7 @@ int run_train_bench(TrainArgs a) {
   GPT model(a.model, Backend::kCPUProfiled);
   model.set_precision(prec);
   model.init_weights(1234);
-  AdamW opt(model);
+  AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
   OptimizerConfig oc;
   oc.steps = a.warmup + a.steps;
   const int BT = a.batch * a.seq;
@@ -105,7 +106,7 @@ int run_train_bench(TrainArgs a) {
     model.zero_grad();
     model.backward();
     double t_bwd = seconds_since(t0) - t_fwd;
-    opt.step(model, oc, lr_at(oc, s));
+    opt.step(oc, lr_at(oc, s));
     double total = seconds_since(t0);
     std::fprintf(stderr, "step %d: loss %.4f, %.0f ms\n", s, loss, total * 1e3);
     if (s < a.warmup) continue;
@@ -150,7 +151,7 @@ int run_cuda_train_bench(const TrainArgs& a) {
   GPT model(a.model, Backend::kCUDA);
   model.set_precision(prec);
   model.init_weights(1234);
-  AdamW opt(model);
+  AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
   OptimizerConfig oc;
   oc.steps = a.warmup + a.steps;
   const int BT = a.batch * a.seq;
@@ -176,7 +177,7 @@ int run_cuda_train_bench(const TrainArgs& a) {
     model.backward();
     sync();
     double t_bwd = seconds_since(t0) - t_fwd;
-    opt.step(model, oc, lr_at(oc, s));
+    opt.step(oc, lr_at(oc, s));
     sync();
     double total = seconds_since(t0);
     std::fprintf(stderr, "step %d: loss %.4f, %.1f ms\n", s, loss, total * 1e3);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/check.h"
 #include "kernels/cuda/device.h"
 
 namespace tessera {
@@ -35,29 +36,58 @@ float global_norm(Device d, const float* x, int64_t n) {
   return static_cast<float>(std::sqrt(*sq));
 }
 
-AdamW::AdamW(const GPT& model) : m_(model.params().clone_layout()), v_(model.params().clone_layout()) {}
+float clip_scale(const OptimizerConfig& c, float norm) {
+  if (c.grad_clip <= 0.0f) return 1.0f;
+  return std::min(1.0f, c.grad_clip / (norm + 1e-6f));
+}
 
-float AdamW::step(GPT& model, const OptimizerConfig& c, float lr) {
-  Arena& grads = model.grads();
-  // Alignment gaps and vocab padding rows are zero, so the flat norm is the
-  // norm over the real gradients.
-  float norm = global_norm(grads.device(), reinterpret_cast<const float*>(grads.base()),
-                           static_cast<int64_t>(grads.bytes() / 4));
-  apply(model, c, lr, norm);
+AdamW::AdamW(ParamSpace space, AdamWKernel kernel) : AdamW(space, kernel, 0, space.count, space.count) {}
+
+AdamW::AdamW(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity)
+    : space_(std::move(space)), kernel_(kernel), lo_(lo), hi_(hi), capacity_(capacity) {
+  CHECK(0 <= lo && lo <= hi && hi <= space_.count && hi - lo <= capacity);
+  for (const ParamGroup& g : space_.groups) {
+    CHECK(g.params.size() == g.grads.size());
+    CHECK(g.grads.data() == space_.grads + space_.offset(g));
+  }
+  moments_.reserve("m", DType::kF32, Shape{std::max<int64_t>(capacity_, 1)});
+  moments_.reserve("v", DType::kF32, Shape{std::max<int64_t>(capacity_, 1)});
+  moments_.set_device(space_.device);
+  moments_.allocate();  // zeroed
+}
+
+float AdamW::step(const OptimizerConfig& c, float lr) {
+  CHECK(lo_ == 0 && hi_ == space_.count);
+  // Gaps between groups are zero, so the flat norm is the groups' norm.
+  const float norm = global_norm(space_.device, space_.grads, space_.count);
+  apply(c, lr, norm);
   return norm;
 }
 
-void AdamW::apply(GPT& model, const OptimizerConfig& c, float lr, float norm) {
-  float scale = 1.0f;
-  if (c.grad_clip > 0.0f) scale = std::min(1.0f, c.grad_clip / (norm + 1e-6f));  // as torch clip_grad_norm_
+void AdamW::apply(const OptimizerConfig& c, float lr, float norm) {
+  const float scale = clip_scale(c, norm);
   t_++;
-  const OpsTable& ops = ops_for(model.backend());
-  ParamPtrs p = model.param_ptrs(), g = model.grad_ptrs();
-  for (int id = 0; id < kNumParams; id++) {
-    AdamWParams hp{lr, c.beta1, c.beta2, c.eps, GPT::decays(id) ? c.weight_decay : 0.0f, t_, scale};
-    int64_t n = model.params().tensor(id).numel();
-    ops.adamw_update(p[id], g[id], m_.tensor(id).f32(), v_.tensor(id).f32(), n, hp);
+  float* m = this->m();
+  float* v = this->v();
+  for (const ParamGroup& g : space_.groups) {
+    const int64_t begin = space_.offset(g), end = begin + static_cast<int64_t>(g.params.size());
+    const int64_t a = std::max(begin, lo_), b = std::min(end, hi_);
+    if (a >= b) continue;
+    AdamWParams hp{lr, c.beta1, c.beta2, c.eps, g.decay ? c.weight_decay : 0.0f, t_, scale};
+    kernel_(space_.params + a, space_.grads + a, m + (a - lo_), v + (a - lo_), b - a, hp);
   }
+}
+
+double AdamW::owned_sum_of_squares() const {
+  CHECK(space_.device == Device::kCPU);
+  double sq = 0.0;
+  for (const ParamGroup& g : space_.groups) {
+    if (!g.counts_in_norm) continue;
+    const int64_t begin = space_.offset(g), end = begin + static_cast<int64_t>(g.grads.size());
+    const int64_t a = std::max(begin, lo_), b = std::min(end, hi_);
+    for (int64_t i = a; i < b; i++) sq += static_cast<double>(space_.grads[i]) * space_.grads[i];
+  }
+  return sq;
 }
 
 }  // namespace tessera

@@ -47,11 +47,11 @@ TensorSlice sub_slice(const GPT& model, int id, int64_t a, int64_t b, int64_t be
 
 }  // namespace
 
-std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero,
+std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, const ShardedAdamW& opt, int dp_rank, int zero,
                                                CheckpointMirror* mirror) {
   std::vector<ckpt::SavePiece> pieces;
   const Arena* host_params = &model.params();
-  DataParallel::OptimizerState st = ddp.optimizer_state();
+  ShardedAdamW::State st = opt.state();
   if (model.device() != Device::kCPU) {
     // Copy only what this rank saves (below): parameters on dp rank 0,
     // moments there or, with ZeRO, on every dp rank.
@@ -86,7 +86,7 @@ std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, in
   return pieces;
 }
 
-Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, DataParallel& ddp) {
+Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, ShardedAdamW& opt) {
   if (!ck.config().contains("model"))
     return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
   ASSIGN_OR_RETURN(GPTConfig saved, model_config_from_json(ck.config()["model"]));
@@ -96,7 +96,7 @@ Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, Data
     return Status::InvalidArgument(fmt::format("{} holds a model {} but the config asks for {}", ck.dir(),
                                                saved.str(), want.str()));
   const Arena& arena = model.params();
-  const DataParallel::OptimizerState st = ddp.optimizer_state();
+  const ShardedAdamW::State st = opt.state();
   // Reads a block into n floats at dst on the model's device (through a
   // host buffer for a device).
   const Device device = model.device();
@@ -132,7 +132,7 @@ Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, Data
   if (r.step != ck.step())
     return Status::Corruption(
         fmt::format("{}: the manifest says step {} but rank 0's state says {}", ck.dir(), ck.step(), r.step));
-  ddp.set_optimizer_steps(r.adam_t);
+  opt.set_steps(r.adam_t);
   return r;
 }
 

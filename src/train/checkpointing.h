@@ -25,7 +25,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
 #include "nn/gpt.h"
-#include "parallel/data_parallel.h"
+#include "optim/zero.h"
 
 namespace tessera {
 
@@ -38,7 +38,7 @@ Result<GPTConfig> model_config_from_json(const nlohmann::json& j);
 // allocated once.
 struct CheckpointMirror {
   Arena params;             // the parameter arena's layout, on the host
-  std::vector<float> m, v;  // DataParallel::optimizer_state()'s [lo, hi)
+  std::vector<float> m, v;  // ShardedAdamW::state()'s [lo, hi)
 };
 
 // This rank's pieces; dp_rank is the rank's coordinate on the dp axis. For a
@@ -46,7 +46,7 @@ struct CheckpointMirror {
 // into *mirror (blocking device-to-host copies after the queued kernels:
 // the part of a save that stalls training longest) and the pieces point
 // there; mirror must then be non-null and outlive the pieces' use.
-std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, DataParallel& ddp, int dp_rank, int zero,
+std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, const ShardedAdamW& opt, int dp_rank, int zero,
                                                CheckpointMirror* mirror = nullptr);
 
 struct ResumeState {
@@ -58,7 +58,7 @@ struct ResumeState {
 // the same model; error naming the difference otherwise) and returns the
 // step to continue from. A CUDA model's tensors are read into host memory,
 // then copied to the device.
-Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, DataParallel& ddp);
+Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, ShardedAdamW& opt);
 
 // The whole model's parameters from a checkpoint (for export).
 Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +19,8 @@
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
+#include "obs/metrics.h"
+#include "optim/zero.h"
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline.h"
@@ -78,330 +81,478 @@ void maybe_inject_fault(int rank, int step) {
   if (std::strcmp(kind, "exit") == 0) std::_Exit(3);
 }
 
-}  // namespace
 
-Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out) {
-  const int rank = world.rank();
-  if (c.dp * c.tp * c.pp != world.size())
-    return Status::InvalidArgument(fmt::format(
-        "parallel.dp x tp x pp = {} x {} x {} = {} but {} rank(s) are running; launch with "
-        "`tessera launch -n {} -- train ...` or set parallel.dp",
-        c.dp, c.tp, c.pp, c.dp * c.tp * c.pp, world.size(), c.dp * c.tp * c.pp));
-  ASSIGN_OR_RETURN(std::unique_ptr<comm::Mesh> mesh, comm::Mesh::create(world, {c.dp, c.tp, c.pp}));
-  comm::Communicator& dp = mesh->dp();
-  const comm::MeshCoord coord = mesh->coord();
-  if (rank != 0) out = nullptr;  // rank 0 speaks for the job
-  auto say = [&](auto&&... args) {
-    if (out) std::fprintf(out, args...);
+// The training loop in named parts: setup() (devices, mesh, model, data
+// parallelism, optimizer, resume, checkpointer, data), step() (one optimizer
+// step), evaluate(), save() (checkpoints), log() (the console line, the
+// JSONL metrics and the registry), finish() (the last save and the export).
+// Collectives run in the same order on every rank; run() calls the parts.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out)
+      : c_(c), world_(world), out_(world.rank() == 0 ? out : nullptr), rank_(world.rank()) {}
+
+  Result<TrainSummary> run();
+
+ private:
+  // A step's figures, the same on every rank.
+  struct StepStats {
+    int step = 0;  // 1-based: steps completed
+    double loss = 0.0;
+    float lr = 0.0f, norm = 0.0f;
+    double step_s = 0.0, comm_s = 0.0, bubble_s = 0.0, p2p_s = 0.0, tokens_per_s = 0.0, mfu = 0.0;
   };
 
+  Status setup();
+  Status setup_device();
+  Status setup_model();
+  Status setup_checkpointer();
+  Result<StepStats> step(int step);
+  Status evaluate(int step);
+  Status save(int step, bool stop, bool last);
+  void log(const StepStats& s);
+  void report_save(const ckpt::PollResult& r);
+  Status finish();
+
+  template <typename... Args>
+  void say(const char* fmt, Args... args) {
+    if (out_) std::fprintf(out_, fmt, args...);
+  }
+
+  const TrainConfig& c_;
+  comm::Communicator& world_;
+  std::FILE* out_;  // rank 0 speaks for the job; null elsewhere
+  const int rank_;
+  std::unique_ptr<comm::Mesh> mesh_;
+  comm::Communicator* dp_ = nullptr;
+  comm::MeshCoord coord_;
+  bool on_cuda_ = false;
+  Backend backend_ = Backend::kCPU;
+  std::unique_ptr<comm::Communicator> nccl_dp_;  // the dp axis on the GPUs (dp > 1)
+  GPTConfig mc_;
+  std::vector<int> stage_layers_;
+  PipelineSchedule schedule_ = PipelineSchedule::k1F1B;
+  MatmulPrecision prec_ = MatmulPrecision::kF32;
+  std::unique_ptr<GPT> model_;
+  bool sharded_ = false;
+  std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<ShardedAdamW> opt_;
+  std::unique_ptr<Pipeline> pipe_;
+  std::unique_ptr<TiedEmbedding> tied_;
+  bool reports_loss_ = false;  // the loss lives on the last stage; tp rank 0 of it reports it
+  MetricsLog metrics_;
+  obs::Registry registry_;
+  int start_step_ = 0;
+  std::unique_ptr<ckpt::Checkpointer> checkpointer_;
+  CheckpointMirror mirror_;  // host copies of a CUDA model's tensors
+  // Time the training thread spends in the checkpointer (staging copies, the
+  // agreement and rank 0's publishing), and all of training.
+  double stall_s_ = 0.0, train_s_ = 0.0;
+  std::optional<data::TokenLoader> train_;
+  std::vector<uint16_t> val_tokens_;
+  int64_t rows_per_step_ = 0;
+  double tokens_per_step_ = 0.0;
+  double peak_ = 0.0;  // matmul GFLOP/s per rank
+  // Memory per rank, the largest over ranks: parameters, gradients, optimizer
+  // state, activations (bytes).
+  double mem_[4] = {0, 0, 0, 0};
+  TrainSummary summary_;
+};
+
+Status Trainer::setup_device() {
   // train.device = "cuda": one GPU per rank, data parallelism (and ZeRO-1)
   // over an NCCL communicator for the dp axis. Tensor parallelism has host
   // loops (nn/vocab_parallel.cc) and the pipeline's messages read host
   // memory, so tp and pp stay on the CPU.
-  const bool on_cuda = c.device == "cuda";
-  const Backend backend = on_cuda ? Backend::kCUDA : Backend::kCPU;
-  std::unique_ptr<comm::Communicator> nccl_dp;  // the dp axis on the GPUs (dp > 1)
-  if (on_cuda) {
-    if (c.tp > 1 || c.pp > 1)
-      return Status::InvalidArgument(fmt::format(
-          "train.device = \"cuda\" supports data parallelism only: parallel.tp = {} and parallel.pp = {} must be 1 "
-          "(tensor and pipeline parallelism on CUDA are not supported yet; use train.device = \"cpu\")",
-          c.tp, c.pp));
-    // Every rank needs its GPU; the ranks agree on each stage before going
-    // on (select_local_device may itself be collective), so one rank's
-    // failure is every rank's error, not a wait for it.
-    auto agree = [&](const Status& mine) -> Status {
-      int32_t ok = mine.ok() ? 1 : 0;
-      RETURN_IF_ERROR(world.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-      RETURN_IF_ERROR(mine);
-      if (!ok) return Status::Unavailable("another rank has no usable CUDA device (see its error)");
-      return Status::OK();
-    };
-    RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA)));
-    Result<int> device = comm::select_local_device();
-    RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status()));
-    say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
-        world.size() > 1 ? " on rank 0, one GPU per rank" : "");
-    if (c.dp > 1) {
-      comm::CommOptions o;
-      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));
-      ASSIGN_OR_RETURN(nccl_dp, comm::make_nccl_communicator(dp, "dp-nccl", o));
-    }
+  on_cuda_ = c_.device == "cuda";
+  backend_ = on_cuda_ ? Backend::kCUDA : Backend::kCPU;
+  if (!on_cuda_) return Status::OK();
+  if (c_.tp > 1 || c_.pp > 1)
+    return Status::InvalidArgument(fmt::format(
+        "train.device = \"cuda\" supports data parallelism only: parallel.tp = {} and parallel.pp = {} must be 1 "
+        "(tensor and pipeline parallelism on CUDA are not supported yet; use train.device = \"cpu\")",
+        c_.tp, c_.pp));
+  // Every rank needs its GPU; the ranks agree on each stage before going
+  // on (select_local_device may itself be collective), so one rank's
+  // failure is every rank's error, not a wait for it.
+  auto agree = [&](const Status& mine) -> Status {
+    int32_t ok = mine.ok() ? 1 : 0;
+    RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+    RETURN_IF_ERROR(mine);
+    if (!ok) return Status::Unavailable("another rank has no usable CUDA device (see its error)");
+    return Status::OK();
+  };
+  RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA)));
+  Result<int> device = comm::select_local_device();
+  RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status()));
+  say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
+      world_.size() > 1 ? " on rank 0, one GPU per rank" : "");
+  if (c_.dp > 1) {
+    comm::CommOptions o;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000));
+    ASSIGN_OR_RETURN(nccl_dp_, comm::make_nccl_communicator(*dp_, "dp-nccl", o));
   }
+  return Status::OK();
+}
 
-  // The whole model's shape, then this rank's shard of it.
+// The whole model's shape, then this rank's shard of it, its data
+// parallelism and its optimizer.
+Status Trainer::setup_model() {
   std::unique_ptr<GPT> whole;
-  GPTConfig mc = c.model;
-  if (!c.init_from.empty()) {
-    ASSIGN_OR_RETURN(whole, load_gpt2(c.init_from, nullptr, c.tp == 1 && c.pp == 1 ? backend : Backend::kCPU));
-    mc = whole->config();
-    if (c.seq > mc.context)
+  mc_ = c_.model;
+  if (!c_.init_from.empty()) {
+    ASSIGN_OR_RETURN(whole, load_gpt2(c_.init_from, nullptr, c_.tp == 1 && c_.pp == 1 ? backend_ : Backend::kCPU));
+    mc_ = whole->config();
+    if (c_.seq > mc_.context)
       return Status::InvalidArgument(
-          fmt::format("train.seq ({}) exceeds the context ({}) of {}", c.seq, mc.context, c.init_from));
+          fmt::format("train.seq ({}) exceeds the context ({}) of {}", c_.seq, mc_.context, c_.init_from));
   }
-  ASSIGN_OR_RETURN(std::vector<int> wanted_stages, parse_stage_counts(c.stages));
-  ASSIGN_OR_RETURN(std::vector<int> stage_layers, stage_layer_counts(mc.layers, c.pp, wanted_stages));
-  const ModelShard shard = shard_for(mesh->shape(), coord, stage_layers);
-  RETURN_IF_ERROR(shard.validate(mc));
-  ASSIGN_OR_RETURN(PipelineSchedule schedule, parse_pipeline_schedule(c.schedule));
-  std::unique_ptr<GPT> model;
-  if (whole && c.tp == 1 && c.pp == 1) {
-    model = std::move(whole);
+  ASSIGN_OR_RETURN(std::vector<int> wanted_stages, parse_stage_counts(c_.stages));
+  ASSIGN_OR_RETURN(stage_layers_, stage_layer_counts(mc_.layers, c_.pp, wanted_stages));
+  const ModelShard shard = shard_for(mesh_->shape(), coord_, stage_layers_);
+  RETURN_IF_ERROR(shard.validate(mc_));
+  ASSIGN_OR_RETURN(schedule_, parse_pipeline_schedule(c_.schedule));
+  if (whole && c_.tp == 1 && c_.pp == 1) {
+    model_ = std::move(whole);
   } else {
-    model = std::make_unique<GPT>(mc, backend, shard, c.tp > 1 ? &mesh->tp() : nullptr);
+    model_ = std::make_unique<GPT>(mc_, backend_, shard, c_.tp > 1 ? &mesh_->tp() : nullptr);
     if (whole) {
-      copy_from_whole(*whole, *model);
+      copy_from_whole(*whole, *model_);
       whole.reset();
     } else {
-      model->init_weights(static_cast<uint64_t>(c.seed));
+      model_->init_weights(static_cast<uint64_t>(c_.seed));
     }
   }
-  const MatmulPrecision prec = c.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
-  model->set_precision(prec);
-  const bool sharded = !model->whole();
-  DataParallel ddp(*model, nccl_dp ? *nccl_dp : dp,
-                   {static_cast<int64_t>(c.bucket_mb * (1 << 20)), c.zero, sharded ? &world : nullptr});
-  RETURN_IF_ERROR(ddp.sync_parameters());
-  Pipeline pipe(*model, mesh->pp(), schedule);
-  ASSIGN_OR_RETURN(std::unique_ptr<TiedEmbedding> tied, TiedEmbedding::create(*mesh));
-  // The loss lives on the last stage; tp rank 0 of it reports it.
-  const bool reports_loss = shard.layer_end == mc.layers && coord.tp == 0;
+  prec_ = c_.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
+  model_->set_precision(prec_);
+  sharded_ = !model_->whole();
+  comm::Communicator& dp_comm = nccl_dp_ ? *nccl_dp_ : *dp_;
+  ddp_ = std::make_unique<DataParallel>(*model_, dp_comm,
+                                        DataParallelOptions{static_cast<int64_t>(c_.bucket_mb * (1 << 20)), c_.zero});
+  opt_ = std::make_unique<ShardedAdamW>(gpt_param_space(*model_), gpt_adamw_kernel(*model_), dp_comm,
+                                        ShardedAdamWOptions{c_.zero, sharded_ ? &world_ : nullptr});
+  RETURN_IF_ERROR(ddp_->sync_parameters());
+  pipe_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), schedule_);
+  ASSIGN_OR_RETURN(tied_, TiedEmbedding::create(*mesh_));
+  reports_loss_ = shard.layer_end == mc_.layers && coord_.tp == 0;
+  return Status::OK();
+}
 
-  MetricsLog metrics;
-  if (rank == 0) RETURN_IF_ERROR(metrics.open(c.metrics));
-  nlohmann::json layout_json = {{"dp", c.dp},           {"tp", c.tp},        {"pp", c.pp},
-                                {"zero", c.zero},       {"stages", stage_layers}, {"schedule", c.schedule}};
-  int start_step = 0;
-  if (!c.resume.empty()) {
-    const std::string path = c.resume == "latest" ? c.checkpoint_dir : c.resume;
+Status Trainer::setup_checkpointer() {
+  if (c_.checkpoint_every <= 0) return Status::OK();
+  ckpt::CheckpointerOptions o;
+  o.dir = c_.checkpoint_dir;
+  o.keep = c_.checkpoint_keep;
+  o.on_busy = c_.checkpoint_on_busy == "skip" ? ckpt::OnBusy::kSkip : ckpt::OnBusy::kWait;
+  o.config = {{"model", model_config_json(mc_)}, {"seed", c_.seed}, {"micro_batch", c_.micro_batch},
+              {"seq", c_.seq},                     {"grad_accum", c_.grad_accum}, {"dtype", c_.dtype}};
+  o.layout = {{"dp", c_.dp},     {"tp", c_.tp},          {"pp", c_.pp},
+              {"zero", c_.zero}, {"stages", stage_layers_}, {"schedule", c_.schedule}};
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
+  size_t floats = 0;
+  for (const ckpt::SavePiece& p : checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_))
+    floats += static_cast<size_t>(p.slice.numel());
+  checkpointer_->reserve_staging(floats);
+  return Status::OK();
+}
+
+Status Trainer::setup() {
+  if (c_.dp * c_.tp * c_.pp != world_.size())
+    return Status::InvalidArgument(fmt::format(
+        "parallel.dp x tp x pp = {} x {} x {} = {} but {} rank(s) are running; launch with "
+        "`tessera launch -n {} -- train ...` or set parallel.dp",
+        c_.dp, c_.tp, c_.pp, c_.dp * c_.tp * c_.pp, world_.size(), c_.dp * c_.tp * c_.pp));
+  ASSIGN_OR_RETURN(mesh_, comm::Mesh::create(world_, {c_.dp, c_.tp, c_.pp}));
+  dp_ = &mesh_->dp();
+  coord_ = mesh_->coord();
+  RETURN_IF_ERROR(setup_device());
+  RETURN_IF_ERROR(setup_model());
+
+  if (rank_ == 0) RETURN_IF_ERROR(metrics_.open(c_.metrics));
+  if (!c_.resume.empty()) {
+    const std::string path = c_.resume == "latest" ? c_.checkpoint_dir : c_.resume;
     ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
-    ASSIGN_OR_RETURN(ResumeState rs, load_checkpoint(ck, *model, ddp));
-    start_step = static_cast<int>(rs.step);
-    RETURN_IF_ERROR(ddp.check_parameters_identical());
-    say("resumed from %s at step %d (saved by layout %s)\n", ck.dir().c_str(), start_step, ck.layout().dump().c_str());
+    ASSIGN_OR_RETURN(ResumeState rs, load_checkpoint(ck, *model_, *opt_));
+    start_step_ = static_cast<int>(rs.step);
+    RETURN_IF_ERROR(ddp_->check_parameters_identical());
+    say("resumed from %s at step %d (saved by layout %s)\n", ck.dir().c_str(), start_step_,
+        ck.layout().dump().c_str());
   }
-  std::unique_ptr<ckpt::Checkpointer> checkpointer;
-  CheckpointMirror mirror;  // host copies of a CUDA model's tensors
-  if (c.checkpoint_every > 0) {
-    ckpt::CheckpointerOptions o;
-    o.dir = c.checkpoint_dir;
-    o.keep = c.checkpoint_keep;
-    o.on_busy = c.checkpoint_on_busy == "skip" ? ckpt::OnBusy::kSkip : ckpt::OnBusy::kWait;
-    o.config = {{"model", model_config_json(mc)}, {"seed", c.seed}, {"micro_batch", c.micro_batch},
-                {"seq", c.seq},                     {"grad_accum", c.grad_accum}, {"dtype", c.dtype}};
-    o.layout = layout_json;
-    checkpointer = std::make_unique<ckpt::Checkpointer>(std::move(o));
-    size_t floats = 0;
-    for (const ckpt::SavePiece& p : checkpoint_pieces(*model, ddp, coord.dp, c.zero, &mirror))
-      floats += static_cast<size_t>(p.slice.numel());
-    checkpointer->reserve_staging(floats);
-  }
-  // Time the training thread spends in the checkpointer (staging copies, the
-  // agreement and rank 0's publishing), and all of training.
-  double stall_s = 0.0, train_s = 0.0;
-  // Reports a finished save (rank 0): published, with its costs, or failed.
-  auto report_save = [&](const ckpt::PollResult& r) {
-    if (r.state == ckpt::SaveState::kPublished) {
-      say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s; checkpoints have "
-          "stalled training %.1f ms so far (%.3f%%)%s%s\n",
-          static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
-          stall_s * 1e3, train_s > 0 ? 100.0 * stall_s / (train_s + stall_s) : 0.0, r.warning.empty() ? "" : "; ",
-          r.warning.c_str());
-      metrics.write({{"checkpoint_step", r.step},
-                     {"stall_ms", r.stats.stall_ms},
-                     {"stalled_total_ms", stall_s * 1e3},
-                     {"bytes", r.stats.bytes_total},
-                     {"write_mb_s", r.stats.write_mb_s},
-                     {"stall_share", train_s > 0 ? stall_s / (train_s + stall_s) : 0.0}});
-    } else if (r.state == ckpt::SaveState::kFailed) {
-      if (out) std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
-                            r.error.message().c_str());
-      metrics.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
-    }
-  };
+  RETURN_IF_ERROR(setup_checkpointer());
 
-  ASSIGN_OR_RETURN(data::TokenLoader train, data::TokenLoader::open(c.train_data, c.seq, c.seed));
-  std::vector<uint16_t> val_tokens;
-  if (!c.val_data.empty()) {
-    ASSIGN_OR_RETURN(data::TokenLoader val, data::TokenLoader::open(c.val_data, c.seq, c.seed));
-    val_tokens = val.all_tokens();
+  ASSIGN_OR_RETURN(data::TokenLoader train, data::TokenLoader::open(c_.train_data, c_.seq, c_.seed));
+  train_.emplace(std::move(train));
+  if (!c_.val_data.empty()) {
+    ASSIGN_OR_RETURN(data::TokenLoader val, data::TokenLoader::open(c_.val_data, c_.seq, c_.seed));
+    val_tokens_ = val.all_tokens();
   }
 
-  const int B = c.micro_batch, T = c.seq, GA = c.grad_accum;
+  const int B = c_.micro_batch, T = c_.seq, GA = c_.grad_accum;
   // The global batch of a step: rows [0, B*GA*dp); dp rank r's micro-step m
   // takes rows [(r*GA + m)*B, +B), so the step's sequences do not depend on
   // the split between ranks and micro-steps. Every tp and pp rank of a data-
   // parallel replica reads the same rows.
-  const int64_t rows_per_step = int64_t{B} * GA * dp.size();
-  const double tokens_per_step = static_cast<double>(rows_per_step) * T;
+  rows_per_step_ = int64_t{B} * GA * dp_->size();
+  tokens_per_step_ = static_cast<double>(rows_per_step_) * T;
   // On a GPU the stated peak (train/flops.h), not a measurement.
-  const double peak = on_cuda ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec, 3);
-  model->reserve_activations(B, T, pipeline_slots(schedule, c.pp, coord.pp, GA));
-  // Memory per rank, the largest over ranks: parameters, gradients, optimizer
-  // state, activations (bytes).
-  double mem[4] = {static_cast<double>(model->params().bytes()), static_cast<double>(model->grads().bytes()),
-                   static_cast<double>(ddp.optimizer_state_bytes()), static_cast<double>(model->activation_bytes())};
-  RETURN_IF_ERROR(world.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
-  say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc.str().c_str(),
-      mc.num_parameters() / 1e6, c.dtype.c_str(), static_cast<long long>(train.tokens()), train.files().size());
+  peak_ = on_cuda_ ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec_, 3);
+  model_->reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA));
+  double mem[4] = {static_cast<double>(model_->params().bytes()), static_cast<double>(model_->grads().bytes()),
+                   static_cast<double>(opt_->state_bytes()), static_cast<double>(model_->activation_bytes())};
+  RETURN_IF_ERROR(world_.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  std::copy(mem, mem + 4, mem_);
+  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "params"}})
+      .set(mem_[0]);
+  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "grads"}})
+      .set(mem_[1]);
+  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "optimizer"}})
+      .set(mem_[2]);
+  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "activations"}})
+      .set(mem_[3]);
+  say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc_.str().c_str(),
+      mc_.num_parameters() / 1e6, c_.dtype.c_str(), static_cast<long long>(train_->tokens()), train_->files().size());
   say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step; matmul peak %.0f GFLOP/s/rank\n", B,
-      T, GA, dp.size(), tokens_per_step, peak);
-  if (world.size() > 1) {
+      T, GA, dp_->size(), tokens_per_step_, peak_);
+  if (world_.size() > 1) {
     std::string stages;
-    for (int n : stage_layers) stages += fmt::format("{}{}", stages.empty() ? "" : ",", n);
-    say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c.dp, c.tp, c.pp,
-        stages.c_str(), c.schedule.c_str(), c.zero ? "ZeRO-1" : "all-reduce", ddp.buckets());
+    for (int n : stage_layers_) stages += fmt::format("{}{}", stages.empty() ? "" : ",", n);
+    say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c_.dp, c_.tp, c_.pp,
+        stages.c_str(), c_.schedule.c_str(), c_.zero ? "ZeRO-1" : "all-reduce", ddp_->buckets());
   }
   say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB\n",
-      mem[0] / 1e6, mem[1] / 1e6, mem[2] / 1e6, mem[3] / 1e6);
+      mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6);
+  return Status::OK();
+}
 
-  TrainSummary summary;
-  // Validation batches are dealt round-robin to the dp replicas, run through
-  // the pipeline, and the last stage's sums all-reduced, so every rank gets
-  // the same mean.
-  auto run_eval = [&](int step) -> Status {
-    if (val_tokens.empty()) return Status::OK();
-    const int64_t BT = int64_t{B} * T;
-    const int64_t available = val_tokens.size() > 0 ? (static_cast<int64_t>(val_tokens.size()) - 1) / BT : 0;
-    if (available == 0)
-      return Status::InvalidArgument(fmt::format("{}: {} tokens are fewer than one batch needs ({})", c.val_data,
-                                                 val_tokens.size(), BT + 1));
-    const int64_t batches = std::min<int64_t>(available, c.eval_batches);
-    std::vector<int> in(BT), tg(BT);
-    double sums[2] = {0.0, 0.0};  // loss sum, batches
-    for (int64_t k = dp.rank(); k < batches; k += dp.size()) {
-      const uint16_t* base = val_tokens.data() + k * BT;
-      for (int64_t i = 0; i < BT; i++) {
-        in[i] = base[i];
-        tg[i] = base[i + 1];
-      }
-      RETURN_IF_ERROR(with_vocab_hint(model->check_batch(in.data(), tg.data(), B, T), c.val_data));
-      float loss = 0.0f;
-      RETURN_IF_ERROR(pipe.forward_only(B, T, in.data(), tg.data(), &loss));
-      if (reports_loss) {
-        sums[0] += loss;
-        sums[1] += 1;
-      }
+// Validation batches are dealt round-robin to the dp replicas, run through
+// the pipeline, and the last stage's sums all-reduced, so every rank gets
+// the same mean.
+Status Trainer::evaluate(int step) {
+  if (val_tokens_.empty()) return Status::OK();
+  const int B = c_.micro_batch, T = c_.seq;
+  const int64_t BT = int64_t{B} * T;
+  const int64_t available = val_tokens_.size() > 0 ? (static_cast<int64_t>(val_tokens_.size()) - 1) / BT : 0;
+  if (available == 0)
+    return Status::InvalidArgument(fmt::format("{}: {} tokens are fewer than one batch needs ({})", c_.val_data,
+                                               val_tokens_.size(), BT + 1));
+  const int64_t batches = std::min<int64_t>(available, c_.eval_batches);
+  std::vector<int> in(BT), tg(BT);
+  double sums[2] = {0.0, 0.0};  // loss sum, batches
+  for (int64_t k = dp_->rank(); k < batches; k += dp_->size()) {
+    const uint16_t* base = val_tokens_.data() + k * BT;
+    for (int64_t i = 0; i < BT; i++) {
+      in[i] = base[i];
+      tg[i] = base[i + 1];
     }
-    RETURN_IF_ERROR(world.all_reduce(sums, sums, 2, comm::ElemType::kF64));
-    const double loss = sums[0] / sums[1];
-    if (!summary.has_val) summary.first_val_loss = loss;
-    summary.has_val = true;
-    summary.last_val_loss = loss;
-    say("step %5d | val loss %.4f (%lld tokens)\n", step, loss, static_cast<long long>(batches * BT));
-    metrics.write({{"step", step}, {"val_loss", loss}});
-    return Status::OK();
+    RETURN_IF_ERROR(with_vocab_hint(model_->check_batch(in.data(), tg.data(), B, T), c_.val_data));
+    float loss = 0.0f;
+    RETURN_IF_ERROR(pipe_->forward_only(B, T, in.data(), tg.data(), &loss));
+    if (reports_loss_) {
+      sums[0] += loss;
+      sums[1] += 1;
+    }
+  }
+  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 2, comm::ElemType::kF64));
+  const double loss = sums[0] / sums[1];
+  if (!summary_.has_val) summary_.first_val_loss = loss;
+  summary_.has_val = true;
+  summary_.last_val_loss = loss;
+  registry_.gauge("tessera_train_val_loss", "Validation loss of the last evaluation").set(loss);
+  say("step %5d | val loss %.4f (%lld tokens)\n", step, loss, static_cast<long long>(batches * BT));
+  metrics_.write({{"step", step}, {"val_loss", loss}});
+  return Status::OK();
+}
+
+// One optimizer step (0-based `step`): the micro-steps through the
+// pipeline, the gradient exchange, the update, and the figures averaged over
+// the ranks.
+Result<Trainer::StepStats> Trainer::step(int step) {
+  const int B = c_.micro_batch, T = c_.seq, GA = c_.grad_accum;
+  auto t0 = Clock::now();
+  model_->zero_grad();
+  auto fill = [&](int micro, int* inputs, int* targets) -> Status {
+    const int64_t row0 = (int64_t{dp_->rank()} * GA + micro) * B;
+    train_->fill(step, rows_per_step_, row0, B, inputs, targets);
+    return with_vocab_hint(model_->check_batch(inputs, targets, B, T), c_.train_data);
   };
-  RETURN_IF_ERROR(run_eval(0));
-  pipe.take_times();
-  model->take_tp_comm_seconds();
+  auto before_backward = [&](int micro) {
+    if (micro == 0) maybe_inject_fault(rank_, step);
+    ddp_->begin_backward(micro == GA - 1);
+  };
+  double loss_sum = 0.0;
+  RETURN_IF_ERROR(pipe_->train_step(GA, B, T, 1.0f / GA, fill, before_backward, &loss_sum));
+  // The tied embedding's two gradients are summed before ZeRO shards the
+  // flat gradients, or after plain DP has averaged them (the sums commute).
+  if (c_.zero == 1) RETURN_IF_ERROR(tied_->sum_grads(*model_));
+  RETURN_IF_ERROR(ddp_->finish_gradients());
+  if (c_.zero == 0) RETURN_IF_ERROR(tied_->sum_grads(*model_));
+  StepStats s;
+  s.step = step + 1;
+  s.lr = lr_at(c_.opt, step);
+  ASSIGN_OR_RETURN(s.norm, opt_->step(c_.opt, s.lr));
+  // The step's loss is the mean over the replicas' last stages; the times
+  // are means over all ranks.
+  const Pipeline::Times pt = pipe_->take_times();
+  const double tp_s = model_->take_tp_comm_seconds();
+  double sums[4] = {reports_loss_ ? loss_sum / GA : 0.0,
+                    ddp_->comm_seconds() + opt_->comm_seconds() + tp_s + tied_->take_seconds(), pt.bubble, pt.p2p};
+  auto tl = Clock::now();
+  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 4, comm::ElemType::kF64));
+  s.loss = sums[0] / dp_->size();
+  s.comm_s = sums[1] / world_.size() + std::chrono::duration<double>(Clock::now() - tl).count();
+  s.bubble_s = sums[2] / world_.size();
+  s.p2p_s = sums[3] / world_.size();
+  if (!std::isfinite(s.loss))
+    return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", s.loss, step));
+  s.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.tokens_per_s = tokens_per_step_ / s.step_s;
+  s.mfu = flops_per_token(mc_, T) * tokens_per_step_ / s.step_s / (peak_ * 1e9 * world_.size());
+  summary_.last_train_loss = s.loss;
+  train_s_ += s.step_s;
+  return s;
+}
 
-  for (int step = start_step; step < c.steps; step++) {
-    auto t0 = Clock::now();
-    model->zero_grad();
-    auto fill = [&](int micro, int* inputs, int* targets) -> Status {
-      const int64_t row0 = (int64_t{dp.rank()} * GA + micro) * B;
-      train.fill(step, rows_per_step, row0, B, inputs, targets);
-      return with_vocab_hint(model->check_batch(inputs, targets, B, T), c.train_data);
-    };
-    auto before_backward = [&](int micro) {
-      if (micro == 0) maybe_inject_fault(rank, step);
-      ddp.begin_backward(micro == GA - 1);
-    };
-    double loss_sum = 0.0;
-    RETURN_IF_ERROR(pipe.train_step(GA, B, T, 1.0f / GA, fill, before_backward, &loss_sum));
-    // The tied embedding's two gradients are summed before ZeRO shards the
-    // flat gradients, or after plain DP has averaged them (the sums commute).
-    if (c.zero == 1) RETURN_IF_ERROR(tied->sum_grads(*model));
-    RETURN_IF_ERROR(ddp.finish_gradients());
-    if (c.zero == 0) RETURN_IF_ERROR(tied->sum_grads(*model));
-    const float lr = lr_at(c.opt, step);
-    ASSIGN_OR_RETURN(float norm, ddp.optimizer_step(c.opt, lr));
-    // The step's loss is the mean over the replicas' last stages; the times
-    // are means over all ranks.
-    const Pipeline::Times pt = pipe.take_times();
-    const double tp_s = model->take_tp_comm_seconds();
-    double sums[4] = {reports_loss ? loss_sum / GA : 0.0, ddp.comm_seconds() + tp_s + tied->take_seconds(),
-                      pt.bubble, pt.p2p};
-    auto tl = Clock::now();
-    RETURN_IF_ERROR(world.all_reduce(sums, sums, 4, comm::ElemType::kF64));
-    const double loss = sums[0] / dp.size();
-    const double comm_s = sums[1] / world.size() + std::chrono::duration<double>(Clock::now() - tl).count();
-    const double bubble_s = sums[2] / world.size(), p2p_s = sums[3] / world.size();
-    if (!std::isfinite(loss))
-      return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", loss, step));
-    const double step_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double tps = tokens_per_step / step_s;
-    const double mfu = flops_per_token(mc, T) * tokens_per_step / step_s / (peak * 1e9 * world.size());
-    summary.last_train_loss = loss;
-    if (c.pp > 1)
-      say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f, bubble %.0f, p2p %.0f) | %.0f tok/s | "
-          "mfu %.2f\n",
-          step + 1, c.steps, loss, lr, norm, step_s * 1e3, comm_s * 1e3, bubble_s * 1e3, p2p_s * 1e3, tps, mfu);
-    else
-      say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f\n", step + 1,
-          c.steps, loss, lr, norm, step_s * 1e3, comm_s * 1e3, tps, mfu);
-    if (out) std::fflush(out);
-    metrics.write({{"step", step + 1},
-                   {"loss", loss},
-                   {"lr", lr},
-                   {"grad_norm", norm},
-                   {"step_ms", step_s * 1e3},
-                   {"comm_ms", comm_s * 1e3},
-                   {"bubble_ms", bubble_s * 1e3},
-                   {"p2p_ms", p2p_s * 1e3},
-                   {"compute_ms", std::max(0.0, step_s - comm_s - bubble_s - p2p_s) * 1e3},
-                   {"tokens_per_s", tps},
-                   {"mfu", mfu},
-                   {"mem_params_mb", mem[0] / 1e6},
-                   {"mem_grads_mb", mem[1] / 1e6},
-                   {"mem_optimizer_mb", mem[2] / 1e6},
-                   {"mem_activations_mb", mem[3] / 1e6}});
-    train_s += step_s;
-    const bool stop = c.stop_at > 0 && step + 1 == c.stop_at && step + 1 < c.steps;
-    const bool last = step + 1 == c.steps || stop;
-    if (last || (c.eval_every > 0 && (step + 1) % c.eval_every == 0)) RETURN_IF_ERROR(run_eval(step + 1));
-    if (checkpointer) {
-      if ((step + 1) % c.checkpoint_every == 0 || stop) {
-        // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
-        auto ts = Clock::now();
-        const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model, ddp, coord.dp, c.zero, &mirror);
-        const std::string state =
-            nlohmann::json{{"step", step + 1}, {"adam_t", ddp.optimizer_steps()}}.dump();
-        ASSIGN_OR_RETURN(bool started, checkpointer->save(world, step + 1, pieces, state));
-        stall_s += std::chrono::duration<double>(Clock::now() - ts).count();
-        if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step + 1);
-      }
-      auto tp = Clock::now();
-      ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer->poll(world, last));
-      if (!last) stall_s += std::chrono::duration<double>(Clock::now() - tp).count();  // waiting at the end is not a stall
-      report_save(r);
-    }
+// The console line (rank 0), the JSONL record and the registry.
+void Trainer::log(const StepStats& s) {
+  const double compute_s = std::max(0.0, s.step_s - s.comm_s - s.bubble_s - s.p2p_s);
+  registry_.counter("tessera_train_steps_total", "Optimizer steps completed").add(1);
+  registry_.counter("tessera_train_tokens_total", "Tokens trained on").add(tokens_per_step_);
+  registry_.gauge("tessera_train_loss", "Training loss of the last step").set(s.loss);
+  registry_.gauge("tessera_train_learning_rate", "Learning rate of the last step").set(s.lr);
+  registry_.gauge("tessera_train_grad_norm", "Global gradient norm before clipping").set(s.norm);
+  registry_.gauge("tessera_train_tokens_per_second", "Throughput of the last step").set(s.tokens_per_s);
+  registry_.gauge("tessera_train_mfu", "Model FLOPs utilisation of the last step").set(s.mfu);
+  registry_.histogram("tessera_train_step_seconds", "Wall time of an optimizer step",
+                      obs::exponential_buckets(0.001, 2, 20))
+      .observe(s.step_s);
+  const std::pair<const char*, double> parts[] = {
+      {"comm", s.comm_s}, {"bubble", s.bubble_s}, {"p2p", s.p2p_s}, {"compute", compute_s}};
+  for (const auto& [part, secs] : parts)
+    registry_.gauge("tessera_train_step_part_seconds", "Time of the last step by part (means over ranks)",
+                    {{"part", part}})
+        .set(secs);
+
+  if (c_.pp > 1)
+    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f, bubble %.0f, p2p %.0f) | %.0f tok/s | "
+        "mfu %.2f\n",
+        s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.bubble_s * 1e3, s.p2p_s * 1e3,
+        s.tokens_per_s, s.mfu);
+  else
+    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f\n", s.step,
+        c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.tokens_per_s, s.mfu);
+  if (out_) std::fflush(out_);
+  metrics_.write({{"step", s.step},
+                  {"loss", s.loss},
+                  {"lr", s.lr},
+                  {"grad_norm", s.norm},
+                  {"step_ms", s.step_s * 1e3},
+                  {"comm_ms", s.comm_s * 1e3},
+                  {"bubble_ms", s.bubble_s * 1e3},
+                  {"p2p_ms", s.p2p_s * 1e3},
+                  {"compute_ms", compute_s * 1e3},
+                  {"tokens_per_s", s.tokens_per_s},
+                  {"mfu", s.mfu},
+                  {"mem_params_mb", mem_[0] / 1e6},
+                  {"mem_grads_mb", mem_[1] / 1e6},
+                  {"mem_optimizer_mb", mem_[2] / 1e6},
+                  {"mem_activations_mb", mem_[3] / 1e6}});
+}
+
+// Reports a finished save (rank 0): published, with its costs, or failed.
+void Trainer::report_save(const ckpt::PollResult& r) {
+  if (r.state == ckpt::SaveState::kPublished) {
+    registry_.counter("tessera_train_checkpoints_total", "Checkpoints published").add(1);
+    registry_.gauge("tessera_train_checkpoint_stall_seconds", "Training time stalled by checkpoints so far")
+        .set(stall_s_);
+    say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s; checkpoints have "
+        "stalled training %.1f ms so far (%.3f%%)%s%s\n",
+        static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
+        stall_s_ * 1e3, train_s_ > 0 ? 100.0 * stall_s_ / (train_s_ + stall_s_) : 0.0, r.warning.empty() ? "" : "; ",
+        r.warning.c_str());
+    metrics_.write({{"checkpoint_step", r.step},
+                    {"stall_ms", r.stats.stall_ms},
+                    {"stalled_total_ms", stall_s_ * 1e3},
+                    {"bytes", r.stats.bytes_total},
+                    {"write_mb_s", r.stats.write_mb_s},
+                    {"stall_share", train_s_ > 0 ? stall_s_ / (train_s_ + stall_s_) : 0.0}});
+  } else if (r.state == ckpt::SaveState::kFailed) {
+    registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed").add(1);
+    if (out_)
+      std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
+                   r.error.message().c_str());
+    metrics_.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
+  }
+}
+
+// After step `step` (1-based): starts a save when one is due, then polls the
+// one in flight (waiting for it after the last step).
+Status Trainer::save(int step, bool stop, bool last) {
+  if (!checkpointer_) return Status::OK();
+  if (step % c_.checkpoint_every == 0 || stop) {
+    // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
+    auto ts = Clock::now();
+    const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+    const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
+    ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, pieces, state));
+    stall_s_ += std::chrono::duration<double>(Clock::now() - ts).count();
+    if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step);
+  }
+  auto tp = Clock::now();
+  ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, last));
+  if (!last) stall_s_ += std::chrono::duration<double>(Clock::now() - tp).count();  // waiting at the end is not a stall
+  report_save(r);
+  return Status::OK();
+}
+
+// The last save, the replicas' agreement, and the final weights.
+Status Trainer::finish() {
+  if (checkpointer_) {
+    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
+    report_save(r);
+    if (train_s_ > 0)
+      say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s_ * 1e3, train_s_,
+          100.0 * stall_s_ / (train_s_ + stall_s_));
+  }
+  RETURN_IF_ERROR(ddp_->check_parameters_identical());
+
+  summary_.weights_path = (std::filesystem::path(c_.checkpoint_dir) / "model.safetensors").string();
+  std::unique_ptr<GPT> full;
+  if (sharded_ && rank_ == 0) full = std::make_unique<GPT>(mc_);
+  if (sharded_) RETURN_IF_ERROR(gather_whole(*model_, *mesh_, stage_layers_, full.get()));
+  if (rank_ == 0) {
+    std::filesystem::create_directories(c_.checkpoint_dir);
+    RETURN_IF_ERROR(save_hf(sharded_ ? *full : *model_, summary_.weights_path));
+    say("saved %s (+ config.json)\n", summary_.weights_path.c_str());
+  }
+  return Status::OK();
+}
+
+Result<TrainSummary> Trainer::run() {
+  RETURN_IF_ERROR(setup());
+  RETURN_IF_ERROR(evaluate(0));
+  pipe_->take_times();
+  model_->take_tp_comm_seconds();
+  for (int step = start_step_; step < c_.steps; step++) {
+    ASSIGN_OR_RETURN(StepStats s, this->step(step));
+    log(s);
+    const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
+    const bool last = step + 1 == c_.steps || stop;
+    if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
+    RETURN_IF_ERROR(save(step + 1, stop, last));
     if (stop) {
-      say("stopped after step %d of %d (train.stop_at)\n", step + 1, c.steps);
+      say("stopped after step %d of %d (train.stop_at)\n", step + 1, c_.steps);
       break;
     }
   }
-  if (checkpointer) {
-    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer->poll(world, true));
-    report_save(r);
-    if (train_s > 0)
-      say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s * 1e3, train_s,
-          100.0 * stall_s / (train_s + stall_s));
-  }
-  RETURN_IF_ERROR(ddp.check_parameters_identical());
+  RETURN_IF_ERROR(finish());
+  return summary_;
+}
 
-  summary.weights_path = (std::filesystem::path(c.checkpoint_dir) / "model.safetensors").string();
-  std::unique_ptr<GPT> full;
-  if (sharded && rank == 0) full = std::make_unique<GPT>(mc);
-  if (sharded) RETURN_IF_ERROR(gather_whole(*model, *mesh, stage_layers, full.get()));
-  if (rank == 0) {
-    std::filesystem::create_directories(c.checkpoint_dir);
-    RETURN_IF_ERROR(save_hf(sharded ? *full : *model, summary.weights_path));
-    say("saved %s (+ config.json)\n", summary.weights_path.c_str());
-  }
-  return summary;
+}  // namespace
+
+Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out) {
+  Trainer trainer(c, world, out);
+  return trainer.run();
 }
 
 }  // namespace tessera

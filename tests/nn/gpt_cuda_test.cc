@@ -23,6 +23,7 @@
 #include "tensor/device_memory.h"
 #include "test_util.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel.h"
 
 namespace tessera {
 namespace {
@@ -127,13 +128,22 @@ TEST(GptCuda, LogitsLossAndGradientsMatchTheCpu) {
   EXPECT_TRUE(cuda::synchronize().ok());
 }
 
+// AdamW's first moments (flat, on the model's device) laid out as the
+// model's parameter arena, on the host.
+Arena first_moments(const GPT& model, const AdamW& opt) {
+  Arena a = model.params().clone_layout(Device::kCPU);
+  copy_to_host(model.device(), a.base(), opt.m(), model.params().bytes());
+  return a;
+}
+
 TEST(GptCuda, AdamWStepsMatchTheCpu) {
   SKIP_WITHOUT_CUDA();
   GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
   cpu.init_weights(3);
   gpu.init_weights(3);
-  AdamW cpu_opt(cpu), gpu_opt(gpu);
-  EXPECT_EQ(gpu_opt.m().device(), Device::kCUDA);
+  AdamW cpu_opt(gpt_param_space(cpu), gpt_adamw_kernel(cpu));
+  AdamW gpu_opt(gpt_param_space(gpu), gpt_adamw_kernel(gpu));
+  EXPECT_EQ(gpu_opt.space().device, Device::kCUDA);
   OptimizerConfig oc;
   oc.lr = 1e-3f;
   oc.warmup = 2;
@@ -148,13 +158,13 @@ TEST(GptCuda, AdamWStepsMatchTheCpu) {
     cpu.backward();
     gpu.zero_grad();
     gpu.backward();
-    const float ref_norm = cpu_opt.step(cpu, oc, lr_at(oc, step));
-    const float norm = gpu_opt.step(gpu, oc, lr_at(oc, step));
+    const float ref_norm = cpu_opt.step(oc, lr_at(oc, step));
+    const float norm = gpu_opt.step(oc, lr_at(oc, step));
     EXPECT_NEAR(loss, ref_loss, 5 * kTolF32 * ref_loss);
     EXPECT_NEAR(norm, ref_norm, 5 * kTolF32 * ref_norm);
   }
   expect_arenas_close(gpu, gpu.params(), cpu, cpu.params(), 5 * kTolF32);
-  expect_arenas_close(gpu, gpu_opt.m(), cpu, cpu_opt.m(), 5 * kTolF32);
+  expect_arenas_close(gpu, first_moments(gpu, gpu_opt), cpu, first_moments(cpu, cpu_opt), 5 * kTolF32);
 }
 
 TEST(GptCuda, GlobalNormIsDeterministicAndMatchesTheHost) {
@@ -278,7 +288,8 @@ TEST(GptCuda, FlashAttentionAndChunkedHeadMatchTheCpu) {
     cpu.init_weights(21);
     gpu.init_weights(21);
     one_chunk.init_weights(21);
-    AdamW cpu_opt(cpu), gpu_opt(gpu);
+    AdamW cpu_opt(gpt_param_space(cpu), gpt_adamw_kernel(cpu));
+    AdamW gpu_opt(gpt_param_space(gpu), gpt_adamw_kernel(gpu));
     OptimizerConfig oc;
     oc.lr = 1e-3f;
     oc.warmup = 2;
@@ -308,12 +319,12 @@ TEST(GptCuda, FlashAttentionAndChunkedHeadMatchTheCpu) {
         one_chunk.backward();
         expect_arenas_close(gpu, gpu.grads(), one_chunk, one_chunk.grads(), 1e-5);
       }
-      const float ref_norm = cpu_opt.step(cpu, oc, lr_at(oc, step));
-      const float norm = gpu_opt.step(gpu, oc, lr_at(oc, step));
+      const float ref_norm = cpu_opt.step(oc, lr_at(oc, step));
+      const float norm = gpu_opt.step(oc, lr_at(oc, step));
       EXPECT_NEAR(norm, ref_norm, 5 * kTol * ref_norm);
     }
     expect_arenas_close(gpu, gpu.params(), cpu, cpu.params(), 5 * kTol);
-    expect_arenas_close(gpu, gpu_opt.m(), cpu, cpu_opt.m(), 5 * kTol);
+    expect_arenas_close(gpu, first_moments(gpu, gpu_opt), cpu, first_moments(cpu, cpu_opt), 5 * kTol);
     EXPECT_TRUE(cuda::synchronize().ok());
   }
 }

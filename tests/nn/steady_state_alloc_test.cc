@@ -17,6 +17,7 @@
 
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -50,7 +51,7 @@ void step(GPT& model, AdamW& opt, const OptimizerConfig& oc, const std::vector<i
   model.forward(in.data(), tg.data(), B, T);
   model.zero_grad();
   model.backward();
-  opt.step(model, oc, 1e-3f);
+  opt.step(oc, 1e-3f);
 }
 
 TEST(SteadyState, TrainingStepAllocatesNothingAfterWarmup) {
@@ -58,7 +59,7 @@ TEST(SteadyState, TrainingStepAllocatesNothingAfterWarmup) {
     GPT model(GPTConfig{2, 4, 64, 300, 32});
     model.set_precision(prec);
     model.init_weights(1);
-    AdamW opt(model);
+    AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
     OptimizerConfig oc;
     const int B = 4, T = 32;
     std::vector<int> in(B * T), tg(B * T);

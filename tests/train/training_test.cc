@@ -8,6 +8,7 @@
 
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
+#include "parallel/data_parallel.h"
 
 namespace tessera {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 TEST(Training, TinyModelOverfitsAFixedBatch) {
   GPT model(GPTConfig{2, 2, 32, 64, 16});
   model.init_weights(1);
-  AdamW opt(model);
+  AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
   OptimizerConfig oc;
   oc.lr = 3e-3f;
   oc.min_lr = 3e-3f;
@@ -31,7 +32,7 @@ TEST(Training, TinyModelOverfitsAFixedBatch) {
     last = loss;
     model.zero_grad();
     model.backward();
-    opt.step(model, oc, lr_at(oc, s));
+    opt.step(oc, lr_at(oc, s));
   }
   EXPECT_NEAR(first, std::log(64.0f), 0.2f);
   EXPECT_LT(last, 0.05f) << "random targets are memorisable: the loss should approach zero";
@@ -68,14 +69,14 @@ TEST(Training, PaddedVocabRowsStayZero) {
   GPTConfig c{1, 2, 16, 10, 8};  // V=10 -> Vp=128
   GPT model(c);
   model.init_weights(2);
-  AdamW opt(model);
+  AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
   OptimizerConfig oc;
   std::vector<int> in = {1, 2, 3, 4, 5, 6, 7, 8}, tg = {2, 3, 4, 5, 6, 7, 8, 9};
   for (int s = 0; s < 3; s++) {
     model.forward(in.data(), tg.data(), 1, 8);
     model.zero_grad();
     model.backward();
-    opt.step(model, oc, 1e-2f);
+    opt.step(oc, 1e-2f);
   }
   const float* wte = model.param_ptrs()[kWte];
   for (int64_t i = int64_t{c.vocab} * c.channels; i < int64_t{c.padded_vocab()} * c.channels; i++)

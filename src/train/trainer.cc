@@ -89,8 +89,12 @@ void maybe_inject_fault(int rank, int step) {
 // Collectives run in the same order on every rank; run() calls the parts.
 class Trainer {
  public:
-  Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out)
-      : c_(c), world_(world), out_(world.rank() == 0 ? out : nullptr), rank_(world.rank()) {}
+  Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry)
+      : c_(c),
+        world_(world),
+        out_(world.rank() == 0 ? out : nullptr),
+        rank_(world.rank()),
+        registry_(registry ? *registry : own_registry_) {}
 
   Result<TrainSummary> run();
 
@@ -141,7 +145,25 @@ class Trainer {
   std::unique_ptr<TiedEmbedding> tied_;
   bool reports_loss_ = false;  // the loss lives on the last stage; tp rank 0 of it reports it
   MetricsLog metrics_;
-  obs::Registry registry_;
+  // The per-step series of registry_, looked up once (setup_metrics()).
+  struct StepMetrics {
+    obs::Counter* steps;
+    obs::Counter* tokens;
+    obs::Gauge* loss;
+    obs::Gauge* lr;
+    obs::Gauge* grad_norm;
+    obs::Gauge* tokens_per_s;
+    obs::Gauge* mfu;
+    obs::Histogram* step_seconds;
+    obs::Gauge* comm_s;
+    obs::Gauge* bubble_s;
+    obs::Gauge* p2p_s;
+    obs::Gauge* compute_s;
+  };
+  void setup_metrics();
+  obs::Registry own_registry_;  // when the caller passes none
+  obs::Registry& registry_;
+  StepMetrics step_metrics_{};
   int start_step_ = 0;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   CheckpointMirror mirror_;  // host copies of a CUDA model's tensors
@@ -301,14 +323,7 @@ Status Trainer::setup() {
                    static_cast<double>(opt_->state_bytes()), static_cast<double>(model_->activation_bytes())};
   RETURN_IF_ERROR(world_.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
   std::copy(mem, mem + 4, mem_);
-  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "params"}})
-      .set(mem_[0]);
-  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "grads"}})
-      .set(mem_[1]);
-  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "optimizer"}})
-      .set(mem_[2]);
-  registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", "activations"}})
-      .set(mem_[3]);
+  setup_metrics();
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc_.str().c_str(),
       mc_.num_parameters() / 1e6, c_.dtype.c_str(), static_cast<long long>(train_->tokens()), train_->files().size());
   say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step; matmul peak %.0f GFLOP/s/rank\n", B,
@@ -322,6 +337,27 @@ Status Trainer::setup() {
   say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB\n",
       mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6);
   return Status::OK();
+}
+
+void Trainer::setup_metrics() {
+  const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
+  for (int i = 0; i < 4; i++)
+    registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", kinds[i]}})
+        .set(mem_[i]);
+  step_metrics_.steps = &registry_.counter("tessera_train_steps_total", "Optimizer steps completed");
+  step_metrics_.tokens = &registry_.counter("tessera_train_tokens_total", "Tokens trained on");
+  step_metrics_.loss = &registry_.gauge("tessera_train_loss", "Training loss of the last step");
+  step_metrics_.lr = &registry_.gauge("tessera_train_learning_rate", "Learning rate of the last step");
+  step_metrics_.grad_norm = &registry_.gauge("tessera_train_grad_norm", "Global gradient norm before clipping");
+  step_metrics_.tokens_per_s = &registry_.gauge("tessera_train_tokens_per_second", "Throughput of the last step");
+  step_metrics_.mfu = &registry_.gauge("tessera_train_mfu", "Model FLOPs utilisation of the last step");
+  step_metrics_.step_seconds = &registry_.histogram("tessera_train_step_seconds", "Wall time of an optimizer step",
+                                         obs::exponential_buckets(0.001, 2, 20));
+  const char* help = "Time of the last step by part (means over ranks)";
+  step_metrics_.comm_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "comm"}});
+  step_metrics_.bubble_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "bubble"}});
+  step_metrics_.p2p_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "p2p"}});
+  step_metrics_.compute_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "compute"}});
 }
 
 // Validation batches are dealt round-robin to the dp replicas, run through
@@ -415,22 +451,18 @@ Result<Trainer::StepStats> Trainer::step(int step) {
 // The console line (rank 0), the JSONL record and the registry.
 void Trainer::log(const StepStats& s) {
   const double compute_s = std::max(0.0, s.step_s - s.comm_s - s.bubble_s - s.p2p_s);
-  registry_.counter("tessera_train_steps_total", "Optimizer steps completed").add(1);
-  registry_.counter("tessera_train_tokens_total", "Tokens trained on").add(tokens_per_step_);
-  registry_.gauge("tessera_train_loss", "Training loss of the last step").set(s.loss);
-  registry_.gauge("tessera_train_learning_rate", "Learning rate of the last step").set(s.lr);
-  registry_.gauge("tessera_train_grad_norm", "Global gradient norm before clipping").set(s.norm);
-  registry_.gauge("tessera_train_tokens_per_second", "Throughput of the last step").set(s.tokens_per_s);
-  registry_.gauge("tessera_train_mfu", "Model FLOPs utilisation of the last step").set(s.mfu);
-  registry_.histogram("tessera_train_step_seconds", "Wall time of an optimizer step",
-                      obs::exponential_buckets(0.001, 2, 20))
-      .observe(s.step_s);
-  const std::pair<const char*, double> parts[] = {
-      {"comm", s.comm_s}, {"bubble", s.bubble_s}, {"p2p", s.p2p_s}, {"compute", compute_s}};
-  for (const auto& [part, secs] : parts)
-    registry_.gauge("tessera_train_step_part_seconds", "Time of the last step by part (means over ranks)",
-                    {{"part", part}})
-        .set(secs);
+  step_metrics_.steps->add(1);
+  step_metrics_.tokens->add(tokens_per_step_);
+  step_metrics_.loss->set(s.loss);
+  step_metrics_.lr->set(s.lr);
+  step_metrics_.grad_norm->set(s.norm);
+  step_metrics_.tokens_per_s->set(s.tokens_per_s);
+  step_metrics_.mfu->set(s.mfu);
+  step_metrics_.step_seconds->observe(s.step_s);
+  step_metrics_.comm_s->set(s.comm_s);
+  step_metrics_.bubble_s->set(s.bubble_s);
+  step_metrics_.p2p_s->set(s.p2p_s);
+  step_metrics_.compute_s->set(compute_s);
 
   if (c_.pp > 1)
     say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f, bubble %.0f, p2p %.0f) | %.0f tok/s | "
@@ -550,8 +582,9 @@ Result<TrainSummary> Trainer::run() {
 
 }  // namespace
 
-Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out) {
-  Trainer trainer(c, world, out);
+Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
+                                  obs::Registry* metrics) {
+  Trainer trainer(c, world, out, metrics);
   return trainer.run();
 }
 

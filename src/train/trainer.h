@@ -6,6 +6,7 @@
 
 #include "core/status.h"
 #include "comm/communicator.h"
+#include "obs/metrics.h"
 #include "train/config.h"
 
 namespace tessera {
@@ -19,7 +20,11 @@ struct TrainSummary {
 
 // Runs c.steps optimizer steps on the ranks of `world` (size 1 without
 // mpirun), laid out as c.dp x c.tp x c.pp. Rank 0 prints progress to `out`,
-// writes the metrics and saves the weights.
-Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out);
+// writes the metrics and saves the weights. Every rank records its figures
+// (tessera_train_*: steps, tokens, loss, learning rate, norm, step times,
+// memory, checkpoints) into `metrics` when given (a registry shared with an
+// exporter; it must outlive the call), else into a registry of its own.
+Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
+                                  obs::Registry* metrics = nullptr);
 
 }  // namespace tessera

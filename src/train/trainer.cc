@@ -168,6 +168,21 @@ Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& worl
   // The loss lives on the last stage; tp rank 0 of it reports it.
   const bool reports_loss = shard.layer_end == mc.layers && coord.tp == 0;
 
+  // The whole model in the Hugging Face layout, written by rank 0 (every
+  // rank takes part in gathering a sharded model).
+  const std::string final_weights_path = (std::filesystem::path(c.checkpoint_dir) / "model.safetensors").string();
+  auto save_final_weights = [&]() -> Status {
+    std::unique_ptr<GPT> full;
+    if (sharded && rank == 0) full = std::make_unique<GPT>(mc);
+    if (sharded) RETURN_IF_ERROR(gather_whole(*model, *mesh, stage_layers, full.get()));
+    if (rank == 0) {
+      std::filesystem::create_directories(c.checkpoint_dir);
+      RETURN_IF_ERROR(save_hf(sharded ? *full : *model, final_weights_path));
+      say("saved %s (+ config.json)\n", final_weights_path.c_str());
+    }
+    return Status::OK();
+  };
+
   MetricsLog metrics;
   if (rank == 0) RETURN_IF_ERROR(metrics.open(c.metrics));
   nlohmann::json layout_json = {{"dp", c.dp},           {"tp", c.tp},        {"pp", c.pp},
@@ -179,6 +194,15 @@ Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& worl
     ASSIGN_OR_RETURN(ResumeState rs, load_checkpoint(ck, *model, ddp));
     start_step = static_cast<int>(rs.step);
     RETURN_IF_ERROR(ddp.check_parameters_identical());
+    // A resume of a finished run (an attempt killed after publishing its
+    // last checkpoint, before it exited) trains nothing: say so and only
+    // write the final weights, which that attempt may not have written.
+    if (start_step >= c.steps) {
+      say("already finished: %s is at step %d of train.steps = %d; nothing to train\n", ck.dir().c_str(),
+          start_step, c.steps);
+      RETURN_IF_ERROR(save_final_weights());
+      return TrainSummary{.weights_path = final_weights_path};
+    }
     say("resumed from %s at step %d (saved by layout %s)\n", ck.dir().c_str(), start_step, ck.layout().dump().c_str());
   }
   std::unique_ptr<ckpt::Checkpointer> checkpointer;
@@ -392,15 +416,8 @@ Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& worl
   }
   RETURN_IF_ERROR(ddp.check_parameters_identical());
 
-  summary.weights_path = (std::filesystem::path(c.checkpoint_dir) / "model.safetensors").string();
-  std::unique_ptr<GPT> full;
-  if (sharded && rank == 0) full = std::make_unique<GPT>(mc);
-  if (sharded) RETURN_IF_ERROR(gather_whole(*model, *mesh, stage_layers, full.get()));
-  if (rank == 0) {
-    std::filesystem::create_directories(c.checkpoint_dir);
-    RETURN_IF_ERROR(save_hf(sharded ? *full : *model, summary.weights_path));
-    say("saved %s (+ config.json)\n", summary.weights_path.c_str());
-  }
+  summary.weights_path = final_weights_path;
+  RETURN_IF_ERROR(save_final_weights());
   return summary;
 }
 

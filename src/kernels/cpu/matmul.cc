@@ -18,10 +18,12 @@
 //     that shape (oneDNN 2.6 picks its brgemm kernels, "brg:avx512_core*");
 //   - any other N: one primitive per weight shape compiled with a run-time
 //     row count (DNNL_RUNTIME_DIM_VAL), which oneDNN 2.6 serves only with its
-//     gemm kernels ("gemm:jit"), measured slower for bf16 (docs/performance.md).
+//     gemm kernels ("gemm:jit"), measured up to ~30% slower on the LM head's
+//     shapes (docs/performance.md), so training keeps exact shapes.
 // Training's B*T is a multiple of the quantum in every config we run; a
 // serving loop whose batch changes every step mostly hits the shared
-// run-time primitive instead of compiling one per size.
+// run-time primitive (at most 3 per weight shape and precision) instead of
+// compiling one per size. The cache's LRU bound covers everything else.
 //
 // Thread safety and bounds. Compiled primitives live in one process-wide
 // LRU cache (a mutex around lookup and compile) of at most kMaxPrimitives.
@@ -32,9 +34,11 @@
 // matmul_threads_test). So primitives use scratchpad_mode::user, and each
 // thread owns its scratchpad buffer, its stream and a bounded LRU of
 // bindings (a shared_ptr to the primitive plus memory objects for exactly
-// one shape) that it re-points with set_data_handle. The hot path touches only thread-local state: no lock, no
-// allocation once a thread has seen its shapes (the per-call argument
-// array lives on the stack and execution goes through the C API).
+// one shape) that it re-points with set_data_handle. The hot path touches
+// only thread-local state: no lock, and no allocation once a thread has seen
+// its shapes (the per-call argument array lives on the stack and execution
+// goes through the C API). OpenMP: each calling thread runs the primitive on
+// its own OpenMP team, so N threads use N x OMP_NUM_THREADS cores.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "tensor/device_memory.h"
 
 namespace tessera {

@@ -5,7 +5,7 @@
 //
 // An arena lives on one device (set_device() before allocate(); the CPU by
 // default). A CUDA arena's memory comes from the device API
-// (kernels/cuda/device.h) on the device current at allocate(); its tensors
+// (runtime/cuda_device.h) on the device current at allocate(); its tensors
 // carry Device::kCUDA and their pointers must never be dereferenced on the
 // host (move bytes with tensor/device_memory.h or copy_from()).
 #pragma once

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 
 namespace tessera {
 

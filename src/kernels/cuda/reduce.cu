@@ -1,4 +1,4 @@
-// sum_of_squares (device.h): the global gradient norm's reduction. Each of a
+// sum_of_squares (reduce.h): the global gradient norm's reduction. Each of a
 // fixed number of blocks sums a grid-stride share in double and writes one
 // partial; the host adds the partials in block order. The grid never depends
 // on timing, so the result is the same bits on every run (no atomics).
@@ -7,7 +7,7 @@
 
 #include "core/status.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/reduce.h"
 
 namespace tessera::cuda {
 

@@ -1,10 +1,10 @@
 // The CUDA device API (device.h) over the CUDA runtime. Host C++ only,
 // compiled by the C++ compiler into tessera_cuda.
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 
 #include <fmt/format.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "runtime/cuda_check.h"
 
 #ifndef TESSERA_CUDA_ARCH_LIST
 #define TESSERA_CUDA_ARCH_LIST ""

@@ -1,45 +1,33 @@
-// The one macro family for CUDA runtime return codes, internal to the CUDA
-// code of src/runtime and the layers above (it needs the CUDA headers);
-// cuBLASLt's are in kernels/cuda/cublas_check.h. Two channels, as
-// everywhere in tessera:
-//   CUDA_CHECK(expr): a failure is a bug or a dead device
-//     inside a kernel call (void functions): print file:line, the call and
-//     the error string, then abort.
-//   CUDA_RETURN_IF_ERROR(expr): return
-//     Status::Unavailable("<call>: <error string>") from a function returning
-//     Status or Result<T> (the includer must include core/status.h).
+// CUDA runtime return codes in the one macro family (core/try.h), for the
+// CUDA code of src/runtime and the layers above (it needs the CUDA headers):
+//   TRY_CUDA(expr): return Status::Unavailable("<expr>: <error string>")
+//     from a function returning Status or Result<T>: out of memory, a failed
+//     copy, a dead device.
+//   CHECK_CUDA(expr), CHECK_CUDA_LAUNCH(): abort with file:line, the call and
+//     the error string, where a failure is a bug or nothing can be returned
+//     (inside a void kernel call).
+// cuBLASLt's codes: kernels/cuda/cublas_check.h.
 #pragma once
 
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime_api.h>
 
+#include "core/try.h"
+
 namespace tessera::cuda {
 
-[[noreturn]] inline void cuda_abort(const char* file, int line, const char* call, const char* what) {
-  std::fprintf(stderr, "%s:%d: CUDA error in %s: %s\n", file, line, call, what);
-  std::abort();
+// OK for cudaSuccess, else Unavailable("<call>: <error string>"). Clears a
+// non-sticky error so that later calls do not report it again.
+inline Status cuda_status(cudaError_t err, const char* call) {
+  if (err == cudaSuccess) return Status::OK();
+  cudaGetLastError();
+  return Status::Unavailable(std::string(call) + ": " + cudaGetErrorString(err));
 }
 
 }  // namespace tessera::cuda
 
-#define CUDA_CHECK(expr)                                                                            \
-  do {                                                                                              \
-    const cudaError_t _cuda_err = (expr);                                                           \
-    if (_cuda_err != cudaSuccess)                                                                   \
-      ::tessera::cuda::cuda_abort(__FILE__, __LINE__, #expr, cudaGetErrorString(_cuda_err));        \
-  } while (0)
-
+#define TRY_CUDA(expr) RETURN_IF_ERROR(::tessera::cuda::cuda_status((expr), #expr))
+#define CHECK_CUDA(expr) CHECK_OK(::tessera::cuda::cuda_status((expr), #expr))
 // A kernel launch reports bad configurations only through cudaGetLastError.
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
-
-#define CUDA_RETURN_IF_ERROR(expr)                                                                  \
-  do {                                                                                              \
-    const cudaError_t _cuda_err = (expr);                                                           \
-    if (_cuda_err != cudaSuccess) {                                                                 \
-      cudaGetLastError(); /* clear a non-sticky error so later calls do not report it */       \
-      return ::tessera::Status::Unavailable(std::string(#expr) + ": " + cudaGetErrorString(_cuda_err)); \
-    }                                                                                               \
-  } while (0)
+#define CHECK_CUDA_LAUNCH() CHECK_CUDA(cudaGetLastError())

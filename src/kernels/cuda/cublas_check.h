@@ -1,7 +1,9 @@
-// cuBLASLt return codes, in the two channels of runtime/cuda_check.h:
-//   CUBLAS_CHECK(expr): a failure inside a kernel call aborts (file:line).
-//   CUBLAS_RETURN_IF_ERROR(expr): returns Status::Unavailable("<call>: <status>").
+// cuBLASLt return codes in the one macro family (core/try.h):
+//   TRY_CUBLAS(expr): returns Status::Unavailable("<call>: <status name>").
+//   CHECK_CUBLAS(expr): aborts with file:line (inside a void kernel call).
 #pragma once
+
+#include <string>
 
 #include <cublasLt.h>
 
@@ -27,17 +29,13 @@ inline const char* cublas_status_name(cublasStatus_t st) {
 
 }  // namespace tessera::cuda
 
-#define CUBLAS_CHECK(expr)                                                                          \
-  do {                                                                                              \
-    const cublasStatus_t _cublas_st = (expr);                                                       \
-    if (_cublas_st != CUBLAS_STATUS_SUCCESS)                                                        \
-      ::tessera::cuda::cuda_abort(__FILE__, __LINE__, #expr, ::tessera::cuda::cublas_status_name(_cublas_st)); \
-  } while (0)
+// OK for CUBLAS_STATUS_SUCCESS, else Unavailable("<call>: <status name>").
+namespace tessera::cuda {
+inline Status cublas_status(cublasStatus_t st, const char* call) {
+  if (st == CUBLAS_STATUS_SUCCESS) return Status::OK();
+  return Status::Unavailable(std::string(call) + ": " + cublas_status_name(st));
+}
+}  // namespace tessera::cuda
 
-#define CUBLAS_RETURN_IF_ERROR(expr)                                                                \
-  do {                                                                                              \
-    const cublasStatus_t _cublas_st = (expr);                                                       \
-    if (_cublas_st != CUBLAS_STATUS_SUCCESS)                                                        \
-      return ::tessera::Status::Unavailable(std::string(#expr) + ": " +                             \
-                                            ::tessera::cuda::cublas_status_name(_cublas_st));       \
-  } while (0)
+#define TRY_CUBLAS(expr) RETURN_IF_ERROR(::tessera::cuda::cublas_status((expr), #expr))
+#define CHECK_CUBLAS(expr) CHECK_OK(::tessera::cuda::cublas_status((expr), #expr))

@@ -11,7 +11,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "kernels/ref/ops.h"
 #include "obs/op_timer.h"
 #include "tensor/dtype.h"

@@ -8,7 +8,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/reduce.h"
+#include "runtime/cuda_device.h"
 #include "nn/ops_table.h"
 #include "tensor/device_memory.h"
 #ifdef TESSERA_HAVE_CUDA

@@ -50,7 +50,7 @@
 #include "comm/communicator.h"
 #include "nn/gpt.h"
 #include "tensor/arena.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 

@@ -8,7 +8,7 @@
 
 #include "core/status.h"
 #include "nn/gpt.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
-#include "comm/local_device.h"
+#include "comm/mpi/local_device.h"
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
@@ -22,7 +22,7 @@
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline.h"
 #include "kernels/cpu/matmul_peak.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "kernels/cuda/ops.h"
 #include "kernels/ref/ops.h"

@@ -17,12 +17,12 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "tensor/device_memory.h"
 #include "test_util.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 namespace {

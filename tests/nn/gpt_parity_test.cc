@@ -16,7 +16,7 @@
 #include "io/safetensors.h"
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 namespace {

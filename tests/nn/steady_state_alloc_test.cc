@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "nn/gpt.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace {
 std::atomic<bool> g_counting{false};

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 namespace {

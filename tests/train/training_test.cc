@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "nn/gpt.h"
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 namespace tessera {
 namespace {

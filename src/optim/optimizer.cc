@@ -1,11 +1,12 @@
-#include "train/optimizer.h"
+#include "optim/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/reduce.h"
+#include "runtime/cuda_device.h"
 
 namespace tessera {
 

@@ -4,6 +4,8 @@
 // holds head dimensions lane, lane + 32, ... of the output, hs <= 128).
 // Letters as in ops.inc. Compiled here; never run yet (no GPU lent).
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -88,14 +90,14 @@ void encoder_forward_positions(float* out, const int* inp, const int* pos, const
   const int64_t n = static_cast<int64_t>(N) * C;
   if (n == 0) return;
   encoder_positions_kernel<<<grid_for(n, kBlock), kBlock>>>(out, inp, pos, wte, wpe, C, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
   const int64_t n = static_cast<int64_t>(N) * C;
   if (n == 0) return;
   kv_write_kernel<<<grid_for(n, kBlock), kBlock>>>(kcache, vcache, qkv, slots, C, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
@@ -103,13 +105,15 @@ void paged_attention_forward(float* out, const float* qkv, const float* kcache, 
                              int W) {
   const int64_t items = static_cast<int64_t>(N) * NH;
   if (items == 0) return;
-  if (C / NH > kMaxDimsPerLane * kWarpSize)
-    cuda_abort(__FILE__, __LINE__, "paged_attention_forward", "head size above 128 (a bug: GPT checks it)");
+  if (C / NH > kMaxDimsPerLane * kWarpSize) {
+    std::fprintf(stderr, "%s:%d: paged_attention_forward: head size %d above 128\n", __FILE__, __LINE__, C / NH);
+    std::abort();
+  }
   const float scale = 1.0f / sqrtf(static_cast<float>(C / NH));
   const int64_t threads = items * kWarpSize;
   paged_attention_kernel<<<ceil_div(threads, kBlock), kBlock>>>(out, qkv, kcache, vcache, block_table, seq, pos, N,
                                                                  C, NH, bs, W, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

@@ -155,6 +155,18 @@ TEST(CpuMatmulThreads, ChangingRowCountsShareOnePrimitive) {
   }
 }
 
+// Run-time-row primitives at widths where oneDNN's gemm blocks and
+// threads the work (the shapes above are small), for all three products.
+TEST(CpuMatmulThreads, RunTimeRowsAtModelWidthMatchReference) {
+  for (MatmulPrecision prec : {MatmulPrecision::kF32, MatmulPrecision::kBF16}) {
+    for (int rows : {255, 65}) {
+      ASSERT_FALSE(cpu::matmul_rows_get_exact_primitive(rows));
+      Case c(rows, 512, 1536, prec, true, 3000 + rows);
+      EXPECT_LE(c.run_cpu(), tolerance(prec)) << c.name();
+    }
+  }
+}
+
 // Many distinct exact-shape row counts: the cache drops the least recently
 // used primitives instead of growing, and results stay right throughout.
 TEST(CpuMatmulThreads, ManyDistinctShapesKeepCacheBounded) {

@@ -241,6 +241,8 @@ Binding& binding(ThreadState& ts, const Key& k) {
       b.last_use = ts.clock;
       return b;
     }
+  // Compile (which may throw) before touching the bindings.
+  std::shared_ptr<const Compiled> prim = primitive_cache().get(primitive_key(k));
   Binding* slot;
   if (ts.bindings.size() < kMaxBindingsPerThread) {
     slot = &ts.bindings.emplace_back();
@@ -251,7 +253,7 @@ Binding& binding(ThreadState& ts, const Key& k) {
   }
   const Descs d = descs(k);
   slot->key = k;
-  slot->prim = primitive_cache().get(primitive_key(k));
+  slot->prim = std::move(prim);
   slot->src = memory(d.src, engine(), DNNL_MEMORY_NONE);
   slot->wei = memory(d.wei, engine(), DNNL_MEMORY_NONE);
   slot->dst = memory(d.dst, engine(), DNNL_MEMORY_NONE);

@@ -42,6 +42,24 @@ void BM_MatmulBackward(benchmark::State& s) {
 }
 BENCHMARK(BM_MatmulBackward)->Args({3072, 0})->Args({3072, 1})->Unit(benchmark::kMillisecond);
 
+// One linear layer's forward + backward at a given row count: a multiple of
+// 64 runs exact-shape primitives, any other count the shared run-time-row
+// ones (src/kernels/cpu/matmul.cc), so 256 against 255 rows compares the two.
+void BM_MatmulRows(benchmark::State& s) {
+  const int N = static_cast<int>(s.range(0)), OC = static_cast<int>(s.range(1));
+  const auto prec = s.range(2) ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
+  auto x = random_vec(size_t(N) * kC, 1), w = random_vec(size_t(OC) * kC, 2), dy = random_vec(size_t(N) * OC, 3);
+  std::vector<float> out(size_t(N) * OC), dx(size_t(N) * kC), dw(size_t(OC) * kC);
+  for (auto _ : s) {
+    cpu::matmul_forward(out.data(), x.data(), w.data(), nullptr, N, kC, OC, prec);
+    cpu::matmul_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, kC, OC, prec);
+  }
+  s.counters["FLOP/s"] = benchmark::Counter(6.0 * N * kC * OC * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulRows)
+    ->ArgsProduct({{256, 255}, {3072, 50304}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+
 void BM_Layernorm(benchmark::State& s) {
   auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(kC, 2), b = random_vec(kC, 3);
   std::vector<float> out(size_t{kN} * kC), mean(kN), rstd(kN);

@@ -12,8 +12,9 @@
 #include <fmt/format.h>
 
 #include "core/cpu_features.h"
+#include "kernels/cpu/onednn_info.h"
 #include "kernels/cpu/matmul_peak.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "tensor/device_memory.h"
 #include "nn/gpt.h"
 #include "obs/op_timer.h"

@@ -29,10 +29,10 @@
 #include <fmt/format.h>
 
 #include "comm/communicator.h"
-#include "comm/local_device.h"
+#include "comm/mpi/local_device.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_factory.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 

@@ -19,7 +19,7 @@ struct EvalArgs {
 int run_eval(const EvalArgs& a) {
   GPTConfig fallback = a.shape;
   bool have_fallback = fallback.layers > 0;
-  auto model = load_gpt2(a.weights, have_fallback ? &fallback : nullptr);
+  auto model = load_gpt2(a.weights, have_fallback ? &fallback : nullptr, Backend::kCPU, ModelUse::kInference);
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);

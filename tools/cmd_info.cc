@@ -4,8 +4,9 @@
 #include <omp.h>
 
 #include "core/cpu_features.h"
+#include "kernels/cpu/onednn_info.h"
 #include "comm/nccl/nccl_factory.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {

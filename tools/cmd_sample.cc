@@ -38,7 +38,7 @@ std::string token_text(const data::Tokenizer& tok, int id) {
 }
 
 int run_sample(const SampleArgs& a) {
-  auto model = load_gpt2(a.weights, nullptr);
+  auto model = load_gpt2(a.weights, nullptr, Backend::kCPU, ModelUse::kInference);
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
   const GPTConfig& cfg = m.config();

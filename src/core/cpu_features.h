@@ -22,8 +22,4 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features();
 
-// The ISA oneDNN dispatches to, e.g. "avx512_core_bf16".
-std::string onednn_isa();
-std::string onednn_version();
-
 }  // namespace tessera

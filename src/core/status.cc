@@ -12,6 +12,7 @@ std::string Status::ToString() const {
     case StatusCode::kIOError: name = "I/O error"; break;
     case StatusCode::kUnavailable: name = "unavailable"; break;
     case StatusCode::kInternal: name = "internal"; break;
+    case StatusCode::kResourceExhausted: name = "resource exhausted"; break;
   }
   return std::string(name) + ": " + msg_;
 }

@@ -12,7 +12,8 @@
 
 namespace tessera {
 
-enum class StatusCode { kOk = 0, kInvalidArgument, kNotFound, kCorruption, kIOError, kUnavailable, kInternal };
+enum class StatusCode { kOk = 0, kInvalidArgument, kNotFound, kCorruption, kIOError, kUnavailable, kInternal,
+                        kResourceExhausted };
 
 class Status {
  public:
@@ -24,6 +25,11 @@ class Status {
   static Status IOError(std::string msg) { return Status(StatusCode::kIOError, std::move(msg)); }
   static Status Unavailable(std::string msg) { return Status(StatusCode::kUnavailable, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(StatusCode::kInternal, std::move(msg)); }
+  // Out of a bounded resource (KV-cache blocks, queue slots, memory): the
+  // caller may wait and retry.
+  static Status ResourceExhausted(std::string msg) {
+    return Status(StatusCode::kResourceExhausted, std::move(msg));
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

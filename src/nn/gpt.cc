@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "comm/communicator.h"
+#include "nn/kv_cache.h"
 #include "nn/vocab_parallel.h"
 #include "tensor/device_memory.h"
 
@@ -176,12 +177,13 @@ Arena param_layout(const GPTConfig& c, const ModelShard& shard) {
   return a;
 }
 
-GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm)
+GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm, ModelUse use)
     : config_(config),
       shard_(shard),
       tp_comm_(tp_comm),
       backend_(backend),
       device_(device_of(backend)),
+      use_(use),
       ops_(ops_for(backend)) {
   CHECK(config_.validate().ok());
   CHECK(shard_.validate(config_).ok());
@@ -197,8 +199,26 @@ GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm
   params_ = param_layout(config_, shard_);
   params_.set_device(device_);
   params_.allocate();
-  grads_ = params_.clone_layout();
+  if (use_ == ModelUse::kTraining) grads_ = params_.clone_layout();
   CHECK(params_.count() == kNumParams);
+}
+
+LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard& s, int l) {
+  const int64_t C = c.channels, Cl = C / s.tp, Fl = 4 * C / s.tp;
+  LayerParams v;
+  v.ln1w = p[kLn1W] + l * C;
+  v.ln1b = p[kLn1B] + l * C;
+  v.qkvw = p[kQkvW] + l * 3 * Cl * C;
+  v.qkvb = p[kQkvB] + l * 3 * Cl;
+  v.attprojw = p[kAttProjW] + l * C * Cl;
+  v.attprojb = p[kAttProjB] + l * C;
+  v.ln2w = p[kLn2W] + l * C;
+  v.ln2b = p[kLn2B] + l * C;
+  v.fcw = p[kFcW] + l * Fl * C;
+  v.fcb = p[kFcB] + l * Fl;
+  v.fcprojw = p[kFcProjW] + l * C * Fl;
+  v.fcprojb = p[kFcProjB] + l * C;
+  return v;
 }
 
 ParamPtrs GPT::ptrs(const Arena& a) {
@@ -380,6 +400,63 @@ struct ActView {
 };
 }  // namespace
 
+// One layer's activations: for training, layer l's rows of the (Ll, B*T, ...)
+// tensors kept for backward (layer_acts()); for inference, one scratch
+// shared by every layer.
+struct GPT::LayerActs {
+  float *ln1, *ln1_mean, *ln1_rstd;  // (N,C), (N), (N)
+  float* qkv;                        // (N,3Cl)
+  float* atty;                       // (N,Cl)
+  float *att, *preatt;               // dense attention only: (B,NHl,T,S)
+  float* attproj;                    // (N,C)
+  float* residual2;                  // (N,C)
+  float *ln2, *ln2_mean, *ln2_rstd;  // (N,C), (N), (N)
+  float *fch, *fch_gelu;             // (N,Fl)
+  float* fcproj;                     // (N,C)
+  float* residual3;                  // (N,C): the layer's output
+};
+
+// How a layer's attention finds its keys: dense causal attention over the
+// (B,T) rows themselves, or a paged KV cache (device arrays built by
+// forward_tokens).
+struct GPT::AttentionArgs {
+  int B = 0, T = 0;
+  const PagedKVCache* cache = nullptr;
+  const int* slots = nullptr;  // (N) pool row each row's key and value go to
+  const int* table = nullptr;  // (S,W) pool blocks of the batch's sequences
+  const int* seq = nullptr;    // (N) row -> batch sequence
+  const int* pos = nullptr;    // (N) row -> position
+  int W = 0;
+};
+
+namespace {
+// Layer l of a training slot whose current batch has BT rows and att_size
+// attention floats per layer. The one place the per-layer offsets live.
+template <typename Acts>
+Acts training_layer_acts(const ActView& act, int l, int64_t BT, int64_t C, int64_t Cl, int64_t Fl,
+                         int64_t att_size) {
+  const int64_t BTC = BT * C;
+  Acts a;
+  a.ln1 = act.f(kLn1) + l * BTC;
+  a.ln1_mean = act.f(kLn1Mean) + l * BT;
+  a.ln1_rstd = act.f(kLn1Rstd) + l * BT;
+  a.qkv = act.f(kQkv) + l * 3 * BT * Cl;
+  a.atty = act.f(kAtty) + l * BT * Cl;
+  a.att = act.f(kAtt) + l * att_size;
+  a.preatt = act.f(kPreatt);
+  a.attproj = act.f(kAttproj);
+  a.residual2 = act.f(kResidual2) + l * BTC;
+  a.ln2 = act.f(kLn2) + l * BTC;
+  a.ln2_mean = act.f(kLn2Mean) + l * BT;
+  a.ln2_rstd = act.f(kLn2Rstd) + l * BT;
+  a.fch = act.f(kFch) + l * BT * Fl;
+  a.fch_gelu = act.f(kFchGelu) + l * BT * Fl;
+  a.fcproj = act.f(kFcproj);
+  a.residual3 = act.f(kResidual3) + l * BTC;
+  return a;
+}
+}  // namespace
+
 float* GPT::stage_input(int slot) {
   return ActView{&slot_acts_.at(slot), &scratch_, &acts_idx_}.f(kEncoded);
 }
@@ -414,6 +491,37 @@ Status GPT::tp_all_reduce_max(float* x, int64_t n) {
   Status st = tp_comm_->all_reduce(x, x, n, comm::ElemType::kF32, comm::ReduceOp::kMax);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
+}
+
+Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int N, const AttentionArgs& at) {
+  const int C = config_.channels, tp = shard_.tp;
+  const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp;
+  const int64_t NC = int64_t{N} * C;
+  const MatmulPrecision prec = prec_;
+  const LayerParams w = layer_params(l);
+  const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
+
+  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, N, C);
+  ops_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl, prec);
+  if (at.cache) {
+    float* keys = at.cache->keys(l);
+    float* values = at.cache->values(l);
+    ops_.kv_cache_write(keys, values, a.qkv, at.slots, N, Cl);
+    ops_.paged_attention_forward(a.atty, a.qkv, keys, values, at.table, at.seq, at.pos, N, Cl, NHl,
+                                 at.cache->block_size(), at.W);
+  } else {
+    ops_.attention_forward(a.atty, a.preatt, a.att, a.qkv, at.B, at.T, Cl, NHl);
+  }
+  ops_.matmul_forward(a.attproj, a.atty, w.attprojw, lead ? w.attprojb : nullptr, N, Cl, C, prec);
+  if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(a.attproj, NC));
+  ops_.residual_forward(a.residual2, residual, a.attproj, NC);
+  ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
+  // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
+  ops_.matmul_gelu_forward(a.fch, a.fch_gelu, a.ln2, w.fcw, w.fcb, N, C, Fl, prec);
+  ops_.matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, lead ? w.fcprojb : nullptr, N, Fl, C, prec);
+  if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(a.fcproj, NC));
+  ops_.residual_forward(a.residual3, a.residual2, a.fcproj, NC);
+  return Status::OK();
 }
 
 float GPT::forward(const int* inputs, const int* targets, int B, int T) {
@@ -455,38 +563,13 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
       RETURN_IF_ERROR(tp_all_reduce(act.f(kEncoded), BTC));
     }
   }
+  AttentionArgs dense;
+  dense.B = B;
+  dense.T = T;
   for (int l = 0; l < L; l++) {
+    const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, Cl, Fl, att_size);
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
-    float* ln1 = act.f(kLn1) + l * BTC;
-    float* ln1_mean = act.f(kLn1Mean) + l * BT;
-    float* ln1_rstd = act.f(kLn1Rstd) + l * BT;
-    float* qkv = act.f(kQkv) + l * 3 * int64_t{BT} * Cl;
-    float* atty = act.f(kAtty) + l * int64_t{BT} * Cl;
-    float* att = act.f(kAtt) + l * att_size;
-    float* attproj = act.f(kAttproj);
-    float* residual2 = act.f(kResidual2) + l * BTC;
-    float* ln2 = act.f(kLn2) + l * BTC;
-    float* ln2_mean = act.f(kLn2Mean) + l * BT;
-    float* ln2_rstd = act.f(kLn2Rstd) + l * BT;
-    float* fch = act.f(kFch) + l * int64_t{BT} * Fl;
-    float* fch_gelu = act.f(kFchGelu) + l * int64_t{BT} * Fl;
-    float* fcproj = act.f(kFcproj);
-    float* residual3 = act.f(kResidual3) + l * BTC;
-
-    ops_.layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p[kLn1W] + l * C, p[kLn1B] + l * C, BT, C);
-    ops_.matmul_forward(qkv, ln1, p[kQkvW] + int64_t{l} * 3 * Cl * C, p[kQkvB] + l * 3 * Cl, BT, C, 3 * Cl, prec);
-    ops_.attention_forward(atty, act.f(kPreatt), att, qkv, B, T, Cl, NHl);
-    ops_.matmul_forward(attproj, atty, p[kAttProjW] + int64_t{l} * C * Cl, lead ? p[kAttProjB] + l * C : nullptr, BT,
-                        Cl, C, prec);
-    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(attproj, BTC));
-    ops_.residual_forward(residual2, residual, attproj, BTC);
-    ops_.layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p[kLn2W] + l * C, p[kLn2B] + l * C, BT, C);
-    // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
-    ops_.matmul_gelu_forward(fch, fch_gelu, ln2, p[kFcW] + int64_t{l} * Fl * C, p[kFcB] + l * Fl, BT, C, Fl, prec);
-    ops_.matmul_forward(fcproj, fch_gelu, p[kFcProjW] + int64_t{l} * C * Fl, lead ? p[kFcProjB] + l * C : nullptr,
-                        BT, Fl, C, prec);
-    if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(fcproj, BTC));
-    ops_.residual_forward(residual3, residual2, fcproj, BTC);
+    RETURN_IF_ERROR(layer_forward(l, a, residual, BT, dense));
   }
   if (!shard_.last) return Status::OK();
 
@@ -578,6 +661,7 @@ const float* GPT::losses() const {
 }
 
 Status GPT::backward_stage(int slot, float loss_scale) {
+  CHECK(training());  // a model made for inference has no gradients
   CHECK(slot >= 0 && slot < activation_slots());
   const SlotState& state = slot_state_[slot];
   CHECK(state.B > 0);
@@ -646,15 +730,9 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   // residual path passes dresidual through unchanged, and the branch's
   // layernorm backward adds its part into the same buffer.
   for (int l = L - 1; l >= 0; l--) {
+    const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, Cl, Fl, att_size);
+    const LayerParams w = layer_params(l), gw = layer_grads(l);
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
-    const float* ln1 = act.f(kLn1) + l * BTC;
-    const float* qkv = act.f(kQkv) + l * 3 * int64_t{BT} * Cl;
-    const float* atty = act.f(kAtty) + l * int64_t{BT} * Cl;
-    const float* att = act.f(kAtt) + l * att_size;
-    const float* residual2 = act.f(kResidual2) + l * BTC;
-    const float* ln2 = act.f(kLn2) + l * BTC;
-    const float* fch = act.f(kFch) + l * int64_t{BT} * Fl;
-    const float* fch_gelu = act.f(kFchGelu) + l * int64_t{BT} * Fl;
     float* dfch_gelu = act.f(kDFchGelu);
     float* dfch = act.f(kDFch);
     float* dln2 = act.f(kDLn2);
@@ -675,23 +753,17 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     // With tp > 1, fc is column-parallel and fcproj row-parallel: d(ln2) is
     // a partial sum until all-reduced.
-    ops_.matmul_backward(dfch_gelu, g[kFcProjW] + int64_t{l} * C * Fl, g[kFcProjB] + l * C, dresidual, fch_gelu,
-                         p[kFcProjW] + int64_t{l} * C * Fl, BT, Fl, C, prec);
-    ops_.gelu_backward(dfch, fch, dfch_gelu, int64_t{BT} * Fl);
-    ops_.matmul_backward(dln2, g[kFcW] + int64_t{l} * Fl * C, g[kFcB] + l * Fl, dfch, ln2,
-                         p[kFcW] + int64_t{l} * Fl * C, BT, C, Fl, prec);
+    ops_.matmul_backward(dfch_gelu, gw.fcprojw, gw.fcprojb, dresidual, a.fch_gelu, w.fcprojw, BT, Fl, C, prec);
+    ops_.gelu_backward(dfch, a.fch, dfch_gelu, int64_t{BT} * Fl);
+    ops_.matmul_backward(dln2, gw.fcw, gw.fcb, dfch, a.ln2, w.fcw, BT, C, Fl, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln2, BTC));
-    ops_.layernorm_backward(dresidual, g[kLn2W] + l * C, g[kLn2B] + l * C, dln2, residual2, p[kLn2W] + l * C,
-                            act.f(kLn2Mean) + l * BT, act.f(kLn2Rstd) + l * BT, BT, C);
+    ops_.layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
     // Attention branch: residual2 = residual + attproj(attn(qkv(ln1(residual))))
-    ops_.matmul_backward(datty, g[kAttProjW] + int64_t{l} * C * Cl, g[kAttProjB] + l * C, dresidual, atty,
-                         p[kAttProjW] + int64_t{l} * C * Cl, BT, Cl, C, prec);
-    ops_.attention_backward(dqkv, dpreatt, datt, datty, qkv, atty, att, B, T, Cl, NHl);
-    ops_.matmul_backward(dln1, g[kQkvW] + int64_t{l} * 3 * Cl * C, g[kQkvB] + l * 3 * Cl, dqkv, ln1,
-                         p[kQkvW] + int64_t{l} * 3 * Cl * C, BT, C, 3 * Cl, prec);
+    ops_.matmul_backward(datty, gw.attprojw, gw.attprojb, dresidual, a.atty, w.attprojw, BT, Cl, C, prec);
+    ops_.attention_backward(dqkv, dpreatt, datt, datty, a.qkv, a.atty, a.att, B, T, Cl, NHl);
+    ops_.matmul_backward(dln1, gw.qkvw, gw.qkvb, dqkv, a.ln1, w.qkvw, BT, C, 3 * Cl, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln1, BTC));
-    ops_.layernorm_backward(dresidual, g[kLn1W] + l * C, g[kLn1B] + l * C, dln1, residual, p[kLn1W] + l * C,
-                            act.f(kLn1Mean) + l * BT, act.f(kLn1Rstd) + l * BT, BT, C);
+    ops_.layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
     if (listener_) listener_->on_grads_ready(shard_.layer_begin + l);
   }
   if (shard_.first) {
@@ -704,6 +776,185 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     copy_on_device(device_, act.f(kDInput), dresidual, sizeof(float) * BTC);
   }
   if (listener_ && (shard_.first || shard_.last)) listener_->on_grads_ready(GradListener::kEmbeddings);
+  return Status::OK();
+}
+
+namespace {
+// forward_tokens' scratch tensors, in infer_ arena order.
+enum InferId {
+  kIRes0,      // (N,C) residual stream, ping
+  kIRes1,      // (N,C) pong
+  kILn1,       // (N,C)
+  kILn1Mean,   // (N)
+  kILn1Rstd,   // (N)
+  kIQkv,       // (N,3C)
+  kIAtty,      // (N,C)
+  kIAttproj,   // (N,C)
+  kIResidual2, // (N,C)
+  kILn2,       // (N,C)
+  kILn2Mean,   // (N)
+  kILn2Rstd,   // (N)
+  kIFch,       // (N,4C)
+  kIFchGelu,   // (N,4C)
+  kIFcproj,    // (N,C)
+  kIGathered,  // (R,C) the last layer's output at the rows asked for
+  kILnf,       // (R,C)
+  kILnfMean,   // (R)
+  kILnfRstd,   // (R)
+  kILogits,    // (R,Vp) off the CPU (the CPU writes the caller's buffer)
+  kNumInfer
+};
+}  // namespace
+
+void GPT::reserve_inference(int N, int R, int64_t ints) {
+  if (N > infer_rows_ || R > infer_out_) {
+    N = std::max(N, infer_rows_);
+    R = std::max(R, infer_out_);
+    const int64_t C = config_.channels, Vp = config_.padded_vocab();
+    const int64_t logit_rows = device_ == Device::kCPU ? 0 : R;
+    Arena a;
+    a.set_device(device_);
+    const Shape nc{N, C};
+    for (const char* name : {"res0", "res1", "ln1"}) a.reserve(name, DType::kF32, nc);
+    a.reserve("ln1_mean", DType::kF32, {N});
+    a.reserve("ln1_rstd", DType::kF32, {N});
+    a.reserve("qkv", DType::kF32, {N, 3 * C});
+    for (const char* name : {"atty", "attproj", "residual2", "ln2"}) a.reserve(name, DType::kF32, nc);
+    a.reserve("ln2_mean", DType::kF32, {N});
+    a.reserve("ln2_rstd", DType::kF32, {N});
+    a.reserve("fch", DType::kF32, {N, 4 * C});
+    a.reserve("fch_gelu", DType::kF32, {N, 4 * C});
+    a.reserve("fcproj", DType::kF32, nc);
+    a.reserve("gathered", DType::kF32, {R, C});
+    a.reserve("lnf", DType::kF32, {R, C});
+    a.reserve("lnf_mean", DType::kF32, {R});
+    a.reserve("lnf_rstd", DType::kF32, {R});
+    a.reserve("logits", DType::kF32, {logit_rows, Vp});
+    a.allocate();
+    CHECK(a.count() == kNumInfer);
+    infer_ = std::move(a);
+    infer_rows_ = N;
+    infer_out_ = R;
+  }
+  if (ints > infer_int_count_) {
+    Arena a;
+    a.set_device(device_);
+    a.reserve("ints", DType::kI32, {ints});
+    a.allocate();
+    infer_ints_ = std::move(a);
+    infer_int_count_ = ints;
+  }
+}
+
+Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::span<const int> logit_rows,
+                           float* logits) {
+  if (!shard_.first || !shard_.last || shard_.tp != 1)
+    return Status::Unavailable(
+        "forward_tokens runs the whole model on one rank (tensor and pipeline parallel inference are not built)");
+  if (!cache.fits(*this))
+    return Status::InvalidArgument(fmt::format("the KV cache was made for another model than {}", config_.str()));
+  const int N = static_cast<int>(batch.tokens.size());
+  if (N == 0) return Status::InvalidArgument("a forward over no tokens");
+  if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size())
+    return Status::InvalidArgument(fmt::format("a batch of {} tokens with {} sequence ids and {} positions", N,
+                                               batch.seq.size(), batch.pos.size()));
+  // Rows' sequences, numbered in order of first appearance.
+  std::vector<int> seqs;
+  std::vector<int> row_seq(N);
+  int W = 1;
+  for (int i = 0; i < N; i++) {
+    const int t = batch.tokens[i], s = batch.seq[i], p = batch.pos[i];
+    if (t < 0 || t >= config_.vocab)
+      return Status::InvalidArgument(
+          fmt::format("token id {} at row {} is outside the vocabulary [0, {})", t, i, config_.vocab));
+    if (!cache.live(s)) return Status::InvalidArgument(fmt::format("row {}: KV-cache sequence {} is not live", i, s));
+    if (p < 0 || p >= cache.length(s))
+      return Status::InvalidArgument(fmt::format(
+          "row {}: position {} of sequence {} is outside the {} positions reserved (PagedKVCache::extend)", i, p, s,
+          cache.length(s)));
+    auto it = std::find(seqs.begin(), seqs.end(), s);
+    row_seq[i] = static_cast<int>(it - seqs.begin());
+    if (it == seqs.end()) {
+      seqs.push_back(s);
+      W = std::max(W, static_cast<int>(cache.blocks(s).size()));
+    }
+  }
+  const int R = static_cast<int>(logit_rows.size());
+  for (int r = 0; r < R; r++) {
+    if (logit_rows[r] < 0 || logit_rows[r] >= N)
+      return Status::InvalidArgument(fmt::format("logit row {} is outside the batch's {} rows", logit_rows[r], N));
+  }
+  const int S = static_cast<int>(seqs.size());
+
+  // Index arrays, staged on the host: tokens, positions, row -> batch
+  // sequence, pool slots (N each), then the block table (S,W).
+  const int64_t ints = 4 * int64_t{N} + int64_t{S} * W;
+  host_ints_.assign(ints, 0);
+  int* h_tokens = host_ints_.data();
+  int* h_pos = h_tokens + N;
+  int* h_seq = h_pos + N;
+  int* h_slots = h_seq + N;
+  int* h_table = h_slots + N;
+  for (int i = 0; i < N; i++) {
+    h_tokens[i] = batch.tokens[i];
+    h_pos[i] = batch.pos[i];
+    h_seq[i] = row_seq[i];
+    h_slots[i] = cache.slot(batch.seq[i], batch.pos[i]);
+  }
+  for (int k = 0; k < S; k++) {
+    const std::vector<int>& b = cache.blocks(seqs[k]);
+    std::copy(b.begin(), b.end(), h_table + int64_t{k} * W);
+  }
+  reserve_inference(N, std::max(R, 1), ints);
+  int* d_ints = static_cast<int*>(infer_ints_.tensor(0).data);
+  copy_to_device(device_, d_ints, host_ints_.data(), sizeof(int) * ints);
+
+  auto buf = [&](InferId id) { return infer_.tensor(id).f32(); };
+  const int C = config_.channels;
+  const ParamPtrs p = param_ptrs();
+  AttentionArgs paged;
+  paged.cache = &cache;
+  paged.pos = d_ints + N;
+  paged.seq = d_ints + 2 * int64_t{N};
+  paged.slots = d_ints + 3 * int64_t{N};
+  paged.table = d_ints + 4 * int64_t{N};
+  paged.W = W;
+
+  float* x = buf(kIRes0);
+  float* y = buf(kIRes1);
+  ops_.encoder_forward_positions(x, d_ints, paged.pos, p[kWte], p[kWpe], N, C);
+  LayerActs a{};
+  a.ln1 = buf(kILn1);
+  a.ln1_mean = buf(kILn1Mean);
+  a.ln1_rstd = buf(kILn1Rstd);
+  a.qkv = buf(kIQkv);
+  a.atty = buf(kIAtty);
+  a.attproj = buf(kIAttproj);
+  a.residual2 = buf(kIResidual2);
+  a.ln2 = buf(kILn2);
+  a.ln2_mean = buf(kILn2Mean);
+  a.ln2_rstd = buf(kILn2Rstd);
+  a.fch = buf(kIFch);
+  a.fch_gelu = buf(kIFchGelu);
+  a.fcproj = buf(kIFcproj);
+  for (int l = 0; l < local_layers_; l++) {
+    a.residual3 = y;
+    RETURN_IF_ERROR(layer_forward(l, a, x, N, paged));
+    std::swap(x, y);
+  }
+  if (R == 0) return Status::OK();
+  // The head only for the rows asked for.
+  float* gathered = buf(kIGathered);
+  for (int r = 0; r < R; r++)
+    copy_on_device(device_, gathered + int64_t{r} * C, x + int64_t{logit_rows[r]} * C, sizeof(float) * C);
+  ops_.layernorm_forward(buf(kILnf), buf(kILnfMean), buf(kILnfRstd), gathered, p[kLnfW], p[kLnfB], R, C);
+  const int Vp = config_.padded_vocab();
+  if (device_ == Device::kCPU) {
+    ops_.matmul_forward(logits, buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
+  } else {
+    ops_.matmul_forward(buf(kILogits), buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
+    copy_to_host(device_, logits, buf(kILogits), sizeof(float) * R * Vp);
+  }
   return Status::OK();
 }
 

@@ -12,12 +12,22 @@
 // is the whole model. tp > 1 needs the tp communicator; its all-reduces run
 // inside forward_stage()/backward_stage(), which is why those return Status.
 //
-// Ownership: a GPT owns three arenas (parameters, gradients, activations).
-// Parameters and gradients share one layout, so either can be treated as a
-// flat buffer (global norm, all-reduce, checkpoint) or as named tensors.
-// The activation arena is sized on the first forward() for (B, T) and
-// re-laid only if a later call needs more; steady-state steps allocate
+// Ownership: a GPT owns its weights (the parameter arena, laid out by
+// param_layout()) and, made for training (ModelUse::kTraining), a gradient
+// arena of the same layout, so either can be treated as a flat buffer
+// (global norm, all-reduce, checkpoint) or as named tensors; optimizer
+// moments belong to the optimizer (parallel/data_parallel.h). A model made
+// for inference holds only the weights plus the activations its forward
+// needs. Training activations are sized on the first forward() for (B, T)
+// and re-laid only if a later call needs more; forward_tokens' scratch
+// grows to the largest ragged batch seen. Steady-state steps allocate
 // nothing. Not thread-safe: one step at a time.
+//
+// One forward: every transformer block runs through layer_forward(), for
+// training (dense causal attention over (B,T), activations kept per layer
+// for backward) and for inference (forward_tokens: a ragged batch through a
+// paged KV cache). Per-layer views (LayerParams, and the activations'
+// LayerActs in gpt.cc) hold the only offset arithmetic.
 //
 // Backend::kCUDA keeps all three arenas on the CUDA device current at
 // construction (check backend_available() first): params(), grads() and the
@@ -34,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +59,8 @@ class Communicator;
 }
 
 namespace tessera {
+
+class PagedKVCache;
 
 struct GPTConfig {
   int layers = 0;    // L
@@ -118,6 +131,32 @@ struct ParamPtrs {
   float* operator[](int i) const { return p[i]; }
 };
 
+// One layer's tensors inside the stacked (L, ...) parameter (or gradient)
+// tensors, for local layer l of a shard: Cl = C/tp, Fl = 4C/tp.
+struct LayerParams {
+  float *ln1w, *ln1b;          // (C)
+  float *qkvw, *qkvb;          // (3Cl, C), (3Cl)
+  float *attprojw, *attprojb;  // (C, Cl), (C)
+  float *ln2w, *ln2b;          // (C)
+  float *fcw, *fcb;            // (Fl, C), (Fl)
+  float *fcprojw, *fcprojb;    // (C, Fl), (C)
+};
+LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard& s, int l);
+
+// What a GPT is for. kInference allocates the weights and what the forward
+// needs, no gradients (backward is then a bug).
+enum class ModelUse { kTraining, kInference };
+
+// A ragged batch for GPT::forward_tokens, N tokens in host memory: token i
+// is at position pos[i] of the PagedKVCache sequence seq[i]. Tokens of one
+// sequence may be a prefill chunk or a single decode step; rows of
+// different sequences mix freely.
+struct TokenBatch {
+  std::span<const int> tokens;  // (N) ids in [0, V)
+  std::span<const int> seq;     // (N) live cache sequence ids
+  std::span<const int> pos;     // (N) positions < cache.length(seq[i])
+};
+
 // Told during GPT::backward() as parameter gradients become final, so data
 // parallelism can start reducing them while backward goes on. Events, in
 // order: kFinalNorm (lnfw, lnfb), each layer L-1 ... 0 (its 12 per-layer
@@ -139,8 +178,9 @@ class GPT {
   // shard must validate (CHECKed); tp_comm (not owned, outlives the GPT) is
   // required when shard.tp > 1, with rank shard.tp_rank.
   // Backend::kCUDA needs a device (backend_available()) and tp == 1.
+  // ModelUse::kInference: no gradient arena (grads() is empty).
   explicit GPT(const GPTConfig& config, Backend backend = Backend::kCPU, const ModelShard& shard = {},
-               comm::Communicator* tp_comm = nullptr);
+               comm::Communicator* tp_comm = nullptr, ModelUse use = ModelUse::kTraining);
 
   const GPTConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
@@ -155,6 +195,10 @@ class GPT {
   const Arena& params() const { return params_; }
   ParamPtrs param_ptrs() const { return ptrs(params_); }
   ParamPtrs grad_ptrs() const { return ptrs(grads_); }
+  bool training() const { return use_ == ModelUse::kTraining; }
+  // Local layer l's parameters (gradients) as views into the stacked tensors.
+  LayerParams layer_params(int l) const { return layer_view(param_ptrs(), config_, shard_, l); }
+  LayerParams layer_grads(int l) const { return layer_view(grad_ptrs(), config_, shard_, l); }
   // Whether AdamW decays this tensor (2-D weights only).
   static bool decays(int param_id);
 
@@ -224,6 +268,26 @@ class GPT {
   // Seconds spent in tensor-parallel all-reduces since the last call.
   double take_tp_comm_seconds();
 
+  // ---- Inference: one forward over a ragged batch (TokenBatch) that reads
+  // and writes keys and values through a paged KV cache (nn/kv_cache.h),
+  // so one call can prefill some sequences and decode others. The layers are
+  // the ones training runs (layer_forward); only attention differs (paged
+  // instead of the (B,T) causal block) and the head, which runs only for the
+  // rows asked for. Whole model, tp == 1, any backend.
+  // Each row's key and value are written into the cache before attention,
+  // so a row sees the rows of its sequence at lower positions in the same
+  // batch; positions fed by earlier calls must not be fed again.
+  // logits (R, Vp) host memory gets the logits of batch rows logit_rows (R
+  // indices in [0, N), in that order; columns >= V are padding). Errors
+  // (nothing is written to the cache): mismatched sizes, a token outside the
+  // vocabulary, a dead sequence, a position not reserved with extend(), a
+  // cache made for another model. Allocates only when a batch is larger than
+  // any before.
+  Status forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::span<const int> logit_rows,
+                        float* logits);
+  // Bytes of the inference scratch (forward_tokens' activations).
+  int64_t inference_scratch_bytes() const { return static_cast<int64_t>(infer_.bytes() + infer_ints_.bytes()); }
+
   void zero_grad() { grads_.zero(); }
   // Not owned; nullptr for none.
   void set_grad_listener(GradListener* l) { listener_ = l; }
@@ -233,6 +297,13 @@ class GPT {
 
  private:
   static ParamPtrs ptrs(const Arena& a);
+  // One transformer block, forward, on N rows: the same code for training
+  // (dense causal attention over (B,T), activations kept per layer) and
+  // inference (paged attention, activations in one reused scratch).
+  struct LayerActs;
+  struct AttentionArgs;
+  Status layer_forward(int l, const LayerActs& a, const float* residual, int N, const AttentionArgs& at);
+  void reserve_inference(int N, int R, int64_t ints);
   Status tp_all_reduce(float* x, int64_t n);
   Status tp_all_reduce_max(float* x, int64_t n);
 
@@ -244,6 +315,7 @@ class GPT {
   double tp_seconds_ = 0.0;
   Backend backend_;
   Device device_;
+  ModelUse use_ = ModelUse::kTraining;
   const OpsTable& ops_;
   MatmulPrecision prec_ = MatmulPrecision::kF32;
   GradListener* listener_ = nullptr;
@@ -272,6 +344,13 @@ class GPT {
   // what logits()/losses() return.
   std::vector<float> host_losses_;
   mutable std::vector<float> host_logits_, host_losses_out_;
+  // forward_tokens' scratch: activations for infer_rows_ rows and logits for
+  // infer_out_ rows (device), the batch's index arrays (device), and their
+  // host staging.
+  Arena infer_, infer_ints_;
+  int infer_rows_ = 0, infer_out_ = 0;
+  int64_t infer_int_count_ = 0;
+  std::vector<int> host_ints_;
 };
 
 }  // namespace tessera

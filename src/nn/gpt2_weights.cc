@@ -166,7 +166,8 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
   return Status::OK();
 }
 
-Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback, Backend backend) {
+Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback, Backend backend,
+                                       ModelUse use) {
   ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(path));
   GPTConfig c;
   std::string cfg_path = hf_config_path(path);
@@ -179,7 +180,7 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
     return Status::InvalidArgument(
         fmt::format("{}: no config.json beside the weights; give the model shape with flags", path));
   }
-  auto model = std::make_unique<GPT>(c, backend);
+  auto model = std::make_unique<GPT>(c, backend, ModelShard{}, nullptr, use);
   RETURN_IF_ERROR(load_hf_weights(*model, f));
   return model;
 }

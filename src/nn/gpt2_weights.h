@@ -31,7 +31,7 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f);
 // Opens path, takes the config from config.json beside it (or *fallback when
 // there is none), builds the model and loads the weights.
 Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback,
-                                       Backend backend = Backend::kCPU);
+                                       Backend backend = Backend::kCPU, ModelUse use = ModelUse::kTraining);
 
 // An arena laid out like model's parameters (the parameters themselves, the
 // gradients, an optimizer moment) as HF-named, HF-shaped fp32 tensors, on

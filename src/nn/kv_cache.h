@@ -1,15 +1,27 @@
-// Incremental (inference-only) decoding of a GPT with a key/value cache.
-// Dimension letters as in gpt.h: L layers, B batch, n new positions, C
-// channels, NH heads (head size hs = C/NH), Vp padded vocabulary, maxT the
-// cache's capacity in positions (at most the model's context).
+// The paged key/value cache that GPT::forward_tokens reads and writes
+// (vLLM's PagedAttention layout). Letters as in gpt.h: L layers of the
+// model (its shard's), Cl = C/tp channels of this rank, bs positions a block.
 //
-// GPT::forward recomputes every position of a sequence; sampling one token
-// at a time with it costs O(T) forward passes of growing length. Here each
-// layer's keys and values of the positions already processed are kept, so a
-// new token costs one row through every matmul plus attention against the
-// cached keys. The result equals GPT::forward on the whole sequence up to
-// fp32 summation order (matmul row blocking, attention loop vs gemms).
+// Keys and values of every layer live in one pool of blocks,
+// (L, num_blocks, bs, Cl) each. A sequence owns a list of blocks (its block
+// table) in position order: position p of the sequence is row p % bs of
+// block table[p / bs]. Sequences of different lengths share the pool, grow
+// one block at a time, and give their blocks back when they end, so the
+// memory follows the tokens actually cached instead of max_seqs x context.
+//
+// Use: add_sequence() gives an id; before a forward feeds n new positions of
+// it, extend(id, n) makes room for them (allocating blocks as needed; a
+// ResourceExhausted status when the pool is short, changing nothing, so the
+// caller can wait or preempt); release(id) frees the blocks and the id.
+//
+// Ownership: a PagedKVCache owns its pool (on the device of the model it was
+// made for) and its bookkeeping (host). It remembers the model's shape and
+// GPT::forward_tokens refuses a cache made for another. Not thread-safe:
+// one scheduler thread drives the cache and the forward.
 #pragma once
+
+#include <cstdint>
+#include <vector>
 
 #include "core/status.h"
 #include "nn/gpt.h"
@@ -17,52 +29,62 @@
 
 namespace tessera {
 
-// Ownership: a KVCache owns its keys and values, (L, B, maxT, C) each in one
-// Arena, and the scratch forward_incremental needs (activations for the new
-// rows, per-thread attention scores), which grows with the largest n seen
-// and is otherwise reused: one-token steps allocate nothing. It refers to no
-// model; it remembers the shape of the one it was made for and
-// forward_incremental refuses any other. Not thread-safe: one call at a time.
-class KVCache {
+class PagedKVCache {
  public:
-  // B sequences of up to max_T positions each; 1 <= max_T <= model's context
-  // (a CHECK: callers size the cache from the model).
-  KVCache(const GPT& model, int B, int max_T);
-  KVCache(const KVCache&) = delete;
-  KVCache& operator=(const KVCache&) = delete;
+  static constexpr int kDefaultBlockSize = 16;
 
-  // Forgets every cached position (the memory stays allocated).
-  void reset() { length_ = 0; }
-  int length() const { return length_; }  // positions cached so far, all B sequences alike
-  int batch() const { return B_; }
-  int max_length() const { return max_T_; }
+  // num_blocks >= 1 blocks of block_size >= 1 positions for model's shard,
+  // on its device; at most max_seqs sequences at once. CHECKs the sizes
+  // (callers size the pool from bytes_per_block()).
+  PagedKVCache(const GPT& model, int num_blocks, int block_size = kDefaultBlockSize, int max_seqs = 256);
+  PagedKVCache(const PagedKVCache&) = delete;
+  PagedKVCache& operator=(const PagedKVCache&) = delete;
+
+  // Bytes one block takes for a model shard (keys and values, every layer).
+  static int64_t bytes_per_block(const GPT& model, int block_size = kDefaultBlockSize);
+
+  // A new sequence with no positions; ResourceExhausted when max_seqs are live.
+  Result<int> add_sequence();
+  // Room for n more positions of seq (length grows by n). InvalidArgument for
+  // a dead seq, n < 0, or a length past the model's context;
+  // ResourceExhausted when the pool lacks the blocks. Nothing changes on error.
+  Status extend(int seq, int n);
+  // Gives seq's blocks back to the pool and ends it. A dead seq is ignored.
+  void release(int seq);
+  // Forgets every sequence (all blocks free).
+  void clear();
+
+  bool live(int seq) const { return seq >= 0 && seq < max_seqs_ && live_[seq]; }
+  int length(int seq) const;  // positions reserved by extend()
+  const std::vector<int>& blocks(int seq) const;
+  int blocks_needed(int positions) const { return (positions + block_size_ - 1) / block_size_; }
+  int num_blocks() const { return num_blocks_; }
+  int free_blocks() const { return static_cast<int>(free_.size()); }
+  int used_blocks() const { return num_blocks_ - free_blocks(); }
+  int block_size() const { return block_size_; }
+  int max_seqs() const { return max_seqs_; }
+  int live_sequences() const;
+  int64_t bytes() const { return static_cast<int64_t>(pool_.bytes()); }
+
+  // The pool of local layer l (0-based within the shard): (num_blocks*bs, Cl)
+  // keys and values; device memory on CUDA.
+  float* keys(int layer) const;
+  float* values(int layer) const;
+  // Pool row of position pos of seq (pos < length(seq)).
+  int slot(int seq, int pos) const;
+  // Whether the cache was made for a model of this shape and shard.
+  bool fits(const GPT& model) const;
 
  private:
-  friend Status forward_incremental(const GPT& model, KVCache& cache, const int* tokens, int B, int n,
-                                    float* logits);
-  // Makes the scratch hold activations for `rows` = B*n rows.
-  void reserve_rows(int rows);
-  float* keys(int layer) const;    // (B, maxT, C) of that layer
-  float* values(int layer) const;  // (B, maxT, C)
-
   GPTConfig config_;
-  int B_ = 0, max_T_ = 0;
-  int length_ = 0;
-  int threads_ = 1;  // OpenMP threads the attention loop may use; one scores row each
-  Arena kv_;         // [0] keys, [1] values: (L, B, maxT, C)
-  Arena scratch_;    // see kv_cache.cc
-  int scratch_rows_ = 0;
+  ModelShard shard_;
+  int layers_ = 0, channels_ = 0;  // local layers, Cl
+  int num_blocks_ = 0, block_size_ = 0, max_seqs_ = 0;
+  Arena pool_;                     // [0] keys, [1] values: (L, num_blocks*bs, Cl)
+  std::vector<int> free_;          // free block ids, popped from the back
+  std::vector<bool> live_;
+  std::vector<int> length_;
+  std::vector<std::vector<int>> table_;
 };
-
-// Runs positions [cache.length(), cache.length() + n) of B sequences:
-// tokens (B, n) in [0, V); writes logits (B, n, Vp) for those positions
-// (columns >= V are padding, 0) and appends their keys and values, so
-// cache.length() grows by n. n > 1 prefills a prompt; n == 1 feeds one new
-// token. Matmuls run at model.precision() on the fast CPU kernels whatever
-// model.backend() is.
-// Errors (nothing is cached then): B different from the cache's, n < 1, more
-// positions than the cache holds, a token outside the vocabulary, a model of
-// another shape than the cache's.
-Status forward_incremental(const GPT& model, KVCache& cache, const int* tokens, int B, int n, float* logits);
 
 }  // namespace tessera

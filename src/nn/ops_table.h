@@ -11,7 +11,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "kernels/ref/ops.h"
 #include "obs/op_timer.h"
 #include "tensor/dtype.h"
@@ -82,6 +82,10 @@ struct OpsTable {
   // keep the full logits and probabilities.
   CrossEntropyLseForwardFn crossentropy_lse_forward;
   CrossEntropyLseBackwardFn crossentropy_lse_backward;
+  // The ragged-batch forward with a paged KV cache (ops.inc; nn/kv_cache.h).
+  decltype(&cpu::encoder_forward_positions) encoder_forward_positions;
+  decltype(&cpu::kv_cache_write) kv_cache_write;
+  decltype(&cpu::paged_attention_forward) paged_attention_forward;
 };
 
 // ops.inc's attention_backward, which needs no `out`, as an AttentionBackwardFn.
@@ -101,7 +105,8 @@ inline int64_t full_attention_row_floats(int T, int /*hs*/) { return T; }
         attention_backward_without_out<ns::attention_backward>, ns::gelu_forward, ns::gelu_backward,       \
         ns::matmul_gelu_forward, ns::residual_forward, ns::residual_backward,                              \
         ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update,             \
-        full_attention_row_floats, full_attention_row_floats, nullptr, nullptr                             \
+        full_attention_row_floats, full_attention_row_floats, nullptr, nullptr,                            \
+        ns::encoder_forward_positions, ns::kv_cache_write, ns::paged_attention_forward                     \
   }
 
 // A thunk with Fn's signature that adds the call's duration to op_times().
@@ -151,6 +156,9 @@ inline const OpsTable& ops_for(Backend b) {
       full_attention_row_floats,
       nullptr,
       nullptr,
+      Timed<cpu::encoder_forward_positions, OpKind::kEncoder>::call,
+      Timed<cpu::kv_cache_write, OpKind::kAttention>::call,
+      Timed<cpu::paged_attention_forward, OpKind::kAttention>::call,
   };
 #ifdef TESSERA_HAVE_CUDA
   // Attention through cuda::attention_impl() (flash unless
@@ -176,6 +184,9 @@ inline const OpsTable& ops_for(Backend b) {
       cuda::attention_scratch_floats,
       cuda::crossentropy_lse_forward,
       cuda::crossentropy_lse_backward,
+      cuda::encoder_forward_positions,
+      cuda::kv_cache_write,
+      cuda::paged_attention_forward,
   };
 #endif
   switch (b) {

@@ -92,20 +92,33 @@ Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int m
   };
 
   if (use_cache) {
-    KVCache cache(model, 1, P + count - 1);
-    std::vector<float> logits(static_cast<size_t>(std::min(P, kPrefillChunk)) * Vp);
+    // One sequence in a pool just large enough for it.
+    const int positions = P + count - 1;
+    PagedKVCache cache(model, std::max(1, (positions + PagedKVCache::kDefaultBlockSize - 1) /
+                                              PagedKVCache::kDefaultBlockSize));
+    ASSIGN_OR_RETURN(const int seq, cache.add_sequence());
+    std::vector<float> logits(Vp);
+    std::vector<int> seq_ids(kPrefillChunk, seq), pos(kPrefillChunk);
     int rows = 0;
     for (int at = 0; at < P; at += rows) {
       rows = std::min(kPrefillChunk, P - at);
-      RETURN_IF_ERROR(forward_incremental(model, cache, prompt.data() + at, 1, rows, logits.data()));
+      RETURN_IF_ERROR(cache.extend(seq, rows));
+      for (int i = 0; i < rows; i++) pos[i] = at + i;
+      const int last_row = rows - 1;
+      TokenBatch b{std::span<const int>(prompt.data() + at, rows), std::span<const int>(seq_ids.data(), rows),
+                   std::span<const int>(pos.data(), rows)};
+      // Logits only for the prompt's last position.
+      RETURN_IF_ERROR(model.forward_tokens(b, cache, at + rows == P ? std::span<const int>(&last_row, 1)
+                                                                    : std::span<const int>(), logits.data()));
     }
-    const float* last = logits.data() + static_cast<size_t>(rows - 1) * Vp;
-    for (;;) {
-      int token = sample_token(last, V, temperature, top_k, rng);
+    for (int t = P;; t++) {
+      int token = sample_token(logits.data(), V, temperature, top_k, rng);
       emit(token);
       if (static_cast<int>(out.size()) == count) break;
-      RETURN_IF_ERROR(forward_incremental(model, cache, &token, 1, 1, logits.data()));
-      last = logits.data();
+      RETURN_IF_ERROR(cache.extend(seq, 1));
+      const int zero = 0;
+      TokenBatch b{std::span<const int>(&token, 1), std::span<const int>(&seq, 1), std::span<const int>(&t, 1)};
+      RETURN_IF_ERROR(model.forward_tokens(b, cache, std::span<const int>(&zero, 1), logits.data()));
     }
   } else {
     // GPT::forward re-lays its activation arena whenever T grows, which would

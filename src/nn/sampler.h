@@ -1,5 +1,5 @@
 // Choosing the next token from logits, and autoregressive generation with or
-// without the KV cache (kv_cache.h). V vocabulary, Vp padded vocabulary.
+// without the paged KV cache (kv_cache.h). V vocabulary, Vp padded vocabulary.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +31,8 @@ int sample_token(const float* logits, int V, float temperature, int top_k, std::
 // generation stops early when it reaches it, so fewer than max_new_tokens
 // tokens back means exactly that (a prompt filling the context gives none).
 //
-// use_cache: prefill the prompt into a KVCache, then feed one token per step
-// (forward_incremental). Without it, every step runs model.forward over the
+// use_cache: prefill the prompt into a PagedKVCache in chunks, then feed one
+// token per step (GPT::forward_tokens). Without it, every step runs model.forward over the
 // whole sequence so far and reads its last row: the baseline, and an oracle
 // (the first step's forward is padded to the longest length the call will
 // need, so that later ones reuse the model's activation arena).

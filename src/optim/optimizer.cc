@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "core/check.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/reduce.h"
 
 namespace tessera {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/reduce.h"
 
 namespace tessera {
 

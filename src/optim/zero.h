@@ -33,7 +33,7 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
-#include "comm/host_reduce.h"
+#include "optim/host_reduce.h"
 #include "core/status.h"
 #include "optim/optimizer.h"
 
@@ -83,7 +83,7 @@ class ShardedAdamW {
   ShardedAdamWOptions opts_;
   int64_t shard_ = 0;
   AdamW adamw_;
-  comm::HostReduce host_reduce_;  // the norm's all-reduce over dp_ (ZeRO)
+  HostReduce host_reduce_;  // the norm's all-reduce over dp_ (ZeRO)
   double comm_seconds_ = 0.0;
 };
 

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/host_reduce.h"
+#include "optim/host_reduce.h"
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
 #include "parallel/gradient_reducer.h"
@@ -80,7 +80,7 @@ class DataParallel : public GradListener {
   DataParallelOptions opts_;
   std::vector<int> events_;  // ready group g's GradListener event
   GradientReducer reducer_;
-  comm::HostReduce host_reduce_;  // the parameter hashes' min and max
+  HostReduce host_reduce_;  // the parameter hashes' min and max
 };
 
 }  // namespace tessera

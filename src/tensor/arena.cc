@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cuda/device.h"
+#include <fmt/format.h>
+
+#include "runtime/cuda_device.h"
 #include "tensor/device_memory.h"
 
 namespace tessera {
@@ -34,31 +36,47 @@ void Arena::set_device(Device d) {
 
 size_t Arena::allocated_bytes() const { return (bytes_ + kAlign - 1) / kAlign * kAlign + kSlack; }
 
-void Arena::allocate() {
+Status Arena::try_allocate() {
   CHECK(!allocated());
   const size_t total = allocated_bytes();
   char* p = nullptr;
   if (device_ == Device::kCPU) {
     p = static_cast<char*>(std::aligned_alloc(kAlign, total));
+    if (p == nullptr)
+      return Status::Unavailable(fmt::format("cannot allocate a {:.1f} MB host arena: out of memory", total / 1e6));
   } else {
     // cudaMalloc aligns to at least 256 bytes.
     Result<void*> d = cuda::device_malloc(total);
-    if (!d.ok()) {
-      std::fprintf(stderr, "tessera: cannot allocate a %.1f MB device arena: %s\n", total / 1e6,
-                   d.status().message().c_str());
-      std::abort();
-    }
+    if (!d.ok()) return d.status().With(fmt::format("cannot allocate a {:.1f} MB device arena", total / 1e6));
     p = static_cast<char*>(*d);
   }
-  CHECK(p != nullptr);
   base_ = std::unique_ptr<char, FreeDeleter>(p, FreeDeleter{device_});
-  zero();
+  Status st = try_zero();
+  if (!st.ok()) base_.reset();
+  return st;
+}
+
+void Arena::allocate() {
+  Status st = try_allocate();
+  if (!st.ok()) {
+    std::fprintf(stderr, "tessera: %s\n", st.message().c_str());
+    std::abort();
+  }
 }
 
 Tensor Arena::tensor(int i) const {
   CHECK(allocated() && i >= 0 && i < count());
   const Entry& e = entries_[i];
   return Tensor{base_.get() + e.offset, e.dtype, e.shape, device_};
+}
+
+Result<Arena> Arena::try_clone_layout(Device d) const {
+  Arena a;
+  a.entries_ = entries_;
+  a.bytes_ = bytes_;
+  a.device_ = d;
+  RETURN_IF_ERROR(a.try_allocate());
+  return a;
 }
 
 Arena Arena::clone_layout(Device d) const {
@@ -70,21 +88,23 @@ Arena Arena::clone_layout(Device d) const {
   return a;
 }
 
-void Arena::copy_from(const Arena& src) {
+Status Arena::try_copy_from(const Arena& src) {
   CHECK(allocated() && src.allocated() && src.bytes_ == bytes_);
   const size_t n = allocated_bytes();
-  if (device_ == Device::kCPU) {
-    copy_to_host(src.device_, base_.get(), src.base_.get(), n);
-  } else if (src.device_ == Device::kCPU) {
-    copy_to_device(device_, base_.get(), src.base_.get(), n);
-  } else {
-    copy_on_device(device_, base_.get(), src.base_.get(), n);
-  }
+  if (device_ == Device::kCPU) return try_copy_to_host(src.device_, base_.get(), src.base_.get(), n);
+  if (src.device_ == Device::kCPU) return try_copy_to_device(device_, base_.get(), src.base_.get(), n);
+  return try_copy_on_device(device_, base_.get(), src.base_.get(), n);
+}
+
+void Arena::copy_from(const Arena& src) { device_memory_detail::abort_on_error(try_copy_from(src)); }
+
+Status Arena::try_zero() {
+  // Parallel first touch would matter on multi-socket machines; one memset is
+  // enough here and runs once per allocation or step.
+  return base_ ? try_zero_on_device(device_, base_.get(), bytes_ + kSlack) : Status::OK();
 }
 
 void Arena::zero() {
-  // Parallel first touch would matter on multi-socket machines; one memset is
-  // enough here and runs once per allocation or step.
   if (base_) zero_on_device(device_, base_.get(), bytes_ + kSlack);
 }
 

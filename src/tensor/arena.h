@@ -5,7 +5,7 @@
 //
 // An arena lives on one device (set_device() before allocate(); the CPU by
 // default). A CUDA arena's memory comes from the device API
-// (kernels/cuda/device.h) on the device current at allocate(); its tensors
+// (runtime/cuda_device.h) on the device current at allocate(); its tensors
 // carry Device::kCUDA and their pointers must never be dereferenced on the
 // host (move bytes with tensor/device_memory.h or copy_from()).
 #pragma once
@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
 #include "tensor/tensor.h"
 
 namespace tessera {
@@ -37,8 +38,12 @@ class Arena {
   // rounded up to kAlign so each tensor starts on a cache line.
   // Returns the index of the reserved tensor.
   int reserve(std::string name, DType dtype, Shape shape);
-  // Allocates and zero-fills the memory; views are valid from now on. A
-  // failed device allocation (out of memory) aborts naming the size.
+  // Allocates and zero-fills the memory; views are valid from now on. Out of
+  // memory, a device that fails or a CUDA arena in a build without CUDA is
+  // an error naming the size and the device; the arena stays unallocated.
+  Status try_allocate();
+  // try_allocate() for callers that cannot go on without the memory: a
+  // failure prints the error and aborts.
   void allocate();
   // Where allocate() puts the memory; only before it.
   void set_device(Device d);
@@ -51,16 +56,20 @@ class Arena {
   Tensor tensor(int i) const;
   const std::string& name(int i) const { return entries_[i].name; }
   size_t offset(int i) const { return entries_[i].offset; }
-  // Sets every byte to zero.
+  // Sets every byte to zero (try_zero: a device failure is returned).
   void zero();
+  Status try_zero();
   // A new, allocated, zeroed arena with the same tensors at the same offsets
   // (gradients and optimizer moments mirror the parameters this way).
   Arena clone_layout() const { return clone_layout(device_); }
   // The same, on device d (a host staging copy of a CUDA arena, ...).
   Arena clone_layout(Device d) const;
+  Result<Arena> try_clone_layout(Device d) const;
   // Copies every byte (tensors, gaps and slack) of src, which has this
-  // arena's layout, from whichever device it is on to this arena's.
+  // arena's layout, from whichever device it is on to this arena's
+  // (try_copy_from: a failed device copy is returned, not fatal).
   void copy_from(const Arena& src);
+  Status try_copy_from(const Arena& src);
 
  private:
   struct Entry {

@@ -3,24 +3,22 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 
 namespace tessera {
 
 namespace device_memory_detail {
 
-namespace {
-void must(const Status& st) {
+void abort_on_error(const Status& st) {
   if (st.ok()) return;
   std::fprintf(stderr, "tessera: CUDA error: %s\n", st.message().c_str());
   std::abort();
 }
-}  // namespace
 
-void copy_h2d(void* dst, const void* src, size_t bytes) { must(cuda::memcpy_h2d(dst, src, bytes)); }
-void copy_d2h(void* dst, const void* src, size_t bytes) { must(cuda::memcpy_d2h(dst, src, bytes)); }
-void copy_d2d(void* dst, const void* src, size_t bytes) { must(cuda::memcpy_d2d(dst, src, bytes)); }
-void zero(void* p, size_t bytes) { must(cuda::memset_zero(p, bytes)); }
+Status copy_h2d(void* dst, const void* src, size_t bytes) { return cuda::memcpy_h2d(dst, src, bytes); }
+Status copy_d2h(void* dst, const void* src, size_t bytes) { return cuda::memcpy_d2h(dst, src, bytes); }
+Status copy_d2d(void* dst, const void* src, size_t bytes) { return cuda::memcpy_d2d(dst, src, bytes); }
+Status zero(void* p, size_t bytes) { return cuda::memset_zero(p, bytes); }
 
 }  // namespace device_memory_detail
 

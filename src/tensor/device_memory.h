@@ -3,9 +3,10 @@
 // zeroing scratch) call these instead of memcpy/memset. On Device::kCPU they
 // ARE memcpy/memset (inline, no extra copy); on Device::kCUDA they are
 // blocking CUDA runtime calls on the current device, queued after the
-// kernels already launched. A CUDA failure here is a dead device or a bug
-// (a host pointer passed as a device one): it aborts with the call and the
-// CUDA error string, like a failing kernel launch.
+// kernels already launched. A CUDA failure (a dead device, no CUDA in this
+// build, a host pointer passed as a device one) is returned by the try_
+// forms; the plain forms, for callers that cannot go on, abort with the
+// call and the CUDA error string.
 #pragma once
 
 #include <cstddef>
@@ -17,44 +18,77 @@
 namespace tessera {
 
 namespace device_memory_detail {
-void copy_h2d(void* dst, const void* src, size_t bytes);
-void copy_d2h(void* dst, const void* src, size_t bytes);
-void copy_d2d(void* dst, const void* src, size_t bytes);
-void zero(void* p, size_t bytes);
+Status copy_h2d(void* dst, const void* src, size_t bytes);
+Status copy_d2h(void* dst, const void* src, size_t bytes);
+Status copy_d2d(void* dst, const void* src, size_t bytes);
+Status zero(void* p, size_t bytes);
+// Prints "tessera: CUDA error: <message>" and aborts, unless st is OK.
+void abort_on_error(const Status& st);
 }  // namespace device_memory_detail
 
+// The try_ forms return a device failure (a failed copy, a dead device, no
+// CUDA in this build) as a Status; the plain forms abort on it.
+
 // dst on `d`, src on the host.
+inline Status try_copy_to_device(Device d, void* dst, const void* src, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+    return Status::OK();
+  }
+  return device_memory_detail::copy_h2d(dst, src, bytes);
+}
 inline void copy_to_device(Device d, void* dst, const void* src, size_t bytes) {
   if (d == Device::kCPU) {
     std::memcpy(dst, src, bytes);
   } else {
-    device_memory_detail::copy_h2d(dst, src, bytes);
+    device_memory_detail::abort_on_error(device_memory_detail::copy_h2d(dst, src, bytes));
   }
 }
 
 // dst on the host, src on `d`.
+inline Status try_copy_to_host(Device d, void* dst, const void* src, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+    return Status::OK();
+  }
+  return device_memory_detail::copy_d2h(dst, src, bytes);
+}
 inline void copy_to_host(Device d, void* dst, const void* src, size_t bytes) {
   if (d == Device::kCPU) {
     std::memcpy(dst, src, bytes);
   } else {
-    device_memory_detail::copy_d2h(dst, src, bytes);
+    device_memory_detail::abort_on_error(device_memory_detail::copy_d2h(dst, src, bytes));
   }
 }
 
 // Both on `d`.
+inline Status try_copy_on_device(Device d, void* dst, const void* src, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+    return Status::OK();
+  }
+  return device_memory_detail::copy_d2d(dst, src, bytes);
+}
 inline void copy_on_device(Device d, void* dst, const void* src, size_t bytes) {
   if (d == Device::kCPU) {
     std::memcpy(dst, src, bytes);
   } else {
-    device_memory_detail::copy_d2d(dst, src, bytes);
+    device_memory_detail::abort_on_error(device_memory_detail::copy_d2d(dst, src, bytes));
   }
 }
 
+inline Status try_zero_on_device(Device d, void* p, size_t bytes) {
+  if (d == Device::kCPU) {
+    std::memset(p, 0, bytes);
+    return Status::OK();
+  }
+  return device_memory_detail::zero(p, bytes);
+}
 inline void zero_on_device(Device d, void* p, size_t bytes) {
   if (d == Device::kCPU) {
     std::memset(p, 0, bytes);
   } else {
-    device_memory_detail::zero(p, bytes);
+    device_memory_detail::abort_on_error(device_memory_detail::zero(p, bytes));
   }
 }
 

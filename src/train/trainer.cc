@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/loader.h"
-#include "comm/local_device.h"
+#include "comm/mpi/local_device.h"
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
@@ -25,7 +25,7 @@
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline.h"
 #include "kernels/cpu/matmul_peak.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
@@ -117,6 +117,10 @@ class Trainer {
   void log(const StepStats& s);
   void report_save(const ckpt::PollResult& r);
   Status finish();
+  Status save_final_weights();
+  std::string final_weights_path() const {
+    return (std::filesystem::path(c_.checkpoint_dir) / "model.safetensors").string();
+  }
 
   template <typename... Args>
   void say(const char* fmt, Args... args) {
@@ -165,6 +169,7 @@ class Trainer {
   obs::Registry& registry_;
   StepMetrics step_metrics_{};
   int start_step_ = 0;
+  bool already_finished_ = false;  // resumed at or past train.steps
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   CheckpointMirror mirror_;  // host copies of a CUDA model's tensors
   // Time the training thread spends in the checkpointer (staging copies, the
@@ -297,6 +302,15 @@ Status Trainer::setup() {
     ASSIGN_OR_RETURN(ResumeState rs, load_checkpoint(ck, *model_, *opt_));
     start_step_ = static_cast<int>(rs.step);
     RETURN_IF_ERROR(ddp_->check_parameters_identical());
+    // A resume of a finished run (an attempt killed after publishing its
+    // last checkpoint, before it exited) trains nothing: say so; run() only
+    // writes the final weights, which that attempt may not have written.
+    if (start_step_ >= c_.steps) {
+      say("already finished: %s is at step %d of train.steps = %d; nothing to train\n", ck.dir().c_str(),
+          start_step_, c_.steps);
+      already_finished_ = true;
+      return Status::OK();
+    }
     say("resumed from %s at step %d (saved by layout %s)\n", ck.dir().c_str(), start_step_,
         ck.layout().dump().c_str());
   }
@@ -546,21 +560,30 @@ Status Trainer::finish() {
           100.0 * stall_s_ / (train_s_ + stall_s_));
   }
   RETURN_IF_ERROR(ddp_->check_parameters_identical());
+  summary_.weights_path = final_weights_path();
+  return save_final_weights();
+}
 
-  summary_.weights_path = (std::filesystem::path(c_.checkpoint_dir) / "model.safetensors").string();
+// The whole model in the Hugging Face layout, written by rank 0 (every rank
+// takes part in gathering a sharded model).
+Status Trainer::save_final_weights() {
   std::unique_ptr<GPT> full;
   if (sharded_ && rank_ == 0) full = std::make_unique<GPT>(mc_);
   if (sharded_) RETURN_IF_ERROR(gather_whole(*model_, *mesh_, stage_layers_, full.get()));
   if (rank_ == 0) {
     std::filesystem::create_directories(c_.checkpoint_dir);
-    RETURN_IF_ERROR(save_hf(sharded_ ? *full : *model_, summary_.weights_path));
-    say("saved %s (+ config.json)\n", summary_.weights_path.c_str());
+    RETURN_IF_ERROR(save_hf(sharded_ ? *full : *model_, final_weights_path()));
+    say("saved %s (+ config.json)\n", final_weights_path().c_str());
   }
   return Status::OK();
 }
 
 Result<TrainSummary> Trainer::run() {
   RETURN_IF_ERROR(setup());
+  if (already_finished_) {
+    RETURN_IF_ERROR(save_final_weights());
+    return TrainSummary{.weights_path = final_weights_path()};
+  }
   RETURN_IF_ERROR(evaluate(0));
   pipe_->take_times();
   model_->take_tp_comm_seconds();

@@ -666,8 +666,11 @@ TEST_F(CheckpointTest, OnBusyWaitFinishesThePreviousSaveFirst) {
   Pieces p;
   p.add("w", TensorSlice::whole(Shape{4}), tensor_data(Shape{4}, 1));
   EXPECT_TRUE(*c.save(*world_, 10, p.list, "{}"));
+  // The gate stays shut 300 ms after the opener starts; the save below must
+  // count at least 50 ms of it as stall even if this thread is descheduled
+  // for a while before it calls save() (a loaded machine).
   std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     gate.set_open(true);
   });
   EXPECT_TRUE(*c.save(*world_, 20, p.list, "{}"));  // blocks until 10 is published

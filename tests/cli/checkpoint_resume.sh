@@ -4,6 +4,8 @@
 # faults (corrupt shards, failing writes, SIGKILL at random moments).
 # Model L=4 NH=4 C=64, 20 steps of 8 sequences; checkpoints every 5 steps,
 # the interrupted runs stop at step 10 (train.stop_at) and resume.
+# CHECKPOINT_RESUME_ONLY=sigkill runs only the SIGKILL section (and the resume
+# of a finished run), to repeat it many times.
 set -euo pipefail
 tessera=$1; tests=$2
 export OMP_NUM_THREADS=1  # runs share two cores with other tests; keep OpenMP from spinning
@@ -22,6 +24,81 @@ train() {
     --set parallel.dp=$dp --set parallel.tp=$tp --set parallel.pp=$pp --set checkpoint.every=5 "$@"
 }
 all_losses() { for f in "$@"; do losses "$tmp/$f.jsonl"; done; }
+
+# --- SIGKILL at random moments (mid-step, mid-write, after the final
+# checkpoint): the latest published checkpoint verifies after every kill, and
+# the end state is the uninterrupted run's, bit for bit: the same final
+# weights, and every step's loss, whichever attempt wrote it, the same.
+# 150 steps, a checkpoint every 3. The first three attempts are killed once
+# they have trained a random 1-30 steps, so at least three kills happen however
+# fast or slow the machine is; the next nine 0.1-0.9 s after their start (in
+# start-up, mid-step, mid-write, or after they wrote their last checkpoint:
+# the next attempt then resumes a finished run); then one runs to the end.
+"$tessera" train --config "$tmp/cfg.toml" --set train.micro_batch=8 --set train.steps=150 --set "checkpoint.dir=$tmp/k150" \
+  --set "log.metrics=$tmp/full150.jsonl" >"$tmp/full150.log" 2>&1 || { cat "$tmp/full150.log"; exit 1; }
+dir="$tmp/kill"; RANDOM=7; kills=0; last=""
+kill_run() {  # kill_run ATTEMPT [args...]: one attempt in the background, its pid in $pid
+  local attempt=$1; shift
+  "$tessera" train --config "$tmp/cfg.toml" --set train.micro_batch=8 --set train.steps=150 --set checkpoint.every=3 \
+    --set checkpoint.keep=2 --set "checkpoint.dir=$dir" --set "log.metrics=$tmp/kill_$attempt.jsonl" "$@" \
+    >"$tmp/kill_$attempt.log" 2>&1 &
+  pid=$!
+}
+for attempt in $(seq 1 13); do
+  resume=(); [ -e "$dir/latest" ] && resume=(--resume latest)
+  kill_run $attempt "${resume[@]}"
+  if [ $attempt -le 3 ]; then
+    steps=$(( RANDOM % 30 + 1 ))
+    for _ in $(seq 3000); do  # at most about a minute
+      [ "$(grep -c '"loss"' "$tmp/kill_$attempt.jsonl" 2>/dev/null)" -ge $steps ] 2>/dev/null && break
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.02
+    done
+  elif [ $attempt -le 12 ]; then
+    sleep "0.$(( RANDOM % 9 + 1 ))"
+  fi
+  if [ $attempt -le 12 ]; then kill -9 $pid 2>/dev/null || true; fi
+  rc=0; wait $pid 2>/dev/null || rc=$?
+  if [ $rc -eq 137 ]; then  # killed (a run that had already ended keeps its own status)
+    kills=$((kills + 1))
+    if [ -e "$dir/latest" ]; then
+      "$tessera" checkpoint verify "$dir" >/dev/null 2>"$tmp/verify.err" || { fail "after kill $kills: $(cat "$tmp/verify.err")"; break; }
+    fi
+    continue
+  fi
+  [ $rc -eq 0 ] || { cat "$tmp/kill_$attempt.log"; fail "attempt $attempt exited $rc"; break; }
+  last=$attempt; break
+done
+# step loss: every loss line of a metrics file.
+step_losses() { paste -d' ' <(grep '"loss"' "$1" | grep -o '"step":[0-9]*' | cut -d: -f2) <(losses "$1"); }
+step_losses "$tmp/full150.jsonl" >"$tmp/want_losses.txt"
+for a in $(seq 1 "${last:-0}"); do step_losses "$tmp/kill_$a.jsonl"; done >"$tmp/got_losses.txt"
+# "LINES MISMATCHES FINAL FIRST-MISMATCH": FINAL is the last loss written for step 150 by any attempt.
+read -r n bad final first < <(awk 'NR == FNR { want[$1] = $2; next }
+  { n++; if ($2 "" != want[$1] "") { bad++; if (first == "") first = "step " $1 ": " $2 " vs " want[$1] } if ($1 == 150) final = $2 }
+  END { printf "%d %d %s %s\n", n, bad, final == "" ? "-" : final, first }' "$tmp/want_losses.txt" "$tmp/got_losses.txt")
+want=$(losses "$tmp/full150.jsonl" | tail -1)
+how="trained to the end"; [ -n "$last" ] && grep -q "already finished" "$tmp/kill_$last.log" && how="resumed a finished run"
+if [ -n "$last" ] && [ $kills -ge 3 ] && [ "$bad" -eq 0 ] && [ "$final" = "$want" ] &&
+   cmp -s "$tmp/k150/model.safetensors" "$dir/model.safetensors"; then
+  echo "ok   SIGKILL x$kills: every latest checkpoint verified; the last attempt $how; $n step losses and the final" \
+    "weights identical to the uninterrupted run (step 150 loss $final)"
+else
+  fail "SIGKILL loop: ${last:+attempt $last finished, }$kills kills; $n step losses, $bad different (${first:-none});" \
+    "step 150 loss '$final' vs $want; final weights $(cmp -s "$tmp/k150/model.safetensors" "$dir/model.safetensors" && echo identical || echo DIFFERENT)"
+  for a in $(seq 1 13); do [ -e "$tmp/kill_$a.log" ] && { echo "--- attempt $a"; tail -3 "$tmp/kill_$a.log"; }; done
+fi
+
+# --- A resume of a finished run (latest is step 150 of 150): one line says
+# so, it exits 0, trains no step and writes the same final weights.
+rm -f "$dir/model.safetensors"
+rc=0; kill_run again --resume latest; wait $pid || rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c "^already finished: .*step-00000150 is at step 150 of train.steps = 150" "$tmp/kill_again.log")" -eq 1 ] &&
+   ! grep -q '"loss"' "$tmp/kill_again.jsonl" && ! grep -q "^step " "$tmp/kill_again.log" &&
+   cmp -s "$tmp/k150/model.safetensors" "$dir/model.safetensors"; then
+  echo "ok   resume of a finished run: $(grep "already finished" "$tmp/kill_again.log")"
+else fail "resume of a finished run: exit $rc"; cat "$tmp/kill_again.log"; fi
+[ "${CHECKPOINT_RESUME_ONLY:-}" = sigkill ] && exit $status
 
 # --- Bitwise resume on the same layout: 20 steps == 10 + resume + 10.
 for l in "1 1 1" "2 1 1" "2 1 1 --set parallel.zero=1" "1 2 2"; do
@@ -96,34 +173,4 @@ if [ $rc -eq 0 ] && grep -q "rank 1" "$tmp/eio.err" && grep -q "step    20/20" "
   echo "ok   failing write: training finished, nothing published: $(grep -m1 warning "$tmp/eio.err")"
 else fail "failing write: exit $rc"; cat "$tmp/eio.err"; ls "$tmp/eio"; fi
 
-# --- SIGKILL at random moments (mid-step, mid-write): the latest published
-# checkpoint always verifies, and the run ends with the uninterrupted loss.
-# 150 steps (about 1.5 s uninterrupted); twelve kills 0.1-0.9 s after each
-# start, then a run to the end.
-"$tessera" train --config "$tmp/cfg.toml" --set train.micro_batch=8 --set train.steps=150 --set "checkpoint.dir=$tmp/k150" \
-  --set "log.metrics=$tmp/full150.jsonl" >/dev/null
-dir="$tmp/kill"; RANDOM=7; kills=0; last=""
-for attempt in $(seq 1 13); do
-  resume=(); [ -e "$dir/latest" ] && resume=(--resume latest)
-  "$tessera" train --config "$tmp/cfg.toml" --set train.micro_batch=8 --set train.steps=150 --set checkpoint.every=3 \
-    --set checkpoint.keep=2 --set "checkpoint.dir=$dir" --set "log.metrics=$tmp/kill_$attempt.jsonl" "${resume[@]}" >"$tmp/kill.out" 2>&1 &
-  pid=$!
-  if [ $attempt -le 12 ]; then
-    sleep "0.$(( RANDOM % 9 + 1 ))"
-    if kill -9 $pid 2>/dev/null; then
-      kills=$((kills + 1)); wait $pid 2>/dev/null || true
-      if [ -e "$dir/latest" ]; then
-        "$tessera" checkpoint verify "$dir" >/dev/null 2>"$tmp/verify.err" || { fail "after kill $kills: $(cat "$tmp/verify.err")"; break; }
-      fi
-      continue
-    fi
-  fi
-  wait $pid || { cat "$tmp/kill.out"; fail "a resumed run failed"; break; }
-  last=$attempt; break
-done
-final=$(losses "$tmp/kill_${last:-0}.jsonl" 2>/dev/null | tail -1 || true)
-want=$(losses "$tmp/full150.jsonl" | tail -1)
-if [ -n "$last" ] && [ $kills -ge 3 ] && [ "$final" = "$want" ]; then
-  echo "ok   SIGKILL x$kills: every latest checkpoint verified; final loss $final as uninterrupted"
-else fail "SIGKILL loop: final loss '$final' vs $want after $kills kills"; fi
 exit $status

@@ -55,7 +55,12 @@ launch -n 3 --hosts "${p}1:1,${p}2:1,${p}3:1" -- train --config "$tmp/cfg.toml" 
   --set parallel.dp=3 --set train.steps=100000 --set train.eval_every=0 --set parallel.timeout=4 \
   >"$tmp/cut.out" 2>"$tmp/cut.err" &
 job=$!
-for _ in $(seq 100); do grep -q "^step .*/100000" "$tmp/cut.out" 2>/dev/null && break; sleep 0.2; done
+# Cut only once training runs (a slow start-up is no reason to cut while MPI
+# is still connecting, which is another failure than the one checked here).
+for _ in $(seq 600); do grep -q "^step .*/100000" "$tmp/cut.out" 2>/dev/null && break; kill -0 $job 2>/dev/null || break; sleep 0.2; done
+if ! grep -q "^step .*/100000" "$tmp/cut.out" 2>/dev/null; then
+  echo "FAIL cut: no training step (the job ended, or 120 s passed)"; cat "$tmp/cut.err"; kill -9 $job 2>/dev/null; exit 1
+fi
 start=$(date +%s)
 bash "$cluster" cut "${p}3" --prefix $p >/dev/null
 for _ in $(seq 300); do kill -0 $job 2>/dev/null || break; sleep 0.2; done

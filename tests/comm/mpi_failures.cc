@@ -51,7 +51,9 @@ TEST(MpiDeadline, CollectiveWithALatePeerTimesOutNamingIt) {
   const int r = c->rank(), n = c->size();
   std::vector<float> data(1009);
   for (int i = 0; i < 1009; i++) data[i] = float(r + i % 3);
-  if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1600));  // rank 1 posts late
+  // Rank 1 posts late: 1.5 s past rank 0's 1 s deadline, so rank 0 still
+  // times out when it reaches this line later than rank 1 (a loaded machine).
+  if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   const auto t0 = Clock::now();
   auto w = c->all_reduce_async(data.data(), data.data(), 1009, ElemType::kF32, ReduceOp::kSum);
   Status first = w->wait();
@@ -99,7 +101,7 @@ TEST(MpiDeadline, RecvFromALateSenderNamesExactlyThatPeer) {
     ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(value, 4242);
   } else if (r == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // well past rank 0's 1 s deadline
     value = 4242;
     ASSERT_TRUE(c->send(&value, 8, 0, 5).ok());
   }

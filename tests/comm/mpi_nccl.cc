@@ -22,10 +22,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "comm/local_device.h"
+#include "comm/mpi/local_device.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_factory.h"
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "mpi_test_env.h"
 #ifdef TESSERA_HAVE_NCCL
 #include <cuda_runtime_api.h>

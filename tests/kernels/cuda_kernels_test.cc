@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "kernels/cuda/ops.h"
 #include "kernels/ref/ops.h"
@@ -728,6 +728,50 @@ TEST(CudaAttentionImpl, SizesFollowTheChoice) {
   EXPECT_EQ(cuda::attention_saved_floats(100, 64), plain ? 100 : 1);
   EXPECT_EQ(cuda::attention_scratch_floats(100, 64), plain ? 100 : 1);
   EXPECT_EQ(cuda::attention_saved_floats(100, 256), 100);
+}
+
+// The serving forward's kernels (paged_attention.cu) against ref: a pool
+// of shuffled blocks, 3 sequences, rows that are a prefill chunk and decode
+// tokens; the cache write first, then attention over the written cache.
+TEST(CudaPagedAttention, WriteThenAttendMatchesRef) {
+  SKIP_WITHOUT_DEVICE();
+  const int C = 96, NH = 3, bs = 16, S = 3, W = 7;
+  const std::vector<int> lengths = {100, 17, 1}, fed = {40, 1, 1};
+  std::vector<int> perm(S * W);
+  for (int i = 0; i < S * W; i++) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(3));
+  std::vector<int> table(perm), seq, pos, slots;
+  for (int k = 0; k < S; k++) {
+    for (int p = lengths[k] - fed[k]; p < lengths[k]; p++) {
+      seq.push_back(k);
+      pos.push_back(p);
+      slots.push_back(table[k * W + p / bs] * bs + p % bs);
+    }
+  }
+  const int N = static_cast<int>(seq.size());
+  const size_t pool = static_cast<size_t>(S) * W * bs * C;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> k(pool), v(pool), qkv(static_cast<size_t>(N) * 3 * C);
+  for (float& x : k) x = u(rng);
+  for (float& x : v) x = u(rng);
+  for (float& x : qkv) x = 2.0f * u(rng);
+  std::vector<float> k_ref = k, v_ref = v, out_ref(static_cast<size_t>(N) * C), out(out_ref.size());
+  ref::kv_cache_write(k_ref.data(), v_ref.data(), qkv.data(), slots.data(), N, C);
+  ref::paged_attention_forward(out_ref.data(), qkv.data(), k_ref.data(), v_ref.data(), table.data(), seq.data(),
+                               pos.data(), N, C, NH, bs, W);
+  F d_k(k.data(), pool), d_v(v.data(), pool), d_qkv(qkv.data(), qkv.size()), d_out(out.data(), out.size());
+  I d_table(table.data(), table.size()), d_seq(seq.data(), seq.size()), d_pos(pos.data(), pos.size()),
+      d_slots(slots.data(), slots.size());
+  cuda::kv_cache_write(d_k.get(), d_v.get(), d_qkv.get(), d_slots.get(), N, C);
+  cuda::paged_attention_forward(d_out.get(), d_qkv.get(), d_k.get(), d_v.get(), d_table.get(), d_seq.get(),
+                                d_pos.get(), N, C, NH, bs, W);
+  d_out.copy_to(out.data());
+  d_k.copy_to(k.data());
+  EXPECT_EQ(k, k_ref);
+  double diff = 0.0;
+  for (size_t i = 0; i < out.size(); i++) diff = std::max(diff, std::fabs(static_cast<double>(out[i]) - out_ref[i]));
+  EXPECT_LT(diff, 1e-5);
 }
 
 #endif  // TESSERA_HAVE_CUDA

@@ -64,6 +64,9 @@ struct Backend {
   decltype(&ref::crossentropy_softmax_forward) crossentropy_softmax_forward;
   decltype(&ref::crossentropy_softmax_backward) crossentropy_softmax_backward;
   decltype(&ref::adamw_update) adamw_update;
+  decltype(&ref::encoder_forward_positions) encoder_forward_positions;
+  decltype(&ref::kv_cache_write) kv_cache_write;
+  decltype(&ref::paged_attention_forward) paged_attention_forward;
 };
 
 #define TESSERA_BACKEND(ns)                                                                                      \
@@ -71,7 +74,8 @@ struct Backend {
     #ns, ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,               \
         ns::matmul_forward, ns::matmul_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward, \
         ns::gelu_backward, ns::matmul_gelu_forward, ns::residual_forward, ns::residual_backward,                  \
-        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update                     \
+        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update,                    \
+        ns::encoder_forward_positions, ns::kv_cache_write, ns::paged_attention_forward                            \
   }
 
 const Backend kRef = TESSERA_BACKEND(ref);
@@ -352,6 +356,55 @@ void add_adamw_cases(std::vector<OpCase>& cases) {
   }
 }
 
+void add_paged_cases(std::vector<OpCase>& cases) {
+  // A pool of blocks dealt to S sequences in a shuffled order; rows are the
+  // last n positions of each sequence (a prefill chunk or one decode token).
+  struct Shape { int S, C, NH, bs; std::vector<int> lengths, fed; };
+  for (const Shape& s : {Shape{1, 8, 1, 1, {1}, {1}}, Shape{2, 12, 3, 4, {9, 2}, {9, 1}},
+                         Shape{3, 64, 4, 16, {100, 17, 1}, {1, 17, 1}}, Shape{4, 36, 6, 5, {33, 7, 64, 12}, {3, 1, 20, 12}}}) {
+    std::string shape = "S=" + std::to_string(s.S) + " C=" + std::to_string(s.C) + " NH=" + std::to_string(s.NH) +
+                        " bs=" + std::to_string(s.bs);
+    int W = 0, blocks = 0, N = 0;
+    for (int k = 0; k < s.S; k++) {
+      W = std::max(W, (s.lengths[k] + s.bs - 1) / s.bs);
+      blocks += (s.lengths[k] + s.bs - 1) / s.bs;
+      N += s.fed[k];
+    }
+    blocks += 3;  // unused blocks in the pool
+    std::vector<int> perm(blocks);
+    for (int i = 0; i < blocks; i++) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+    std::vector<int> table(static_cast<size_t>(s.S) * W, -1), seq, pos, slots;
+    int next = 0;
+    for (int k = 0; k < s.S; k++) {
+      for (int b = 0; b < (s.lengths[k] + s.bs - 1) / s.bs; b++) table[k * W + b] = perm[next++];
+      for (int p = s.lengths[k] - s.fed[k]; p < s.lengths[k]; p++) {
+        seq.push_back(k);
+        pos.push_back(p);
+        slots.push_back(table[k * W + p / s.bs] * s.bs + p % s.bs);
+      }
+    }
+    const size_t pool = static_cast<size_t>(blocks) * s.bs * s.C;
+    cases.push_back({"kv_cache_write_then_paged_attention", shape, kF32Tolerance, [=](const Backend& be) {
+                       Vec k = uniform(pool, 121), v = uniform(pool, 122);
+                       const Vec qkv = uniform(static_cast<size_t>(N) * 3 * s.C, 123, -2.0f, 2.0f);
+                       Vec out = uniform(static_cast<size_t>(N) * s.C, 124);
+                       be.kv_cache_write(k.data(), v.data(), qkv.data(), slots.data(), N, s.C);
+                       be.paged_attention_forward(out.data(), qkv.data(), k.data(), v.data(), table.data(), seq.data(),
+                                                  pos.data(), N, s.C, s.NH, s.bs, W);
+                       return std::vector<Output>{{"kcache", k}, {"vcache", v}, {"out", out}};
+                     }});
+    cases.push_back({"encoder_forward_positions", shape, kF32Tolerance, [=](const Backend& be) {
+                       const int V = 50, maxT = 128;
+                       const Vec wte = uniform(static_cast<size_t>(V) * s.C, 125), wpe = uniform(static_cast<size_t>(maxT) * s.C, 126);
+                       const std::vector<int> ids = token_ids(N, V, 127);
+                       Vec out = uniform(static_cast<size_t>(N) * s.C, 128);
+                       be.encoder_forward_positions(out.data(), ids.data(), pos.data(), wte.data(), wpe.data(), N, s.C);
+                       return std::vector<Output>{{"out", out}};
+                     }});
+  }
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   add_encoder_cases(cases);
@@ -361,6 +414,7 @@ std::vector<OpCase> all_cases() {
   add_elementwise_cases(cases);
   add_crossentropy_cases(cases);
   add_adamw_cases(cases);
+  add_paged_cases(cases);
   return cases;
 }
 

@@ -17,7 +17,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "tensor/device_memory.h"

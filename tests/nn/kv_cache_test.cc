@@ -1,5 +1,6 @@
-// Incremental decoding (nn/kv_cache.h) against GPT::forward as the oracle,
-// and sampling/generation (nn/sampler.h). Two models: a random one
+// The ragged-batch forward through the paged KV cache (GPT::forward_tokens,
+// nn/kv_cache.h) against GPT::forward over each sequence alone as the
+// oracle, and sampling/generation (nn/sampler.h). Two models: a random one
 // (GPTConfig{2, 4, 64, 99, 32}) and the committed PyTorch tiny GPT-2 (same
 // shape, tests/reference/).
 #include <algorithm>
@@ -73,82 +74,56 @@ class KVCacheTest : public ::testing::TestWithParam<Kind> {
     const float* row = model_->logits() + static_cast<int64_t>(T - 1) * Vp_;
     return std::vector<float>(row, row + Vp_);
   }
+  // Feeds tokens[from, to) of cache sequence seq (extending it first) and
+  // returns the logits (to - from, Vp) of every row.
+  std::vector<float> feed(PagedKVCache& cache, int seq, const std::vector<int>& tokens, int from, int to) {
+    const int n = to - from;
+    EXPECT_TRUE(cache.extend(seq, n).ok());
+    std::vector<int> ids(n, seq), pos(n), rows(n);
+    for (int i = 0; i < n; i++) {
+      rows[i] = i;
+      pos[i] = from + i;
+    }
+    std::vector<float> logits(static_cast<size_t>(n) * Vp_);
+    Status st = model_->forward_tokens(TokenBatch{{tokens.data() + from, static_cast<size_t>(n)}, ids, pos}, cache,
+                                       rows, logits.data());
+    EXPECT_TRUE(st.ok()) << st.message();
+    return logits;
+  }
   std::unique_ptr<GPT> model_;
   int V_ = 0, Vp_ = 0, maxT_ = 0;
 };
 
 TEST_P(KVCacheTest, PrefillOfWholeSequenceMatchesForward) {
-  for (int B : {1, 3}) {
-    const int T = maxT_;
-    std::vector<int> tokens = random_tokens(B * T, V_, 11);
-    model_->forward(tokens.data(), nullptr, B, T);
-    std::vector<float> logits(static_cast<size_t>(B) * T * Vp_);
-    KVCache cache(*model_, B, T);
-    ASSERT_TRUE(forward_incremental(*model_, cache, tokens.data(), B, T, logits.data()).ok());
-    EXPECT_EQ(cache.length(), T);
-    EXPECT_LT(normalised_error(logits.data(), model_->logits(), int64_t{B} * T * Vp_), kTol) << "B=" << B;
+  const int T = maxT_;
+  for (int bs : {1, 5, 16, 64}) {
+    std::vector<int> tokens = random_tokens(T, V_, 11);
+    model_->forward(tokens.data(), nullptr, 1, T);
+    PagedKVCache cache(*model_, (T + bs - 1) / bs, bs);
+    const int seq = cache.add_sequence().value();
+    std::vector<float> logits = feed(cache, seq, tokens, 0, T);
+    EXPECT_EQ(cache.length(seq), T);
+    EXPECT_LT(normalised_error(logits.data(), model_->logits(), int64_t{T} * Vp_), kTol) << "block size " << bs;
   }
 }
 
 TEST_P(KVCacheTest, PrefixThenOneTokenAtATimeMatchesRecomputeAtEveryPosition) {
   const int prefix = 5;
   std::vector<int> tokens = random_tokens(maxT_, V_, 12);
-  KVCache cache(*model_, 1, maxT_);
-  std::vector<float> logits(static_cast<size_t>(prefix) * Vp_);
-  ASSERT_TRUE(forward_incremental(*model_, cache, tokens.data(), 1, prefix, logits.data()).ok());
+  PagedKVCache cache(*model_, 8, 4);
+  const int seq = cache.add_sequence().value();
+  std::vector<float> logits = feed(cache, seq, tokens, 0, prefix);
   std::vector<float> want = recompute_last({tokens.begin(), tokens.begin() + prefix});
   EXPECT_LT(normalised_error(logits.data() + (prefix - 1) * Vp_, want.data(), Vp_), kTol);
   for (int p = prefix; p < maxT_; p++) {
-    ASSERT_TRUE(forward_incremental(*model_, cache, &tokens[p], 1, 1, logits.data()).ok());
-    ASSERT_EQ(cache.length(), p + 1);
+    logits = feed(cache, seq, tokens, p, p + 1);
+    ASSERT_EQ(cache.length(seq), p + 1);
     want = recompute_last({tokens.begin(), tokens.begin() + p + 1});
     EXPECT_LT(normalised_error(logits.data(), want.data(), Vp_), kTol) << "position " << p;
   }
-}
-
-TEST_P(KVCacheTest, TwoSequencesAtOnceMatchEachAlone) {
-  const int prefix = 7, steps = 6, T = prefix + steps;
-  std::vector<int> seqs[2] = {random_tokens(T, V_, 21), random_tokens(T, V_, 22)};
-  // Batched: (2, prefix) prefill, then (2, 1) per step.
-  KVCache both(*model_, 2, T);
-  std::vector<float> batched(2 * static_cast<size_t>(T) * Vp_);  // (2, T, Vp) gathered
-  {
-    std::vector<int> in(2 * prefix);
-    for (int b = 0; b < 2; b++) std::copy(seqs[b].begin(), seqs[b].begin() + prefix, in.begin() + b * prefix);
-    std::vector<float> out(2 * static_cast<size_t>(prefix) * Vp_);
-    ASSERT_TRUE(forward_incremental(*model_, both, in.data(), 2, prefix, out.data()).ok());
-    for (int b = 0; b < 2; b++)
-      std::copy(out.begin() + b * prefix * Vp_, out.begin() + (b + 1) * prefix * Vp_,
-                batched.begin() + static_cast<size_t>(b) * T * Vp_);
-    for (int p = prefix; p < T; p++) {
-      int step[2] = {seqs[0][p], seqs[1][p]};
-      ASSERT_TRUE(forward_incremental(*model_, both, step, 2, 1, out.data()).ok());
-      for (int b = 0; b < 2; b++)
-        std::copy(out.begin() + b * Vp_, out.begin() + (b + 1) * Vp_,
-                  batched.begin() + (static_cast<size_t>(b) * T + p) * Vp_);
-    }
-  }
-  for (int b = 0; b < 2; b++) {
-    KVCache one(*model_, 1, T);
-    std::vector<float> alone(static_cast<size_t>(T) * Vp_);
-    ASSERT_TRUE(forward_incremental(*model_, one, seqs[b].data(), 1, prefix, alone.data()).ok());
-    for (int p = prefix; p < T; p++)
-      ASSERT_TRUE(forward_incremental(*model_, one, &seqs[b][p], 1, 1, alone.data() + p * Vp_).ok());
-    EXPECT_LT(normalised_error(batched.data() + static_cast<size_t>(b) * T * Vp_, alone.data(), int64_t{T} * Vp_),
-              kTol)
-        << "sequence " << b;
-  }
-}
-
-TEST_P(KVCacheTest, ResetStartsOver) {
-  std::vector<int> tokens = random_tokens(10, V_, 31);
-  KVCache cache(*model_, 1, 10);
-  std::vector<float> first(10 * static_cast<size_t>(Vp_)), second(first.size());
-  ASSERT_TRUE(forward_incremental(*model_, cache, tokens.data(), 1, 10, first.data()).ok());
-  cache.reset();
-  EXPECT_EQ(cache.length(), 0);
-  ASSERT_TRUE(forward_incremental(*model_, cache, tokens.data(), 1, 10, second.data()).ok());
-  EXPECT_EQ(first, second);
+  EXPECT_EQ(cache.used_blocks(), maxT_ / 4);
+  cache.release(seq);
+  EXPECT_EQ(cache.free_blocks(), 8);
 }
 
 TEST_P(KVCacheTest, GenerateIsDeterministicPerSeed) {
@@ -208,30 +183,159 @@ TEST_P(KVCacheTest, GenerateStopsAtTheContextLength) {
 INSTANTIATE_TEST_SUITE_P(Models, KVCacheTest, ::testing::Values(Kind::kRandom, Kind::kPyTorch),
                          [](const auto& info) { return info.param == Kind::kRandom ? "Random" : "PyTorch"; });
 
-TEST(KVCacheErrors, OverflowBadTokenAndWrongBatchAreStatusesThatCacheNothing) {
+TEST(KVCacheErrors, BadRowsAreStatusesThatWriteNothing) {
   auto model = make_model(Kind::kRandom);
   const int Vp = model->config().padded_vocab();
-  KVCache cache(*model, 1, 4);
+  PagedKVCache cache(*model, 2, 4);  // 8 positions
+  const int seq = cache.add_sequence().value();
   std::vector<float> logits(8 * static_cast<size_t>(Vp));
-  std::vector<int> tokens = {1, 2, 3, 4, 5};
-  Status st = forward_incremental(*model, cache, tokens.data(), 1, 5, logits.data());
-  EXPECT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("exceed"), std::string::npos) << st.message();
-  ASSERT_TRUE(forward_incremental(*model, cache, tokens.data(), 1, 3, logits.data()).ok());
-  int bad = 99;
-  st = forward_incremental(*model, cache, &bad, 1, 1, logits.data());
+  // Past the pool: ResourceExhausted, nothing reserved.
+  Status st = cache.extend(seq, 9);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.message();
+  EXPECT_EQ(cache.length(seq), 0);
+  EXPECT_EQ(cache.free_blocks(), 2);
+  // Past the context.
+  PagedKVCache big(*model, 16, 4);
+  const int s2 = big.add_sequence().value();
+  st = big.extend(s2, 33);
+  EXPECT_NE(st.message().find("context of 32"), std::string::npos) << st.message();
+  ASSERT_TRUE(cache.extend(seq, 3).ok());
+  const int zero = 0;
+  auto run = [&](std::vector<int> tokens, std::vector<int> seqs, std::vector<int> pos) {
+    return model->forward_tokens(TokenBatch{tokens, seqs, pos}, cache, std::span<const int>(&zero, 1),
+                                 logits.data());
+  };
+  st = run({1, 2, 99}, {seq, seq, seq}, {0, 1, 2});
   EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
-  int pair[2] = {1, 2};
-  EXPECT_FALSE(forward_incremental(*model, cache, pair, 2, 1, logits.data()).ok());
-  EXPECT_FALSE(forward_incremental(*model, cache, pair, 1, 0, logits.data()).ok());
-  EXPECT_EQ(cache.length(), 3);
-  ASSERT_TRUE(forward_incremental(*model, cache, pair, 1, 1, logits.data()).ok());
-  EXPECT_EQ(cache.length(), 4);
+  st = run({1, 2, 3, 4}, {seq, seq, seq, seq}, {0, 1, 2, 3});
+  EXPECT_NE(st.message().find("reserved"), std::string::npos) << st.message();
+  st = run({1}, {seq + 1}, {0});
+  EXPECT_NE(st.message().find("not live"), std::string::npos) << st.message();
+  st = run({1, 2}, {seq}, {0, 1});
+  EXPECT_FALSE(st.ok());
+  st = run({}, {}, {});
+  EXPECT_FALSE(st.ok());
+  const int bad_row = 5;
+  st = model->forward_tokens(TokenBatch{std::vector<int>{1}, std::vector<int>{seq}, std::vector<int>{0}}, cache,
+                             std::span<const int>(&bad_row, 1), logits.data());
+  EXPECT_NE(st.message().find("logit row"), std::string::npos) << st.message();
+  ASSERT_TRUE(run({1, 2, 3}, {seq, seq, seq}, {0, 1, 2}).ok());
 
   GPT other(GPTConfig{1, 4, 64, 99, 32});
-  KVCache fresh(*model, 1, 4);
-  st = forward_incremental(other, fresh, pair, 1, 1, logits.data());
-  EXPECT_NE(st.message().find("made for a model"), std::string::npos) << st.message();
+  st = other.forward_tokens(TokenBatch{std::vector<int>{1}, std::vector<int>{seq}, std::vector<int>{0}}, cache,
+                            std::span<const int>(&zero, 1), logits.data());
+  EXPECT_NE(st.message().find("another model"), std::string::npos) << st.message();
+  cache.release(seq);
+  EXPECT_EQ(cache.free_blocks(), 2);
+  EXPECT_EQ(cache.live_sequences(), 0);
+}
+
+TEST(KVCacheErrors, SequenceSlotsAreBounded) {
+  auto model = make_model(Kind::kRandom);
+  PagedKVCache cache(*model, 4, 4, 2);
+  EXPECT_TRUE(cache.add_sequence().ok());
+  EXPECT_TRUE(cache.add_sequence().ok());
+  EXPECT_EQ(cache.add_sequence().status().code(), StatusCode::kResourceExhausted);
+  cache.release(0);
+  EXPECT_EQ(cache.add_sequence().value(), 0);
+}
+
+// The serving pattern (continuous batching): 8 sequences with prompts of 1
+// to 300 tokens join at different steps, their prompts are read in chunks
+// of at most 64 tokens per step while the others decode one token per step,
+// all in one ragged forward; short sequences end early and their blocks go
+// to later ones. Every logit row equals the full forward over that sequence
+// alone at that position.
+TEST(PagedKVCache, EightRaggedSequencesDecodedTogetherMatchEachAlone) {
+  auto model = std::make_unique<GPT>(GPTConfig{2, 4, 64, 99, 320});
+  model->init_weights(5);
+  Tensor qkvw = model->params().tensor(kQkvW);
+  for (int64_t i = 0; i < qkvw.numel(); i++) qkvw.f32()[i] *= 20.0f;
+  const int V = 99, Vp = model->config().padded_vocab();
+  const int kChunk = 64, kBlock = 16;
+  struct Seq {
+    int prompt, decode, join;  // prompt length, tokens decoded, step it joins at
+    std::vector<int> tokens;
+    int id = -1, fed = 0;
+    bool done = false;
+    std::vector<std::vector<float>> logits;  // at positions prompt-1 .. prompt+decode-2
+    std::vector<int> blocks_seen;
+  };
+  std::vector<Seq> seqs = {{1, 12, 0}, {7, 5, 0}, {300, 6, 1}, {16, 3, 2}, {17, 8, 3},
+                           {100, 4, 5}, {250, 6, 9}, {33, 10, 12}};
+  for (size_t k = 0; k < seqs.size(); k++) seqs[k].tokens = random_tokens(seqs[k].prompt + seqs[k].decode, V, 100 + k);
+  // A pool that cannot hold every sequence at once: blocks must be reused.
+  PagedKVCache cache(*model, 40, kBlock, 8);
+  std::vector<int> freed_blocks;
+  bool reused = false;
+  for (int step = 0; step < 200; step++) {
+    std::vector<int> tok, sid, pos, out_rows;
+    std::vector<int> owner;  // per logit row: index into seqs
+    for (size_t k = 0; k < seqs.size(); k++) {
+      Seq& s = seqs[k];
+      if (s.done || step < s.join) continue;
+      const int total = s.prompt + s.decode - 1;  // positions fed (the last decoded token is never fed)
+      // Admission: wait until the pool has room for the whole sequence.
+      if (s.id < 0) {
+        if (cache.free_blocks() < cache.blocks_needed(total)) continue;
+        s.id = cache.add_sequence().value();
+      }
+      const int n = s.fed < s.prompt ? std::min(kChunk, s.prompt - s.fed) : 1;
+      ASSERT_TRUE(cache.extend(s.id, n).ok());
+      for (int i = 0; i < n; i++) {
+        tok.push_back(s.tokens[s.fed + i]);
+        sid.push_back(s.id);
+        pos.push_back(s.fed + i);
+      }
+      s.fed += n;
+      if (s.fed >= s.prompt) {
+        out_rows.push_back(static_cast<int>(tok.size()) - 1);
+        owner.push_back(static_cast<int>(k));
+      }
+    }
+    if (tok.empty()) {
+      if (std::all_of(seqs.begin(), seqs.end(), [](const Seq& s) { return s.done; })) break;
+      continue;
+    }
+    std::vector<float> logits(out_rows.size() * static_cast<size_t>(Vp));
+    Status st = model->forward_tokens(TokenBatch{tok, sid, pos}, cache, out_rows, logits.data());
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (size_t r = 0; r < out_rows.size(); r++) {
+      Seq& s = seqs[owner[r]];
+      s.logits.emplace_back(logits.begin() + r * Vp, logits.begin() + (r + 1) * Vp);
+      if (s.fed == s.prompt + s.decode - 1) {
+        for (int b : cache.blocks(s.id)) {
+          if (std::find(freed_blocks.begin(), freed_blocks.end(), b) != freed_blocks.end()) reused = true;
+        }
+        s.blocks_seen = cache.blocks(s.id);
+        cache.release(s.id);
+        freed_blocks.insert(freed_blocks.end(), s.blocks_seen.begin(), s.blocks_seen.end());
+        s.done = true;
+      }
+    }
+    // Blocks of sequences that ended are also checked when reused later.
+    for (Seq& s : seqs) {
+      if (s.id >= 0 && !s.done) {
+        for (int b : cache.blocks(s.id))
+          if (std::find(freed_blocks.begin(), freed_blocks.end(), b) != freed_blocks.end()) reused = true;
+      }
+    }
+  }
+  EXPECT_TRUE(reused) << "no sequence ran on blocks another one had freed";
+  EXPECT_EQ(cache.free_blocks(), cache.num_blocks());
+  EXPECT_EQ(cache.live_sequences(), 0);
+  for (size_t k = 0; k < seqs.size(); k++) {
+    const Seq& s = seqs[k];
+    ASSERT_TRUE(s.done) << "sequence " << k;
+    ASSERT_EQ(static_cast<int>(s.logits.size()), s.decode) << "sequence " << k;
+    const int T = s.prompt + s.decode - 1;
+    model->forward(s.tokens.data(), nullptr, 1, T);
+    for (int j = 0; j < s.decode; j++) {
+      const int p = s.prompt - 1 + j;
+      EXPECT_LT(normalised_error(s.logits[j].data(), model->logits() + int64_t{p} * Vp, Vp), kTol)
+          << "sequence " << k << " (prompt " << s.prompt << ") position " << p;
+    }
+  }
 }
 
 TEST(GenerateErrors, EmptyOrTooLongPromptAndBadSettings) {

@@ -26,7 +26,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// MPI return code -> Status. Every MPI call goes through TESSERA_MPI, which
+// MPI return code -> Status (the one macro family, core/try.h: TRY_MPI
+// returns it). Every MPI call goes through TESSERA_MPI, which
 // names the function (not its arguments) in the message.
 Status mpi_status(int rc, const char* fn) {
   if (rc == MPI_SUCCESS) return Status::OK();
@@ -36,7 +37,7 @@ Status mpi_status(int rc, const char* fn) {
   return Status::Internal(fmt::format("{}: {}", fn, std::string(text, len)));
 }
 #define TESSERA_MPI(fn, ...) mpi_status(fn(__VA_ARGS__), #fn)
-#define MPI_RETURN_IF_ERROR(fn, ...) RETURN_IF_ERROR(TESSERA_MPI(fn, __VA_ARGS__))
+#define TRY_MPI(fn, ...) RETURN_IF_ERROR(TESSERA_MPI(fn, __VA_ARGS__))
 
 // Process-wide MPI bookkeeping. Only the thread that initialised MPI touches
 // it (MPI_THREAD_FUNNELED).
@@ -79,7 +80,7 @@ Status ensure_mpi_initialised() {
   // An explicit setting in the environment still wins.
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
   int provided = 0;
-  MPI_RETURN_IF_ERROR(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  TRY_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   p.we_initialised = true;
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   struct Finaliser {
@@ -362,7 +363,7 @@ class MpiCommunicator final : public Communicator {
     // whose extent is a whole block, so rank r's piece lands in block r.
     for_each_chunk(*w, send_count, [&](int64_t off, int n, MPI_Request* req) -> Status {
       MPI_Datatype piece, block;
-      MPI_RETURN_IF_ERROR(MPI_Type_contiguous, n, dt, &piece);
+      TRY_MPI(MPI_Type_contiguous, n, dt, &piece);
       Status st = TESSERA_MPI(MPI_Type_create_resized, piece, 0, static_cast<MPI_Aint>(send_count * esz), &block);
       MPI_Type_free(&piece);
       RETURN_IF_ERROR(st);
@@ -427,7 +428,7 @@ class MpiCommunicator final : public Communicator {
     std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
 
     MPI_Comm sub;
-    MPI_RETURN_IF_ERROR(MPI_Comm_split, comm_, color, key, &sub);
+    TRY_MPI(MPI_Comm_split, comm_, color, key, &sub);
     MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
     auto info = std::make_shared<CommInfo>();
     info->name = name;
@@ -628,13 +629,13 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   info->name = "world";
   info->timeout = options.timeout;
   int size = 0;
-  MPI_RETURN_IF_ERROR(MPI_Comm_rank, MPI_COMM_WORLD, &info->rank);
-  MPI_RETURN_IF_ERROR(MPI_Comm_size, MPI_COMM_WORLD, &size);
+  TRY_MPI(MPI_Comm_rank, MPI_COMM_WORLD, &info->rank);
+  TRY_MPI(MPI_Comm_size, MPI_COMM_WORLD, &size);
   for (int r = 0; r < size; r++) info->world_ranks.push_back(r);
   // Our own duplicate, so Tessera's traffic never matches anyone else's.
   MPI_Comm comm;
   MPI_Request req;
-  MPI_RETURN_IF_ERROR(MPI_Comm_idup, MPI_COMM_WORLD, &comm, &req);
+  TRY_MPI(MPI_Comm_idup, MPI_COMM_WORLD, &comm, &req);
   MpiWork dup(info, OpDesc{"comm_dup"}, 0);
   dup.add(req);
   RETURN_IF_ERROR(dup.wait());
@@ -645,12 +646,12 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   std::snprintf(mine, kHostLen, "%s", this_host().c_str());
   std::vector<char> all(static_cast<size_t>(kHostLen) * size);
   MPI_Request host_req;
-  MPI_RETURN_IF_ERROR(MPI_Iallgather, mine, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm, &host_req);
+  TRY_MPI(MPI_Iallgather, mine, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm, &host_req);
   MpiWork hosts(info, OpDesc{"host_exchange"}, 0);
   hosts.add(host_req);
   RETURN_IF_ERROR(hosts.wait());
   if (mpi_process().health == MPI_COMM_NULL) {
-    MPI_RETURN_IF_ERROR(MPI_Comm_dup, MPI_COMM_WORLD, &mpi_process().health);
+    TRY_MPI(MPI_Comm_dup, MPI_COMM_WORLD, &mpi_process().health);
     MPI_Comm_set_errhandler(mpi_process().health, MPI_ERRORS_RETURN);
   }
   std::vector<std::string>& world_hosts = mpi_process().world_hosts;

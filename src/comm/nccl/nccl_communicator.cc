@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "runtime/cuda_check.h"
 
 namespace tessera::comm {
 
@@ -31,16 +32,6 @@ std::string nccl_text(ncclResult_t rc, ncclComm_t comm) {
   if (last != nullptr && *last != '\0') text += fmt::format(" ({})", last);
   return text;
 }
-
-Status cuda_error(cudaError_t err, const char* call) {
-  cudaGetLastError();  // clear a non-sticky error so later calls do not report it
-  return Status::Unavailable(fmt::format("{}: {}", call, cudaGetErrorString(err)));
-}
-#define NCCL_CUDA_RETURN_IF_ERROR(expr)                          \
-  do {                                                           \
-    const cudaError_t _err = (expr);                             \
-    if (_err != cudaSuccess) return cuda_error(_err, #expr);     \
-  } while (0)
 
 ncclDataType_t nccl_type(ElemType t) {
   switch (t) {
@@ -265,15 +256,15 @@ struct NcclState {
     DeviceGuard guard(device);
     if (producer != nullptr) {
       if (cudaError_t e = cudaEventRecord(producer_event, producer); e != cudaSuccess)
-        return launch.status = cuda_error(e, "cudaEventRecord(producer stream)").With(what);
+        return launch.status = cuda::cuda_status(e, "cudaEventRecord(producer stream)").With(what);
       if (cudaError_t e = cudaStreamWaitEvent(stream, producer_event, 0); e != cudaSuccess)
-        return launch.status = cuda_error(e, "cudaStreamWaitEvent(producer stream)").With(what);
+        return launch.status = cuda::cuda_status(e, "cudaStreamWaitEvent(producer stream)").With(what);
     }
     if (Status st = enqueue(what); !st.ok()) return launch.status = st;
     auto ev = std::make_shared<Event>();
     cudaError_t e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(ev->ev, stream);
-    if (e != cudaSuccess) return launch.status = cuda_error(e, "cudaEventRecord").With(what);
+    if (e != cudaSuccess) return launch.status = cuda::cuda_status(e, "cudaEventRecord").With(what);
     launch.done = std::move(ev);
     return Status::OK();
   }
@@ -362,7 +353,7 @@ class NcclWork final : public Work {
       return finished_ = true;
     }
     if (e != cudaErrorNotReady) {
-      launch_->status = cuda_error(e, "cudaEventQuery").With(state_->describe_on(desc_));
+      launch_->status = cuda::cuda_status(e, "cudaEventQuery").With(state_->describe_on(desc_));
       state_->abort(launch_->status);
       return finished_ = true;
     }
@@ -490,7 +481,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const void* send, v
                 if (s.rank != 0)
                   if (cudaError_t e = cudaMemcpyAsync(recv, block, n * esz, cudaMemcpyDeviceToDevice, s.stream);
                       e != cudaSuccess)
-                    return cuda_error(e, "cudaMemcpyAsync(in-place reduce_scatter result)").With(what);
+                    return cuda::cuda_status(e, "cudaMemcpyAsync(in-place reduce_scatter result)").With(what);
                 return Status::OK();
               });
 }
@@ -567,15 +558,15 @@ void NcclCommunicator::set_producer_stream(cudaStream_t producer) { state_->prod
 
 Status NcclCommunicator::wait_for_event(cudaEvent_t event) {
   DeviceGuard guard(state_->device);
-  NCCL_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(state_->stream, event, 0));
+  TRY_CUDA(cudaStreamWaitEvent(state_->stream, event, 0));
   return Status::OK();
 }
 
 Status NcclCommunicator::consumers_wait(cudaStream_t consumer) {
   RETURN_IF_ERROR(state_->flush_p2p());
   DeviceGuard guard(state_->device);
-  NCCL_CUDA_RETURN_IF_ERROR(cudaEventRecord(state_->consumer_event, state_->stream));
-  NCCL_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(consumer, state_->consumer_event, 0));
+  TRY_CUDA(cudaEventRecord(state_->consumer_event, state_->stream));
+  TRY_CUDA(cudaStreamWaitEvent(consumer, state_->consumer_event, 0));
   return Status::OK();
 }
 
@@ -597,12 +588,12 @@ struct JoinInfo {
 // The stream, events and scratch word of a new communicator on the current
 // device.
 Status make_local_resources(NcclState& s) {
-  NCCL_CUDA_RETURN_IF_ERROR(cudaGetDevice(&s.device));
-  NCCL_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-  NCCL_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.producer_event, cudaEventDisableTiming));
-  NCCL_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&s.consumer_event, cudaEventDisableTiming));
-  NCCL_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&s.scratch), sizeof(int32_t)));
-  NCCL_CUDA_RETURN_IF_ERROR(cudaMemset(s.scratch, 0, sizeof(int32_t)));
+  TRY_CUDA(cudaGetDevice(&s.device));
+  TRY_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  TRY_CUDA(cudaEventCreateWithFlags(&s.producer_event, cudaEventDisableTiming));
+  TRY_CUDA(cudaEventCreateWithFlags(&s.consumer_event, cudaEventDisableTiming));
+  TRY_CUDA(cudaMalloc(reinterpret_cast<void**>(&s.scratch), sizeof(int32_t)));
+  TRY_CUDA(cudaMemset(s.scratch, 0, sizeof(int32_t)));
   return Status::OK();
 }
 
@@ -700,20 +691,20 @@ Result<std::unique_ptr<Communicator>> NcclCommunicator::split(int color, int key
   int32_t* dev = nullptr;
   {
     DeviceGuard guard(s.device);
-    NCCL_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&dev), all.size() * sizeof(int32_t)));
+    TRY_CUDA(cudaMalloc(reinterpret_cast<void**>(&dev), all.size() * sizeof(int32_t)));
   }
   Status st = Status::OK();
   {
     DeviceGuard guard(s.device);
     if (cudaError_t e = cudaMemcpy(dev + 2 * s.rank, mine, sizeof(mine), cudaMemcpyHostToDevice); e != cudaSuccess)
-      st = cuda_error(e, "cudaMemcpy");
+      st = cuda::cuda_status(e, "cudaMemcpy");
   }
   if (st.ok()) st = all_gather(dev + 2 * s.rank, dev, 2, ElemType::kI32);
   if (st.ok()) {
     DeviceGuard guard(s.device);
     if (cudaError_t e = cudaMemcpy(all.data(), dev, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost);
         e != cudaSuccess)
-      st = cuda_error(e, "cudaMemcpy");
+      st = cuda::cuda_status(e, "cudaMemcpy");
   }
   {
     DeviceGuard guard(s.device);

@@ -21,7 +21,7 @@ std::string nccl_version();
 
 // A communicator over the same ranks as `bootstrap`, in the same order
 // (rank r here is rank r there, world_rank_of() agrees), on the calling
-// thread's current CUDA device: select it first (comm/local_device.h),
+// thread's current CUDA device: select it first (comm/mpi/local_device.h),
 // one device per rank. Rank 0 creates an NCCL unique id and broadcasts it
 // over `bootstrap`, a host-memory communicator (MPI, or self for one rank)
 // that is used only during this call. Collective over `bootstrap`; bounded

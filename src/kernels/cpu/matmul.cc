@@ -1,4 +1,4 @@
-// Matmul through oneDNN matmul primitives, cached by shape.
+// Matmul through oneDNN matmul primitives.
 //
 // Three products per linear layer, weight W (OC,C) row-major as in llm.c:
 //   forward       out (N,OC)   = inp (N,C) @ W^T + bias
@@ -9,10 +9,40 @@
 // rounded into bf16 scratch (dout^T is written transposed there, since the
 // bf16 kernels want a plain A), and accumulation stays fp32.
 //
-// No allocation in the steady state: primitives and their memory objects are
-// built once per shape and re-pointed with set_data_handle; execution goes
-// through the C API with a stack argument array; scratch only grows.
+// The row count N (B*T tokens) is the only dimension that changes between
+// calls on one weight: it is the primitive's M in the first two products and
+// its K in the third. Which primitive a call runs is a pure function of its
+// shape (never of what ran before), so results are reproducible across
+// processes (bit-exact resume):
+//   - N a multiple of kExactRowQuantum: a primitive compiled for exactly
+//     that shape (oneDNN 2.6 picks its brgemm kernels, "brg:avx512_core*");
+//   - any other N: one primitive per weight shape compiled with a run-time
+//     row count (DNNL_RUNTIME_DIM_VAL), which oneDNN 2.6 serves only with its
+//     gemm kernels ("gemm:jit"), measured up to ~30% slower on the LM head's
+//     shapes (docs/performance.md), so training keeps exact shapes.
+// Training's B*T is a multiple of the quantum in every config we run; a
+// serving loop whose batch changes every step mostly hits the shared
+// run-time primitive (at most 3 per weight shape and precision) instead of
+// compiling one per size. The cache's LRU bound covers everything else.
+//
+// Thread safety and bounds. Compiled primitives live in one process-wide
+// LRU cache (a mutex around lookup and compile) of at most kMaxPrimitives.
+// A oneDNN primitive may be executed from several threads at once only with
+// a scratchpad per execution: Debian's oneDNN is built without
+// DNNL_ENABLE_CONCURRENT_EXEC, so its library-managed scratchpad is shared
+// and a primitive run from two threads at once computes garbage (seen in
+// matmul_threads_test). So primitives use scratchpad_mode::user, and each
+// thread owns its scratchpad buffer, its stream and a bounded LRU of
+// bindings (a shared_ptr to the primitive plus memory objects for exactly
+// one shape) that it re-points with set_data_handle. The hot path touches
+// only thread-local state: no lock, and no allocation once a thread has seen
+// its shapes (the per-call argument array lives on the stack and execution
+// goes through the C API). OpenMP: each calling thread runs the primitive on
+// its own OpenMP team, so N threads use N x OMP_NUM_THREADS cores.
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,8 +53,9 @@
 
 #include "core/check.h"
 #include "core/cpu_features.h"
-#include "kernels/cpu/ops.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 
 namespace tessera::cpu {
 
@@ -34,104 +65,231 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
+// Row counts that are a multiple of this get an exact-shape primitive.
+constexpr int64_t kExactRowQuantum = 64;
+// Bound on the process-wide cache of compiled primitives.
+constexpr size_t kMaxPrimitives = 64;
+// Bound on each thread's bindings (one per exact shape it ran recently).
+constexpr size_t kMaxBindingsPerThread = 64;
+constexpr int64_t kRuntime = DNNL_RUNTIME_DIM_VAL;
+
 enum class Product { kForward, kBackwardData, kBackwardWeights };
 
 struct Key {
   Product product;
   MatmulPrecision prec;
   bool bias;
-  int64_t M, K, N;  // dst (M,N) = src (M,K) @ wei (K,N)
+  int64_t M, K, N;  // dst (M,N) = src (M,K) @ wei (K,N); the row dim may be kRuntime
   auto tie() const { return std::tie(product, prec, bias, M, K, N); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
+  bool operator==(const Key& o) const { return tie() == o.tie(); }
 };
 
-struct Entry {
-  dnnl::matmul prim;
-  memory src, wei, bias, dst;
-};
+bool exact_rows(int64_t rows) { return rows % kExactRowQuantum == 0; }
 
-struct Context {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  std::mutex mu;
-  std::map<Key, std::unique_ptr<Entry>> cache;
-};
+// The key of the primitive that serves an exact shape: the shape itself, or
+// the shape with its row dimension made run-time.
+Key primitive_key(Key k) {
+  const int64_t rows = k.product == Product::kBackwardWeights ? k.K : k.M;
+  if (exact_rows(rows)) return k;
+  (k.product == Product::kBackwardWeights ? k.K : k.M) = kRuntime;
+  return k;
+}
 
-Context& context() {
-  static Context* ctx = new Context();  // never destroyed: used until exit
-  return *ctx;
+dnnl::engine& engine() {
+  static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed: used until exit
+  return *e;
 }
 
 // The layout of one operand as seen by oneDNN: logical (rows, cols),
-// row-major ("ab") or stored transposed ("ba").
+// row-major ("ab") or stored transposed ("ba"). Either may be kRuntime.
 memory::desc md(int64_t rows, int64_t cols, dt type, bool transposed) {
   return memory::desc({rows, cols}, type, transposed ? tag::ba : tag::ab);
 }
 
-Entry* get_entry(const Key& k) {
-  Context& ctx = context();
-  std::lock_guard<std::mutex> lock(ctx.mu);
-  auto it = ctx.cache.find(k);
-  if (it != ctx.cache.end()) return it->second.get();
+struct Descs {
+  memory::desc src, wei, bias, dst;
+};
 
+Descs descs(const Key& k) {
   const dt in_type = k.prec == MatmulPrecision::kBF16 ? dt::bf16 : dt::f32;
-  memory::desc src_md, wei_md;
+  Descs d;
   switch (k.product) {
     case Product::kForward:  // inp (N,C) @ W^T: W stored (OC,C) -> (C,OC) "ba"
-      src_md = md(k.M, k.K, in_type, false);
-      wei_md = md(k.K, k.N, in_type, true);
+      d.src = md(k.M, k.K, in_type, false);
+      d.wei = md(k.K, k.N, in_type, true);
       break;
     case Product::kBackwardData:  // dout (N,OC) @ W (OC,C)
-      src_md = md(k.M, k.K, in_type, false);
-      wei_md = md(k.K, k.N, in_type, false);
+      d.src = md(k.M, k.K, in_type, false);
+      d.wei = md(k.K, k.N, in_type, false);
       break;
     case Product::kBackwardWeights:  // dout^T (OC,N) @ inp (N,C)
       // fp32 reads dout (N,OC) as transposed in place; bf16 gets dout^T
       // written plainly into scratch by the caller.
-      src_md = md(k.M, k.K, in_type, k.prec == MatmulPrecision::kF32);
-      wei_md = md(k.K, k.N, in_type, false);
+      d.src = md(k.M, k.K, in_type, k.prec == MatmulPrecision::kF32);
+      d.wei = md(k.K, k.N, in_type, false);
       break;
   }
-  memory::desc dst_md = md(k.M, k.N, dt::f32, false);
-  memory::desc bias_md = k.bias ? md(1, k.N, dt::f32, false) : memory::desc();
+  d.dst = md(k.M, k.N, dt::f32, false);
+  if (k.bias) d.bias = md(1, k.N, dt::f32, false);
+  return d;
+}
 
+// A compiled primitive and the scratchpad one execution of it needs.
+struct Compiled {
+  dnnl::matmul prim;
+  memory::desc scratchpad;
+};
+
+Compiled compile(const Key& k) {
+  const Descs d = descs(k);
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (k.product != Product::kForward) {
     dnnl::post_ops po;
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::desc desc = k.bias ? dnnl::matmul::desc(src_md, wei_md, bias_md, dst_md)
-                                   : dnnl::matmul::desc(src_md, wei_md, dst_md);
-  dnnl::matmul::primitive_desc pd(desc, attr, ctx.engine);
-
-  auto e = std::make_unique<Entry>();
-  e->prim = dnnl::matmul(pd);
-  e->src = memory(src_md, ctx.engine, DNNL_MEMORY_NONE);
-  e->wei = memory(wei_md, ctx.engine, DNNL_MEMORY_NONE);
-  e->dst = memory(dst_md, ctx.engine, DNNL_MEMORY_NONE);
-  if (k.bias) e->bias = memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+  dnnl::matmul::desc desc = k.bias ? dnnl::matmul::desc(d.src, d.wei, d.bias, d.dst)
+                                   : dnnl::matmul::desc(d.src, d.wei, d.dst);
+  dnnl::matmul::primitive_desc pd(desc, attr, engine());
   if (std::getenv("TESSERA_VERBOSE_MATMUL"))
     std::fprintf(stderr, "matmul %d prec=%d M=%ld K=%ld N=%ld: %s\n", static_cast<int>(k.product),
                  static_cast<int>(k.prec), static_cast<long>(k.M), static_cast<long>(k.K), static_cast<long>(k.N),
                  pd.impl_info_str());
-  Entry* raw = e.get();
-  ctx.cache.emplace(k, std::move(e));
-  return raw;
+  return Compiled{dnnl::matmul(pd), pd.scratchpad_desc()};
 }
 
-void run(Entry* e, const void* src, const void* wei, const float* bias, float* dst) {
-  e->src.set_data_handle(const_cast<void*>(src));
-  e->wei.set_data_handle(const_cast<void*>(wei));
-  e->dst.set_data_handle(dst);
-  dnnl_exec_arg_t args[4] = {
-      {DNNL_ARG_SRC, e->src.get()}, {DNNL_ARG_WEIGHTS, e->wei.get()}, {DNNL_ARG_DST, e->dst.get()}, {0, nullptr}};
+// Process-wide cache of compiled primitives, least recently used dropped
+// beyond kMaxPrimitives. Values are immutable once built; a shared_ptr keeps
+// one alive for threads still bound to it after it is dropped here.
+class PrimitiveCache {
+ public:
+  std::shared_ptr<const Compiled> get(const Key& k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end()) {
+      if (map_.size() >= kMaxPrimitives) {
+        auto victim = map_.begin();
+        for (auto j = map_.begin(); j != map_.end(); ++j)
+          if (j->second.last_use < victim->second.last_use) victim = j;
+        map_.erase(victim);
+      }
+      // Compiled under the lock: compiles are rare (~0.3 ms) and a second
+      // thread wanting the same shape waits instead of compiling it twice.
+      it = map_.emplace(k, Slot{std::make_shared<const Compiled>(compile(k)), 0}).first;
+      ++compiled_;
+    }
+    it->second.last_use = ++clock_;
+    return it->second.prim;
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
+  uint64_t compiled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return compiled_;
+  }
+
+ private:
+  struct Slot {
+    std::shared_ptr<const Compiled> prim;
+    uint64_t last_use;
+  };
+  std::mutex mu_;
+  uint64_t clock_ = 0;        // guarded by mu_
+  uint64_t compiled_ = 0;     // guarded by mu_
+  std::map<Key, Slot> map_;   // guarded by mu_
+};
+
+PrimitiveCache& primitive_cache() {
+  static PrimitiveCache* cache = new PrimitiveCache();  // never destroyed: threads may outlive statics
+  return *cache;
+}
+
+// One thread's view of one exact shape: the primitive serving it and memory
+// objects of exactly that shape, re-pointed at each call's buffers.
+struct Binding {
+  Key key;
+  std::shared_ptr<const Compiled> prim;
+  memory src, wei, bias, dst, scratchpad;  // scratchpad: empty when the primitive needs none
+  uint64_t last_use = 0;
+};
+
+// Everything a thread mutates: its stream, bindings and bf16 scratch.
+struct ThreadState {
+  dnnl::stream stream{engine()};
+  std::vector<Binding> bindings;  // at most kMaxBindingsPerThread; searched linearly
+  uint64_t clock = 0;
+  std::vector<bf16> a, b;  // bf16 scratch for the two inputs; grows to the largest layer
+  // oneDNN scratchpad of every primitive this thread runs, one at a time;
+  // grown (64-byte aligned) only when a binding is made.
+  std::unique_ptr<std::byte[], decltype(&std::free)> scratchpad{nullptr, &std::free};
+  size_t scratchpad_bytes = 0;
+};
+
+ThreadState& thread_state() {
+  thread_local ThreadState s;
+  return s;
+}
+
+Binding& binding(ThreadState& ts, const Key& k) {
+  ++ts.clock;
+  for (Binding& b : ts.bindings)
+    if (b.key == k) {
+      b.last_use = ts.clock;
+      return b;
+    }
+  // Compile (which may throw) before touching the bindings.
+  std::shared_ptr<const Compiled> prim = primitive_cache().get(primitive_key(k));
+  Binding* slot;
+  if (ts.bindings.size() < kMaxBindingsPerThread) {
+    slot = &ts.bindings.emplace_back();
+  } else {
+    slot = &ts.bindings.front();
+    for (Binding& b : ts.bindings)
+      if (b.last_use < slot->last_use) slot = &b;
+  }
+  const Descs d = descs(k);
+  slot->key = k;
+  slot->prim = std::move(prim);
+  slot->src = memory(d.src, engine(), DNNL_MEMORY_NONE);
+  slot->wei = memory(d.wei, engine(), DNNL_MEMORY_NONE);
+  slot->dst = memory(d.dst, engine(), DNNL_MEMORY_NONE);
+  slot->bias = k.bias ? memory(d.bias, engine(), DNNL_MEMORY_NONE) : memory();
+  const size_t scratch_bytes = slot->prim->scratchpad.get_size();
+  slot->scratchpad = scratch_bytes ? memory(slot->prim->scratchpad, engine(), DNNL_MEMORY_NONE) : memory();
+  if (scratch_bytes > ts.scratchpad_bytes) {
+    const size_t bytes = (scratch_bytes + 63) / 64 * 64;
+    ts.scratchpad.reset(static_cast<std::byte*>(std::aligned_alloc(64, bytes)));
+    CHECK(ts.scratchpad != nullptr);
+    ts.scratchpad_bytes = bytes;
+  }
+  slot->last_use = ts.clock;
+  return *slot;
+}
+
+void run(ThreadState& ts, const Key& k, const void* src, const void* wei, const float* bias, float* dst) {
+  Binding& b = binding(ts, k);
+  b.src.set_data_handle(const_cast<void*>(src));
+  b.wei.set_data_handle(const_cast<void*>(wei));
+  b.dst.set_data_handle(dst);
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, b.src.get()},
+                             {DNNL_ARG_WEIGHTS, b.wei.get()},
+                             {DNNL_ARG_DST, b.dst.get()},
+                             {0, nullptr},
+                             {0, nullptr}};
   int nargs = 3;
   if (bias) {
-    e->bias.set_data_handle(const_cast<float*>(bias));
-    args[nargs++] = {DNNL_ARG_BIAS, e->bias.get()};
+    b.bias.set_data_handle(const_cast<float*>(bias));
+    args[nargs++] = {DNNL_ARG_BIAS, b.bias.get()};
   }
-  dnnl_status_t st = dnnl_primitive_execute(e->prim.get(), context().stream.get(), nargs, args);
+  if (b.scratchpad) {
+    b.scratchpad.set_data_handle(ts.scratchpad.get());  // the buffer may have grown since the binding was made
+    args[nargs++] = {DNNL_ARG_SCRATCHPAD, b.scratchpad.get()};
+  }
+  dnnl_status_t st = dnnl_primitive_execute(b.prim->prim.get(), ts.stream.get(), nargs, args);
   CHECK(st == dnnl_success);
   // The CPU stream is in-order and the primitive runs on the calling thread's
   // OpenMP pool, so it has finished when execute returns.
@@ -147,30 +305,26 @@ MatmulPrecision effective(MatmulPrecision prec) {
   return MatmulPrecision::kF32;
 }
 
-// Per-thread bf16 scratch for the two inputs; grows to the largest layer.
-struct Scratch {
-  std::vector<bf16> a, b;
-};
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
-
 }  // namespace
+
+size_t matmul_cache_size() { return primitive_cache().size(); }
+size_t matmul_cache_capacity() { return kMaxPrimitives; }
+uint64_t matmul_primitives_compiled() { return primitive_cache().compiled(); }
+bool matmul_rows_get_exact_primitive(int64_t rows) { return exact_rows(rows); }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     MatmulPrecision prec) {
   if (N == 0 || OC == 0) return;
   prec = effective(prec);
-  Entry* e = get_entry({Product::kForward, prec, bias != nullptr, N, C, OC});
+  ThreadState& ts = thread_state();
+  const Key k{Product::kForward, prec, bias != nullptr, N, C, OC};
   if (prec == MatmulPrecision::kF32) {
-    run(e, inp, weight, bias, out);
+    run(ts, k, inp, weight, bias, out);
     return;
   }
-  Scratch& s = scratch();
-  const bf16* a = to_bf16(inp, static_cast<int64_t>(N) * C, s.a);
-  const bf16* b = to_bf16(weight, static_cast<int64_t>(OC) * C, s.b);
-  run(e, a, b, bias, out);
+  const bf16* a = to_bf16(inp, static_cast<int64_t>(N) * C, ts.a);
+  const bf16* b = to_bf16(weight, static_cast<int64_t>(OC) * C, ts.b);
+  run(ts, k, a, b, bias, out);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -179,24 +333,24 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   prec = effective(prec);
   if (dbias) bias_backward(dbias, dout, N, OC);
   if (C == 0 || OC == 0) return;
-  Scratch& s = scratch();
+  ThreadState& ts = thread_state();
   if (dinp) {
-    Entry* e = get_entry({Product::kBackwardData, prec, false, N, OC, C});
+    const Key k{Product::kBackwardData, prec, false, N, OC, C};
     if (prec == MatmulPrecision::kF32) {
-      run(e, dout, weight, nullptr, dinp);
+      run(ts, k, dout, weight, nullptr, dinp);
     } else {
-      const bf16* a = to_bf16(dout, static_cast<int64_t>(N) * OC, s.a);
-      const bf16* b = to_bf16(weight, static_cast<int64_t>(OC) * C, s.b);
-      run(e, a, b, nullptr, dinp);
+      const bf16* a = to_bf16(dout, static_cast<int64_t>(N) * OC, ts.a);
+      const bf16* b = to_bf16(weight, static_cast<int64_t>(OC) * C, ts.b);
+      run(ts, k, a, b, nullptr, dinp);
     }
   }
-  Entry* e = get_entry({Product::kBackwardWeights, prec, false, OC, N, C});
+  const Key k{Product::kBackwardWeights, prec, false, OC, N, C};
   if (prec == MatmulPrecision::kF32) {
-    run(e, dout, inp, nullptr, dweight);
+    run(ts, k, dout, inp, nullptr, dweight);
   } else {
-    const bf16* a = to_bf16_transposed(dout, N, OC, s.a);
-    const bf16* b = to_bf16(inp, static_cast<int64_t>(N) * C, s.b);
-    run(e, a, b, nullptr, dweight);
+    const bf16* a = to_bf16_transposed(dout, N, OC, ts.a);
+    const bf16* b = to_bf16(inp, static_cast<int64_t>(N) * C, ts.b);
+    run(ts, k, a, b, nullptr, dweight);
   }
 }
 

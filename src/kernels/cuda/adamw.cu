@@ -36,7 +36,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   const float bc2 = 1.0f - std::pow(hp.beta2, static_cast<float>(hp.t));
   adamw_kernel<<<grid_for(n, kBlock), kBlock>>>(params, grads, m, v, n, hp.lr, hp.beta1, hp.beta2, hp.eps,
                                                 hp.weight_decay, hp.grad_scale, bc1, bc2);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

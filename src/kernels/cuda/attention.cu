@@ -180,11 +180,11 @@ void attention_forward(float* out, float* preatt, float* att, const float* inp, 
   const int rows = B * NH * T;
   const int warps_per_block = kBlock / kWarpSize;
   scores_kernel<<<grid_for(n_att, kBlock), kBlock>>>(preatt, inp, B, T, C, NH, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   causal_softmax_kernel<<<ceil_div(rows, warps_per_block), kBlock>>>(att, preatt, rows, T);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   att_values_kernel<<<grid_for(static_cast<int64_t>(B) * T * C, kBlock), kBlock>>>(out, att, inp, B, T, C, NH);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
@@ -198,15 +198,15 @@ void attention_backward(float* dinp, float* dpreatt, float* datt, const float* d
   // Order matters: softmax backward reads the finished datt, and dq/dk read
   // the finished dpreatt (kernels on one stream run in order).
   datt_kernel<<<grid_for(n_att, kBlock), kBlock>>>(datt, dout, inp, B, T, C, NH);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   dv_kernel<<<grid_for(n_out, kBlock), kBlock>>>(dinp, dout, att, B, T, C, NH);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   softmax_backward_kernel<<<ceil_div(rows, warps_per_block), kBlock>>>(dpreatt, datt, att, rows, T);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   dq_kernel<<<grid_for(n_out, kBlock), kBlock>>>(dinp, dpreatt, inp, B, T, C, NH, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   dk_kernel<<<grid_for(n_out, kBlock), kBlock>>>(dinp, dpreatt, inp, B, T, C, NH, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 AttentionImpl attention_impl(int hs) {

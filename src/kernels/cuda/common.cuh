@@ -8,7 +8,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cublas_check.h"
 
 namespace tessera::cuda {
 

@@ -98,7 +98,7 @@ void crossentropy_lse_forward(float* losses, float* lse, const float* logits, co
                               int Vp) {
   if (N == 0) return;
   crossentropy_lse_forward_kernel<<<N, kBlock>>>(losses, lse, logits, targets, V, Vp);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void crossentropy_lse_backward(float* logits, const float* lse, const int* targets, float dloss, int N, int V,
@@ -106,14 +106,14 @@ void crossentropy_lse_backward(float* logits, const float* lse, const int* targe
   const int64_t n = static_cast<int64_t>(N) * Vp;
   if (n == 0) return;
   crossentropy_lse_backward_kernel<<<grid_for(n, 256), 256>>>(logits, lse, targets, dloss, N, V, Vp);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void crossentropy_softmax_forward(float* losses, float* probs, const float* logits, const int* targets, int N,
                                   int V, int Vp) {
   if (N == 0) return;
   crossentropy_forward_kernel<<<N, kBlock>>>(losses, probs, logits, targets, V, Vp);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void crossentropy_softmax_backward(float* dlogits, const float* probs, const int* targets, float dloss, int N,
@@ -121,7 +121,7 @@ void crossentropy_softmax_backward(float* dlogits, const float* probs, const int
   const int64_t n = static_cast<int64_t>(N) * V;
   if (n == 0) return;
   crossentropy_backward_kernel<<<grid_for(n, 256), 256>>>(dlogits, probs, targets, dloss, N, V, Vp);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

@@ -52,25 +52,25 @@ __global__ void residual_backward_kernel(float* dinp1, float* dinp2, const float
 void gelu_forward(float* out, const float* inp, int64_t n) {
   if (n <= 0) return;
   gelu_forward_kernel<<<grid_for(n, kBlock), kBlock>>>(out, inp, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
   if (n <= 0) return;
   gelu_backward_kernel<<<grid_for(n, kBlock), kBlock>>>(dinp, inp, dout, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t n) {
   if (n <= 0) return;
   residual_forward_kernel<<<grid_for(n, kBlock), kBlock>>>(out, inp1, inp2, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t n) {
   if (n <= 0) return;
   residual_backward_kernel<<<grid_for(n, kBlock), kBlock>>>(dinp1, dinp2, dout, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

@@ -50,16 +50,16 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
   const int64_t n = static_cast<int64_t>(B) * T * C;
   if (n == 0) return;
   encoder_forward_kernel<<<grid_for(n, kBlock), kBlock>>>(out, inp, wte, wpe, T, C, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
   const int64_t n = static_cast<int64_t>(B) * T * C;
   if (n == 0) return;
   encoder_backward_wpe_kernel<<<grid_for(static_cast<int64_t>(T) * C, kBlock), kBlock>>>(dwpe, dout, B, T, C);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   encoder_backward_wte_kernel<<<grid_for(n, kBlock), kBlock>>>(dwte, dout, inp, C, n);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

@@ -393,7 +393,7 @@ unsigned flash_grid(int B, int T, int C, int NH) {
 template <typename Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 }  // namespace
@@ -406,7 +406,7 @@ void flash_attention_forward(float* out, float* lse, const float* inp, int B, in
   allow_shared(flash_forward_kernel, smem);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   flash_forward_kernel<<<grid, kThreads, smem>>>(out, lse, inp, B, T, C, NH, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void flash_attention_backward(float* dinp, float* dsum, const float* dout, const float* inp, const float* out,
@@ -418,7 +418,7 @@ void flash_attention_backward(float* dinp, float* dsum, const float* dout, const
   const int64_t rows = static_cast<int64_t>(B) * NH * T;
   const int warps_per_block = kThreads / kWarpSize;
   flash_backward_dsum_kernel<<<ceil_div(rows, warps_per_block), kThreads>>>(dsum, dout, out, B, T, C, NH);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   // Both kernels: two tiles of stride hs, two of stride ld (+ lse and dsum
   // for one tile of queries in dK/dV).
   const size_t smem = sizeof(float) * (static_cast<size_t>(kTile) * (2 * hs + 2 * ld) + 2 * kTile);
@@ -426,9 +426,9 @@ void flash_attention_backward(float* dinp, float* dsum, const float* dout, const
   allow_shared(flash_backward_dq_kernel, smem);
   // The two kernels write disjoint parts of dinp (k and v; q).
   flash_backward_dkdv_kernel<<<grid, kThreads, smem>>>(dinp, dout, inp, lse, dsum, B, T, C, NH, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   flash_backward_dq_kernel<<<grid, kThreads, smem>>>(dinp, dout, inp, lse, dsum, B, T, C, NH, scale);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

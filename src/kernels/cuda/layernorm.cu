@@ -99,7 +99,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   if (N == 0 || C == 0) return;
   layernorm_forward_kernel<<<ceil_div(N, kRowsPerBlock), kRowsPerBlock * kWarpSize>>>(out, mean, rstd, inp, weight,
                                                                                      bias, N, C);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -107,10 +107,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   if (N == 0 || C == 0) return;
   layernorm_backward_dinp_kernel<<<ceil_div(N, kRowsPerBlock), kRowsPerBlock * kWarpSize>>>(dinp, dout, inp, weight,
                                                                                            mean, rstd, N, C);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   layernorm_backward_params_kernel<<<ceil_div(C, kWarpSize), dim3(kWarpSize, kRows)>>>(dweight, dbias, dout, inp,
                                                                                       mean, rstd, N, C);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
 }
 
 }  // namespace tessera::cuda

@@ -42,8 +42,8 @@ struct LtContext {
   // A bf16 buffer of at least `elems` elements in slot `slot`.
   __nv_bfloat16* bf16_scratch(int slot, size_t elems) {
     if (scratch_elems[slot] < elems) {
-      CUDA_CHECK(cudaFree(scratch[slot]));  // cudaFree waits for queued work that may read it
-      CUDA_CHECK(cudaMalloc(&scratch[slot], elems * sizeof(__nv_bfloat16)));
+      CHECK_CUDA(cudaFree(scratch[slot]));  // cudaFree waits for queued work that may read it
+      CHECK_CUDA(cudaMalloc(&scratch[slot], elems * sizeof(__nv_bfloat16)));
       scratch_elems[slot] = elems;
     }
     return scratch[slot];
@@ -54,13 +54,13 @@ LtContext& context_for_current_device() {
   static std::mutex mu;
   static std::vector<LtContext*> contexts;  // by device ordinal; leaked on purpose (above)
   int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mu);
   if (static_cast<int>(contexts.size()) <= device) contexts.resize(device + 1, nullptr);
   if (contexts[device] == nullptr) {
     auto ctx = std::make_unique<LtContext>();
-    CUBLAS_CHECK(cublasLtCreate(&ctx->handle));
-    CUDA_CHECK(cudaMalloc(&ctx->workspace, kWorkspaceBytes));
+    CHECK_CUBLAS(cublasLtCreate(&ctx->handle));
+    CHECK_CUDA(cudaMalloc(&ctx->workspace, kWorkspaceBytes));
     contexts[device] = ctx.release();
   }
   return *contexts[device];
@@ -69,11 +69,11 @@ LtContext& context_for_current_device() {
 // RAII for the cuBLASLt descriptors of one call.
 struct MatmulDesc {
   cublasLtMatmulDesc_t desc = nullptr;
-  MatmulDesc() { CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
+  MatmulDesc() { CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
   ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
   template <typename T>
   void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
   }
 };
 
@@ -81,20 +81,20 @@ struct Layout {
   cublasLtMatrixLayout_t layout = nullptr;
   // Column-major rows x cols with leading dimension ld.
   Layout(cudaDataType type, int64_t rows, int64_t cols, int64_t ld) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
+    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
   }
   ~Layout() { cublasLtMatrixLayoutDestroy(layout); }
 };
 
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
-  Preference() { CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)); }
+  Preference() { CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref)); }
   ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
   void set(cublasLtMatmulPreferenceAttributes_t attr, uint32_t value) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
   }
   void set64(cublasLtMatmulPreferenceAttributes_t attr, uint64_t value) {
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
   }
 };
 
@@ -163,7 +163,7 @@ Operand prepare(LtContext& ctx, int slot, const float* src, int64_t rows, int64_
   __nv_bfloat16* dst = ctx.bf16_scratch(slot, static_cast<size_t>(ld * cols));
   // Column-major (rows, cols) is row-major (cols, rows).
   to_bf16_kernel<<<grid_for(rows * cols, 256), 256>>>(dst, src, cols, rows, rows, ld);
-  CUDA_CHECK_LAUNCH();
+  CHECK_CUDA_LAUNCH();
   return {dst, CUDA_R_16BF, rows, cols, ld};
 }
 
@@ -219,7 +219,7 @@ bool try_lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const
     return false;
   }
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(ctx.handle, desc.desc, &alpha, a.ptr, la.layout, b.ptr, lb.layout, &beta, d, ld.layout,
+  CHECK_CUBLAS(cublasLtMatmul(ctx.handle, desc.desc, &alpha, a.ptr, la.layout, b.ptr, lb.layout, &beta, d, ld.layout,
                               d, ld.layout, &heuristic.algo, ctx.workspace, kWorkspaceBytes, 0));
   return true;
 }
@@ -235,7 +235,7 @@ void lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const Ope
   try_lt_gemm(ctx, d, a, trans_a, b, trans_b, m, n, k, beta, Epilogue::kNone, nullptr, nullptr);  // aborts if none
   if (bias != nullptr) {
     add_bias_kernel<<<grid_for(m * n, 256), 256>>>(d, bias, m, n);
-    CUDA_CHECK_LAUNCH();
+    CHECK_CUDA_LAUNCH();
   }
 }
 
@@ -245,10 +245,10 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     MatmulPrecision prec) {
   if (N == 0 || OC == 0) return;
   if (C == 0) {  // an empty sum: out = bias (or 0); cuBLASLt rejects k = 0
-    CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * N * static_cast<size_t>(OC)));
+    CHECK_CUDA(cudaMemset(out, 0, sizeof(float) * N * static_cast<size_t>(OC)));
     if (bias) {
       add_bias_kernel<<<grid_for(static_cast<int64_t>(N) * OC, 256), 256>>>(out, bias, OC, N);
-      CUDA_CHECK_LAUNCH();
+      CHECK_CUDA_LAUNCH();
     }
     return;
   }
@@ -301,7 +301,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   lt_gemm(ctx, dweight, x, false, dy, true, C, OC, N, 1.0f, nullptr);
   if (dbias) {
     bias_backward_kernel<<<ceil_div(OC, kWarpSize), dim3(kWarpSize, kRows)>>>(dbias, dout, N, OC);
-    CUDA_CHECK_LAUNCH();
+    CHECK_CUDA_LAUNCH();
   }
 }
 

@@ -1,32 +1,12 @@
-// The device API (device.h) when the CUDA backend is not compiled in
-// (TESSERA_CUDA=OFF, or AUTO without a CUDA compiler): no devices, and every
-// call that needs one says why. Built into tessera_core only in that case.
-#include "kernels/cuda/device.h"
+// The CUDA kernels' host entry points that every build declares (reduce.h),
+// when the CUDA backend is not compiled in: each says why it cannot run.
+// Built into tessera_kernels_cuda only in that case.
+#include "kernels/cuda/reduce.h"
 
 namespace tessera::cuda {
 
-namespace {
-Status not_compiled() { return Status::Unavailable("CUDA support not compiled in (TESSERA_CUDA=OFF or no nvcc)"); }
-}  // namespace
-
-bool compiled() { return false; }
-std::string runtime_version() { return ""; }
-std::string compiled_architectures() { return ""; }
-int device_count() { return 0; }
-Result<int> query_device_count() { return not_compiled(); }
-Status set_device(int) { return not_compiled(); }
-std::string device_summary(int device) { return "device " + std::to_string(device) + ": " + not_compiled().message(); }
-Result<MemoryInfo> memory_info() { return not_compiled(); }
-Result<int> select_device(int, size_t) {
-  return Status::Unavailable("no CUDA device: " + not_compiled().message());
+Result<double> sum_of_squares(const float*, int64_t) {
+  return Status::Unavailable("CUDA support not compiled in (TESSERA_CUDA=OFF or no nvcc)");
 }
-Result<void*> device_malloc(size_t) { return not_compiled(); }
-Status device_free(void* ptr) { return ptr == nullptr ? Status::OK() : not_compiled(); }
-Status memcpy_h2d(void*, const void*, size_t) { return not_compiled(); }
-Status memcpy_d2h(void*, const void*, size_t) { return not_compiled(); }
-Status memcpy_d2d(void*, const void*, size_t) { return not_compiled(); }
-Status memset_zero(void*, size_t) { return not_compiled(); }
-Result<double> sum_of_squares(const float*, int64_t) { return not_compiled(); }
-Status synchronize() { return not_compiled(); }
 
 }  // namespace tessera::cuda

@@ -1,4 +1,4 @@
-// sum_of_squares (device.h): the global gradient norm's reduction. Each of a
+// sum_of_squares (reduce.h): the global gradient norm's reduction. Each of a
 // fixed number of blocks sums a grid-stride share in double and writes one
 // partial; the host adds the partials in block order. The grid never depends
 // on timing, so the result is the same bits on every run (no atomics).
@@ -7,7 +7,7 @@
 
 #include "core/status.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/reduce.h"
 
 namespace tessera::cuda {
 
@@ -55,13 +55,13 @@ Partials& partials_for(int device) {
 Result<double> sum_of_squares(const float* x, int64_t n) {
   if (n <= 0) return 0.0;
   int device = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TRY_CUDA(cudaGetDevice(&device));
   Partials& p = partials_for(device);
   std::lock_guard<std::mutex> lock(p.mu);  // the buffer is shared by the device's callers
-  if (!p.device) CUDA_RETURN_IF_ERROR(cudaMalloc(&p.device, sizeof(double) * kBlocks));
+  if (!p.device) TRY_CUDA(cudaMalloc(&p.device, sizeof(double) * kBlocks));
   sum_of_squares_kernel<<<kBlocks, kThreads>>>(p.device, x, n);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(p.host.data(), p.device, sizeof(double) * kBlocks, cudaMemcpyDeviceToHost));
+  TRY_CUDA(cudaGetLastError());
+  TRY_CUDA(cudaMemcpy(p.host.data(), p.device, sizeof(double) * kBlocks, cudaMemcpyDeviceToHost));
   double sum = 0.0;
   for (double v : p.host) sum += v;
   return sum;

@@ -21,7 +21,7 @@ __global__ void scaled_copy_kernel(float* dst, const float* src, int64_t n, floa
 Status copy_async(float* dst, const float* src, int64_t n) {
   if (n <= 0) return Status::OK();
   // Stream 0 is the legacy default stream: the model's kernels run there.
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice,
+  TRY_CUDA(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice,
                                        cudaStreamLegacy));
   return Status::OK();
 }
@@ -30,7 +30,7 @@ Status scaled_copy_async(float* dst, const float* src, int64_t n, float scale) {
   if (n <= 0) return Status::OK();
   constexpr int kBlock = 256;
   scaled_copy_kernel<<<cuda::grid_for(n, kBlock), kBlock, 0, cudaStreamLegacy>>>(dst, src, n, scale);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  TRY_CUDA(cudaGetLastError());
   return Status::OK();
 }
 

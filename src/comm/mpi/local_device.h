@@ -1,6 +1,6 @@
 // One rank per GPU: which rank of its host this process is, and the CUDA
 // device that follows from it. Plain C++ (the device API is
-// kernels/cuda/device.h), usable with or without the CUDA backend.
+// runtime/cuda_device.h), usable with or without the CUDA backend.
 #pragma once
 
 #include <cstddef>

@@ -11,19 +11,19 @@
 #include "comm/communicator.h"
 #include "tensor/arena.h"
 
-namespace tessera::comm {
+namespace tessera {
 
 class HostReduce {
  public:
   static constexpr int64_t kMaxBytes = 16;
 
-  explicit HostReduce(Communicator& comm);
+  explicit HostReduce(comm::Communicator& comm);
   // In place over count values at host pointer data (count * elem_size <= kMaxBytes).
-  Status all_reduce(void* data, int64_t count, ElemType type, ReduceOp op);
+  Status all_reduce(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op);
 
  private:
-  Communicator& comm_;
+  comm::Communicator& comm_;
   Arena scratch_;  // kMaxBytes on the device, when comm_ takes device memory
 };
 
-}  // namespace tessera::comm
+}  // namespace tessera

@@ -1,6 +1,6 @@
 // Local rank (launcher environment, else MPI's shared-memory split) and the
 // CUDA device it selects.
-#include "comm/local_device.h"
+#include "comm/mpi/local_device.h"
 
 #include <mpi.h>
 
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 
 namespace tessera::comm {
 

@@ -1,10 +1,10 @@
 // The CUDA device API (device.h) over the CUDA runtime. Host C++ only,
 // compiled by the C++ compiler into tessera_cuda.
-#include "kernels/cuda/device.h"
+#include "runtime/cuda_device.h"
 
 #include <fmt/format.h>
 
-#include "kernels/cuda/cuda_check.h"
+#include "runtime/cuda_check.h"
 
 #ifndef TESSERA_CUDA_ARCH_LIST
 #define TESSERA_CUDA_ARCH_LIST ""
@@ -61,7 +61,7 @@ std::string device_summary(int device) {
 
 Result<MemoryInfo> memory_info() {
   MemoryInfo m;
-  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+  TRY_CUDA(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
   return m;
 }
 
@@ -100,36 +100,36 @@ Result<void*> device_malloc(size_t bytes) {
 
 Status device_free(void* ptr) {
   if (ptr == nullptr) return Status::OK();
-  CUDA_RETURN_IF_ERROR(cudaFree(ptr));
+  TRY_CUDA(cudaFree(ptr));
   return Status::OK();
 }
 
 Status memcpy_h2d(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::OK();
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  TRY_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return Status::OK();
 }
 
 Status memcpy_d2h(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::OK();
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  TRY_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   return Status::OK();
 }
 
 Status memcpy_d2d(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::OK();
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+  TRY_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
   return Status::OK();
 }
 
 Status memset_zero(void* ptr, size_t bytes) {
   if (bytes == 0) return Status::OK();
-  CUDA_RETURN_IF_ERROR(cudaMemset(ptr, 0, bytes));
+  TRY_CUDA(cudaMemset(ptr, 0, bytes));
   return Status::OK();
 }
 
 Status synchronize() {
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  TRY_CUDA(cudaDeviceSynchronize());
   return Status::OK();
 }
 

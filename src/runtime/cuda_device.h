@@ -1,7 +1,8 @@
-// The CUDA device API: plain C++ (no CUDA headers), so tessera_core, the CLI
-// and the tests include it whether or not the CUDA backend is compiled in.
-// Without it (TESSERA_HAVE_CUDA undefined) every call reports "CUDA support
-// not compiled in" (kernels/cuda/no_cuda.cc). Errors are values: a Status
+// The CUDA device runtime: devices, device memory, copies. Plain C++ (no
+// CUDA headers), so every layer above src/runtime, the CLI and the tests
+// include it whether or not the CUDA backend is compiled in. Without it
+// (TESSERA_HAVE_CUDA undefined) every call reports "CUDA support not compiled
+// in" (runtime/no_cuda.cc). Kernels live above, in src/kernels/cuda. Errors are values: a Status
 // whose message names the call and the CUDA error string, e.g.
 // "cudaSetDevice(0): no CUDA-capable device is detected".
 // Thread safety: as the CUDA runtime (the current device is per thread).
@@ -54,10 +55,6 @@ Status memcpy_d2h(void* dst, const void* src, size_t bytes);
 // Device to device on the current device, queued in order with the kernels.
 Status memcpy_d2d(void* dst, const void* src, size_t bytes);
 Status memset_zero(void* ptr, size_t bytes);
-// sum x[i]^2 over n device floats, accumulated in double in a fixed order
-// (deterministic: the same bits on every run and every rank), copied back to
-// the host; blocks until the kernels queued before it have run.
-Result<double> sum_of_squares(const float* x, int64_t n);
 // Waits for all queued work on the current device; reports the first
 // asynchronous kernel error, if any.
 Status synchronize();

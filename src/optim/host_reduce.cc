@@ -1,20 +1,20 @@
-#include "comm/host_reduce.h"
+#include "optim/host_reduce.h"
 
 #include "core/check.h"
 #include "tensor/device_memory.h"
 
-namespace tessera::comm {
+namespace tessera {
 
-HostReduce::HostReduce(Communicator& comm) : comm_(comm) {
+HostReduce::HostReduce(comm::Communicator& comm) : comm_(comm) {
   if (!comm_.takes_device_memory()) return;
   scratch_.reserve("scratch", DType::kF32, Shape{kMaxBytes / 4});
   scratch_.set_device(Device::kCUDA);
   scratch_.allocate();
 }
 
-Status HostReduce::all_reduce(void* data, int64_t count, ElemType type, ReduceOp op) {
+Status HostReduce::all_reduce(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op) {
   if (!scratch_.allocated()) return comm_.all_reduce(data, data, count, type, op);
-  const size_t bytes = static_cast<size_t>(count) * elem_size(type);
+  const size_t bytes = static_cast<size_t>(count) * comm::elem_size(type);
   CHECK(bytes <= static_cast<size_t>(kMaxBytes));
   // Blocking copies on the compute stream; the all-reduce is ordered after
   // the first by the producer stream, and wait() returning OK means the
@@ -26,4 +26,4 @@ Status HostReduce::all_reduce(void* data, int64_t count, ElemType type, ReduceOp
   return Status::OK();
 }
 
-}  // namespace tessera::comm
+}  // namespace tessera

@@ -1,0 +1,44 @@
+// The one macro family for return codes of the libraries Tessera calls
+// (CUDA, cuBLASLt, NCCL, MPI, ...), feeding the two error channels:
+//
+//   RETURN_IF_ERROR(status_expr)  (core/status.h) the world failed (out of
+//                          memory, a dead device or peer, a failed copy, a
+//                          missing backend): return the Status from a
+//                          function returning Status or Result<T>, up to the
+//                          caller that can act on it.
+//   CHECK_OK(status_expr)  a failure is a bug (or happens where nothing can
+//                          be returned, inside a kernel launch): print
+//                          file:line, the expression and the message; abort.
+//
+// Each library has one function turning its return code into a Status
+// that names the call ("cudaMalloc(&p, n): out of memory"), and two macros
+// built on the pair above, TRY_<LIB> (returns) and CHECK_<LIB> (aborts), in
+// a header next to its code (they need the library's headers; core/ does
+// not include them):
+//   runtime/cuda_check.h          TRY_CUDA, CHECK_CUDA, CHECK_CUDA_LAUNCH (cuda_status)
+//   kernels/cuda/cublas_check.h   TRY_CUBLAS, CHECK_CUBLAS                (cublas_status)
+//   comm/mpi/mpi_communicator.cc  TRY_MPI(fn, args...), mpi_status(...)
+// NCCL's codes need the communicator's state to interpret (ncclInProgress,
+// asynchronous errors): comm/nccl/nccl_communicator.cc's settle() turns them
+// into a Status; its CUDA calls use TRY_CUDA.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/status.h"
+
+namespace tessera::detail {
+
+[[noreturn]] inline void check_ok_failed(const char* file, int line, const char* expr, const Status& st) {
+  std::fprintf(stderr, "%s:%d: CHECK_OK failed: %s: %s\n", file, line, expr, st.ToString().c_str());
+  std::abort();
+}
+
+}  // namespace tessera::detail
+
+#define CHECK_OK(status_expr)                                                              \
+  do {                                                                                     \
+    const ::tessera::Status _check_st = (status_expr);                                     \
+    if (!_check_st.ok()) ::tessera::detail::check_ok_failed(__FILE__, __LINE__, #status_expr, _check_st); \
+  } while (0)

@@ -1,0 +1,25 @@
+// Introspection of the CPU matmul's primitive cache (kernels/cpu/matmul.cc),
+// for tests and diagnostics. The matmul ops themselves are in ops.h.
+// Thread safety: both functions may be called from any thread at any time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tessera::cpu {
+
+// Compiled oneDNN matmul primitives held by the process-wide cache now. Never
+// more than matmul_cache_capacity() (least recently used ones are dropped;
+// a thread still running one keeps it alive until its own binding goes).
+size_t matmul_cache_size();
+// The bound on matmul_cache_size().
+size_t matmul_cache_capacity();
+// Primitives compiled since the process started (a dropped one compiled
+// again counts again).
+uint64_t matmul_primitives_compiled();
+// True when a matmul whose row count (N of ops.inc) is `rows` runs on a
+// primitive compiled for exactly that count; false when it shares one
+// compiled with a run-time row count (see matmul.cc for the rule and why).
+bool matmul_rows_get_exact_primitive(int64_t rows);
+
+}  // namespace tessera::cpu

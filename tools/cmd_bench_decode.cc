@@ -1,0 +1,175 @@
+// tessera bench decode: the speed of the serving forward (GPT::forward_tokens
+// over a paged KV cache) decoding 1, 8, 32, ... sequences together, against
+// the memory-bandwidth limit of this machine, and the resident memory of a
+// model loaded for inference.
+//
+// Decode reads every weight once per step whatever the batch, so one step
+// takes at least weight_bytes / bandwidth: the limit is batch * bandwidth /
+// weight_bytes tokens/s. Bandwidth is measured here with a STREAM-style
+// triad (a = b + s*c over arrays far larger than the caches, all threads,
+// best of 5, counting 3 arrays of traffic as STREAM does).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "nn/gpt.h"
+#include "nn/kv_cache.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct DecodeArgs {
+  GPTConfig model{12, 12, 768, 50257, 1024};
+  std::vector<int> batches{1, 8, 32};
+  int prompt = 128;
+  int tokens = 32;
+  int block_size = PagedKVCache::kDefaultBlockSize;
+  std::string dtype = "fp32";
+};
+
+// Resident set size of this process (VmRSS), bytes; 0 if unknown.
+int64_t rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      std::istringstream in(line.substr(6));
+      int64_t kb = 0;
+      in >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+// STREAM triad bandwidth, bytes/s.
+double triad_bandwidth() {
+  const int64_t n = int64_t{1} << 25;  // 32M floats: 128 MB an array
+  std::vector<float> a(n), b(n), c(n);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; i++) {
+    a[i] = 0.0f;
+    b[i] = 1.0f;
+    c[i] = 2.0f;
+  }
+  double best = 0.0;
+  for (int rep = 0; rep < 5; rep++) {
+    auto t0 = Clock::now();
+    const float s = 0.5f + rep;
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::max(best, 3.0 * n * sizeof(float) / secs);
+  }
+  return best;
+}
+
+int run_decode_bench(const DecodeArgs& a) {
+  if (Status st = a.model.validate(); !st.ok()) return fail(st);
+  if (a.prompt < 1 || a.tokens < 1 || a.prompt + a.tokens > a.model.context)
+    return fail(Status::InvalidArgument(fmt::format("--prompt {} + --tokens {} must fit in --context {}", a.prompt,
+                                                    a.tokens, a.model.context)));
+  const double bandwidth = triad_bandwidth();
+  const int64_t rss0 = rss_bytes();
+  GPT model(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  model.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  model.init_weights(1234);
+  const int64_t rss_model = rss_bytes();
+  const int64_t weight_bytes = static_cast<int64_t>(model.params().bytes());
+  const int Vp = a.model.padded_vocab();
+  std::fprintf(stderr, "model %s: weights %.1f MB, resident %.1f MB after loading; triad bandwidth %.1f GB/s\n",
+               a.model.str().c_str(), weight_bytes / 1e6, (rss_model - rss0) / 1e6, bandwidth / 1e9);
+
+  for (const int B : a.batches) {
+    const int per_seq = (a.prompt + a.tokens + a.block_size - 1) / a.block_size;
+    PagedKVCache cache(model, B * per_seq, a.block_size, std::max(B, 1));
+    std::mt19937 rng(7);
+    std::vector<int> ids(B);
+    for (int b = 0; b < B; b++) ids[b] = cache.add_sequence().value();
+    // Prefill: every prompt in one ragged batch, logits of each last row.
+    std::vector<int> tok, seq, pos, rows;
+    for (int b = 0; b < B; b++) {
+      if (Status st = cache.extend(ids[b], a.prompt); !st.ok()) return fail(st);
+      for (int p = 0; p < a.prompt; p++) {
+        tok.push_back(static_cast<int>(rng() % a.model.vocab));
+        seq.push_back(ids[b]);
+        pos.push_back(p);
+      }
+      rows.push_back(static_cast<int>(tok.size()) - 1);
+    }
+    std::vector<float> logits(static_cast<size_t>(B) * Vp);
+    auto t0 = Clock::now();
+    if (Status st = model.forward_tokens(TokenBatch{tok, seq, pos}, cache, rows, logits.data()); !st.ok())
+      return fail(st);
+    const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    // Decode: one token of every sequence a step; the first step is warm-up.
+    tok.assign(B, 0);
+    seq.assign(ids.begin(), ids.end());
+    pos.assign(B, 0);
+    rows.resize(B);
+    for (int b = 0; b < B; b++) rows[b] = b;
+    double decode_s = 0.0;
+    for (int step = 0; step < a.tokens; step++) {
+      for (int b = 0; b < B; b++) {
+        if (Status st = cache.extend(ids[b], 1); !st.ok()) return fail(st);
+        const float* row = logits.data() + static_cast<size_t>(b) * Vp;
+        tok[b] = static_cast<int>(std::max_element(row, row + a.model.vocab) - row);
+        pos[b] = a.prompt + step;
+      }
+      auto ts = Clock::now();
+      if (Status st = model.forward_tokens(TokenBatch{tok, seq, pos}, cache, rows, logits.data()); !st.ok())
+        return fail(st);
+      if (step > 0) decode_s += std::chrono::duration<double>(Clock::now() - ts).count();
+    }
+    const int timed = std::max(1, a.tokens - 1);
+    const double tps = B * timed / decode_s;
+    const double limit = B * bandwidth / weight_bytes;
+    std::printf(
+        "{\"batch\": %d, \"dtype\": \"%s\", \"prompt\": %d, \"decode_tokens_per_s\": %.1f, \"step_ms\": %.2f, "
+        "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"prefill_tokens_per_s\": %.1f, "
+        "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
+        "\"triad_gb_s\": %.2f, \"threads\": %d}\n",
+        B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, B * a.prompt / prefill_s,
+        weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
+        rss_bytes() / 1e6, bandwidth / 1e9, omp_get_max_threads());
+    std::fflush(stdout);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_bench_decode_command(CLI::App& bench) {
+  auto d = std::make_shared<DecodeArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "decode", "Decode tokens/s of the serving forward (paged KV cache) against the memory-bandwidth limit");
+  cmd->add_option("--layers", d->model.layers)->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--heads", d->model.heads)->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--dim", d->model.channels)->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--vocab", d->model.vocab)->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--context", d->model.context)->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--batch", d->batches, "sequences decoded together, one run each")
+      ->check(CLI::PositiveNumber)
+      ->delimiter(',');
+  cmd->add_option("--prompt", d->prompt, "prompt tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--tokens", d->tokens, "tokens decoded per sequence")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--block-size", d->block_size, "KV-cache block size (positions)")->check(CLI::PositiveNumber);
+  cmd->add_option("--dtype", d->dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->callback([d] { exit_code() = run_decode_bench(*d); });
+}
+
+}  // namespace tessera::tools

@@ -241,6 +241,7 @@ void add_bench_command(CLI::App& app) {
                     "--backend cuda: device peak for MFU (default 989, H100/H200 SXM dense bf16)")
       ->check(CLI::PositiveNumber);
   train->callback([t] { exit_code() = run_train_bench(*t); });
+  add_bench_decode_command(*bench);  // decode (cmd_bench_decode.cc)
   add_bench_comm_commands(*bench);  // allreduce, reduce_scatter, ... (cmd_bench_comm.cc)
 }
 

@@ -401,7 +401,7 @@ struct ActView {
 }  // namespace
 
 // One layer's activations: for training, layer l's rows of the (Ll, B*T, ...)
-// tensors kept for backward (layer_acts()); for inference, one scratch
+// tensors kept for backward (training_layer_acts()); for inference, one scratch
 // shared by every layer.
 struct GPT::LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd;  // (N,C), (N), (N)
@@ -858,9 +858,12 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   if (batch.seq.size() != batch.tokens.size() || batch.pos.size() != batch.tokens.size())
     return Status::InvalidArgument(fmt::format("a batch of {} tokens with {} sequence ids and {} positions", N,
                                                batch.seq.size(), batch.pos.size()));
-  // Rows' sequences, numbered in order of first appearance.
-  std::vector<int> seqs;
-  std::vector<int> row_seq(N);
+  // Rows' sequences, numbered in order of first appearance (members, so a
+  // decode step allocates nothing).
+  std::vector<int>& seqs = batch_seqs_;
+  std::vector<int>& row_seq = batch_row_seq_;
+  seqs.clear();
+  row_seq.resize(N);
   int W = 1;
   for (int i = 0; i < N; i++) {
     const int t = batch.tokens[i], s = batch.seq[i], p = batch.pos[i];
@@ -872,7 +875,8 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
       return Status::InvalidArgument(fmt::format(
           "row {}: position {} of sequence {} is outside the {} positions reserved (PagedKVCache::extend)", i, p, s,
           cache.length(s)));
-    auto it = std::find(seqs.begin(), seqs.end(), s);
+    // A sequence's rows usually come together: try the previous row's first.
+    auto it = i > 0 && batch.seq[i - 1] == s ? seqs.begin() + row_seq[i - 1] : std::find(seqs.begin(), seqs.end(), s);
     row_seq[i] = static_cast<int>(it - seqs.begin());
     if (it == seqs.end()) {
       seqs.push_back(s);
@@ -889,7 +893,7 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   // Index arrays, staged on the host: tokens, positions, row -> batch
   // sequence, pool slots (N each), then the block table (S,W).
   const int64_t ints = 4 * int64_t{N} + int64_t{S} * W;
-  host_ints_.assign(ints, 0);
+  host_ints_.resize(ints);
   int* h_tokens = host_ints_.data();
   int* h_pos = h_tokens + N;
   int* h_seq = h_pos + N;

@@ -351,6 +351,7 @@ class GPT {
   int infer_rows_ = 0, infer_out_ = 0;
   int64_t infer_int_count_ = 0;
   std::vector<int> host_ints_;
+  std::vector<int> batch_seqs_, batch_row_seq_;  // forward_tokens' per-call bookkeeping
 };
 
 }  // namespace tessera

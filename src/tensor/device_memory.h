@@ -38,11 +38,7 @@ inline Status try_copy_to_device(Device d, void* dst, const void* src, size_t by
   return device_memory_detail::copy_h2d(dst, src, bytes);
 }
 inline void copy_to_device(Device d, void* dst, const void* src, size_t bytes) {
-  if (d == Device::kCPU) {
-    std::memcpy(dst, src, bytes);
-  } else {
-    device_memory_detail::abort_on_error(device_memory_detail::copy_h2d(dst, src, bytes));
-  }
+  device_memory_detail::abort_on_error(try_copy_to_device(d, dst, src, bytes));
 }
 
 // dst on the host, src on `d`.
@@ -54,11 +50,7 @@ inline Status try_copy_to_host(Device d, void* dst, const void* src, size_t byte
   return device_memory_detail::copy_d2h(dst, src, bytes);
 }
 inline void copy_to_host(Device d, void* dst, const void* src, size_t bytes) {
-  if (d == Device::kCPU) {
-    std::memcpy(dst, src, bytes);
-  } else {
-    device_memory_detail::abort_on_error(device_memory_detail::copy_d2h(dst, src, bytes));
-  }
+  device_memory_detail::abort_on_error(try_copy_to_host(d, dst, src, bytes));
 }
 
 // Both on `d`.
@@ -70,11 +62,7 @@ inline Status try_copy_on_device(Device d, void* dst, const void* src, size_t by
   return device_memory_detail::copy_d2d(dst, src, bytes);
 }
 inline void copy_on_device(Device d, void* dst, const void* src, size_t bytes) {
-  if (d == Device::kCPU) {
-    std::memcpy(dst, src, bytes);
-  } else {
-    device_memory_detail::abort_on_error(device_memory_detail::copy_d2d(dst, src, bytes));
-  }
+  device_memory_detail::abort_on_error(try_copy_on_device(d, dst, src, bytes));
 }
 
 inline Status try_zero_on_device(Device d, void* p, size_t bytes) {
@@ -85,11 +73,7 @@ inline Status try_zero_on_device(Device d, void* p, size_t bytes) {
   return device_memory_detail::zero(p, bytes);
 }
 inline void zero_on_device(Device d, void* p, size_t bytes) {
-  if (d == Device::kCPU) {
-    std::memset(p, 0, bytes);
-  } else {
-    device_memory_detail::abort_on_error(device_memory_detail::zero(p, bytes));
-  }
+  device_memory_detail::abort_on_error(try_zero_on_device(d, p, bytes));
 }
 
 // Waits for the work queued on `d` (nothing to wait for on the CPU); the

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# `tessera bench decode` on a tiny model: one JSON row per --batch with a
+# positive decode rate and the bandwidth limit, the inference model's
+# resident memory reported; bad sizes give one error line and exit 1.
+set -uo pipefail
+tessera=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures+1)); }
+export OMP_NUM_THREADS=1
+
+tiny=(--layers 2 --heads 4 --dim 64 --vocab 256 --context 96)
+if "$tessera" bench decode "${tiny[@]}" --batch 1,3 --prompt 40 --tokens 5 >"$tmp/out" 2>"$tmp/err"; then
+  rows=$(grep -c '"decode_tokens_per_s"' "$tmp/out")
+  good=$(grep '"decode_tokens_per_s"' "$tmp/out" | grep -c '"bandwidth_limit_tokens_per_s": [1-9]')
+  if [ "$rows" -eq 2 ] && [ "$good" -eq 2 ] && grep -q '"batch": 3' "$tmp/out" && grep -q "resident" "$tmp/err"; then
+    echo "ok   bench decode: 2 rows, $(grep -o '"decode_tokens_per_s": [0-9.]*' "$tmp/out" | tr '\n' ' ')"
+  else fail "bench decode rows:"; cat "$tmp/out" "$tmp/err"; fi
+else fail "bench decode exited $?"; cat "$tmp/err"; fi
+
+"$tessera" bench decode "${tiny[@]}" --prompt 90 --tokens 10 >"$tmp/out" 2>"$tmp/err"; rc=$?
+if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "must fit in --context 96" "$tmp/err"; then
+  echo "ok   prompt past the context: $(cat "$tmp/err")"
+else fail "prompt past the context: exit $rc"; cat "$tmp/err"; fi
+
+[ $failures -eq 0 ]

@@ -15,6 +15,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
   libicu-dev                       # Unicode classes for the GPT-2 tokenizer
+  libcpp-httplib-dev               # HTTP: tessera serve and its load generator
+  prometheus                       # promtool checks the /metrics text; tests scrape with a real server
+  curl                             # the serving tests' plain HTTP client
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
 )

@@ -63,6 +63,66 @@ int sample_token(const float* logits, int V, float temperature, int top_k, std::
   return id(0);
 }
 
+int sample_token(const float* logits, int V, float temperature, int top_k, float top_p, std::mt19937_64& rng) {
+  CHECK(top_p > 0.0f && top_p <= 1.0f);
+  if (top_p >= 1.0f || temperature == 0.0f) return sample_token(logits, V, temperature, top_k, rng);
+  const int k = (top_k == 0 || top_k >= V) ? V : top_k;
+  // Weight order is logit order: sort the candidates by (logit descending, id
+  // ascending), growing the sorted prefix only as far as the nucleus reaches
+  // (a partial sort of the first 64, then 256, ...: the nucleus is usually
+  // small, and a full sort of 50257 ids per token would cost milliseconds).
+  std::vector<int> ids(V);
+  std::iota(ids.begin(), ids.end(), 0);
+  auto before = [logits](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  int sorted = std::min(k, 64);
+  std::partial_sort(ids.begin(), ids.begin() + sorted, ids.end(), before);
+  const double maxval = logits[ids[0]];
+  // The candidates' total weight, in id order (deterministic).
+  double total = 0.0;
+  if (k == V) {
+    for (int j = 0; j < V; j++) total += std::exp((static_cast<double>(logits[j]) - maxval) / temperature);
+  } else {
+    // The top k are exactly the first k once sorted that far.
+    if (sorted < k) {
+      std::partial_sort(ids.begin() + sorted, ids.begin() + k, ids.end(), before);
+      sorted = k;
+    }
+    for (int j = 0; j < k; j++) total += std::exp((static_cast<double>(logits[ids[j]]) - maxval) / temperature);
+  }
+  std::vector<double> weight;
+  weight.reserve(sorted);
+  double kept = 0.0;
+  int n = 0;
+  while (n < k) {
+    if (n == sorted) {
+      const int grow = std::min(k, sorted * 4);
+      std::partial_sort(ids.begin() + sorted, ids.begin() + grow, ids.end(), before);
+      sorted = grow;
+    }
+    const double w = std::exp((static_cast<double>(logits[ids[n]]) - maxval) / temperature);
+    weight.push_back(w);
+    kept += w;
+    n++;
+    if (kept >= top_p * total) break;
+  }
+  const double u = uniform01(rng) * kept;
+  double cdf = 0.0;
+  for (int j = 0; j < n; j++) {
+    cdf += weight[j];
+    if (u < cdf) return ids[j];
+  }
+  return ids[n - 1];
+}
+
+float token_logprob(const float* logits, int V, int id) {
+  CHECK(id >= 0 && id < V);
+  double maxval = -INFINITY;
+  for (int j = 0; j < V; j++) maxval = std::max(maxval, static_cast<double>(logits[j]));
+  double sum = 0.0;
+  for (int j = 0; j < V; j++) sum += std::exp(static_cast<double>(logits[j]) - maxval);
+  return static_cast<float>(static_cast<double>(logits[id]) - maxval - std::log(sum));
+}
+
 Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int max_new_tokens, float temperature,
                                   int top_k, uint64_t seed, bool use_cache,
                                   const std::function<void(int)>& on_token) {

@@ -22,6 +22,15 @@ namespace tessera {
 // temperature >= 0 and top_k >= 0 are the caller's to check (CHECK).
 int sample_token(const float* logits, int V, float temperature, int top_k, std::mt19937_64& rng);
 
+// As above, then nucleus sampling: of the candidates in order of weight
+// (descending, ties by id), the shortest prefix whose weights reach top_p of
+// the candidates' total (top_p in (0, 1]; 1 keeps them all and gives exactly
+// the draw above), sampled with one draw from rng.
+int sample_token(const float* logits, int V, float temperature, int top_k, float top_p, std::mt19937_64& rng);
+
+// log softmax(logits)[id] over V logits, in double.
+float token_logprob(const float* logits, int V, int id);
+
 // Samples up to max_new_tokens tokens continuing prompt (non-empty, ids in
 // [0, V), at most the model's context) with sample_token and an
 // std::mt19937_64 seeded with seed, calling on_token (may be empty) with each

@@ -1,0 +1,508 @@
+#include "serve/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <random>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+namespace tessera::serve {
+
+using json = nlohmann::json;
+
+namespace {
+
+enum class Phase { kLoading, kReady, kDraining };
+
+// What a streamed or waited-on request shares between its HTTP thread and
+// the engine's callbacks.
+struct Call {
+  explicit Call(std::vector<std::string> stops) : text(std::move(stops)) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  TextAssembler text;
+  struct Piece {
+    std::string text;
+    TokenEvent ev;
+  };
+  std::vector<Piece> pieces;  // one per generated token
+  std::string tail;           // text released at the end
+  bool admitted = false;
+  bool done = false;
+  RequestResult result;
+};
+
+int http_status(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kResourceExhausted: return 429;
+    case StatusCode::kUnavailable: return 503;
+    default: return 500;
+  }
+}
+
+ApiError error_of(const Status& st) {
+  ApiError e;
+  e.http = http_status(st);
+  e.message = st.message();
+  switch (e.http) {
+    case 400: e.type = "invalid_request_error"; break;
+    case 429: e.type = "rate_limit_error"; e.code = "queue_full"; break;
+    case 503: e.type = "service_unavailable"; break;
+    default: e.type = "server_error"; break;
+  }
+  return e;
+}
+
+ApiError api_error(int http, std::string message, std::string type = "invalid_request_error",
+                   std::string param = "", std::string code = "") {
+  ApiError e;
+  e.http = http;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+struct Server::Handlers {
+  ServerOptions opts;
+  obs::Registry& registry;
+  std::atomic<Phase> phase{Phase::kLoading};
+  Engine* engine = nullptr;
+  const data::Tokenizer* tok = nullptr;
+  std::time_t started = std::time(nullptr);
+
+  std::mutex mu;
+  std::condition_variable streams_done;
+  int streams = 0;  // streamed responses still being written
+  std::mt19937_64 seeds{std::random_device{}()};
+  uint64_t next_id = 1;
+  std::string id_prefix;
+
+  obs::Counter& errors(int code) {
+    return registry.counter("tessera_request_errors_total", "Requests answered with an error, by HTTP status",
+                            {{"code", std::to_string(code)}});
+  }
+  obs::Counter& successes(std::string_view reason) {
+    return registry.counter("tessera_request_success_total", "Requests completed, by finish reason",
+                            {{"finish_reason", std::string(reason)}});
+  }
+
+  Handlers(const ServerOptions& o, obs::Registry& r) : opts(o), registry(r) {
+    id_prefix = fmt::format("{:08x}", static_cast<uint32_t>(seeds()));
+    // Series that exist before the first request, so dashboards see zeros.
+    for (const char* reason : {"stop", "length"}) successes(reason);
+  }
+
+  void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.http;
+    if (e.http == 429) res.set_header("Retry-After", "1");
+    res.set_content(dump(e.body()), "application/json");
+    errors(e.http).add(1);
+  }
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (opts.api_key.empty()) return true;
+    const std::string want = "Bearer " + opts.api_key;
+    const std::string got = req.get_header_value("Authorization");
+    // Constant time in the key's length.
+    unsigned diff = got.size() != want.size();
+    for (size_t i = 0; i < want.size(); i++) diff |= static_cast<unsigned>(want[i] ^ (i < got.size() ? got[i] : 0));
+    if (diff == 0) return true;
+    ApiError e;
+    e.http = 401;
+    e.type = "invalid_request_error";
+    e.code = "invalid_api_key";
+    e.message = got.empty() ? "no API key: send the header 'Authorization: Bearer KEY'" : "the API key is wrong";
+    send_error(res, e);
+    return false;
+  }
+
+  // 503 while loading or draining; otherwise true.
+  bool serving(httplib::Response& res) {
+    const Phase p = phase.load();
+    if (p == Phase::kReady) return true;
+    ApiError e;
+    e.http = 503;
+    e.type = "service_unavailable";
+    e.message = p == Phase::kLoading ? "the model is still loading" : "the server is shutting down";
+    send_error(res, e);
+    return false;
+  }
+
+  void health(httplib::Response& res) {
+    const Phase p = phase.load();
+    json j;
+    if (p == Phase::kReady) {
+      const EngineStats s = engine->stats();
+      j = {{"status", "ok"},          {"model", opts.model_name}, {"backend", opts.backend},
+           {"running", s.running},    {"waiting", s.waiting},     {"kv_blocks_used", s.kv_used_blocks},
+           {"kv_blocks", s.kv_blocks}};
+      res.status = 200;
+    } else {
+      j = {{"status", p == Phase::kLoading ? "loading" : "draining"}, {"model", opts.model_name}};
+      res.status = 503;
+    }
+    res.set_content(dump(j), "application/json");
+  }
+
+  void models(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res) || !serving(res)) return;
+    json m = {{"id", opts.model_name},
+              {"object", "model"},
+              {"created", static_cast<int64_t>(started)},
+              {"owned_by", "tessera"},
+              {"max_model_len", engine->model().config().context}};
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+  }
+
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+    if (!authorized(req, res) || !serving(res)) return;
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::exception& e) {
+      send_error(res, api_error(400, fmt::format("the body is not valid JSON: {}", e.what())));
+      return;
+    }
+    CompletionRequest r;
+    if (auto e = parse_completion_request(body, chat, opts.limits, &r)) {
+      send_error(res, *e);
+      return;
+    }
+    if (!r.model.empty() && r.model != opts.model_name) {
+      send_error(res, api_error(404,
+                                fmt::format("the model '{}' does not exist; this server serves '{}'", r.model,
+                                            opts.model_name),
+                                "invalid_request_error", "model", "model_not_found"));
+      return;
+    }
+    std::vector<int> ids;
+    if (auto e = resolve_prompt(&r, *tok, engine->model().config(), &ids)) {
+      send_error(res, *e);
+      return;
+    }
+    std::string id;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!r.seed_given) r.sampling.seed = seeds();
+      id = fmt::format("{}-{}{:08x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
+    }
+
+    auto call = std::make_shared<Call>(r.stop);
+    const data::Tokenizer* t = tok;
+    RequestSink sink;
+    sink.on_admitted = [call] {
+      std::lock_guard<std::mutex> lock(call->mu);
+      call->admitted = true;
+      call->cv.notify_all();
+    };
+    sink.on_token = [call, t](const TokenEvent& ev) {
+      std::lock_guard<std::mutex> lock(call->mu);
+      bool stopped = false;
+      std::string piece = call->text.add(token_bytes(*t, ev.token), &stopped);
+      call->pieces.push_back({std::move(piece), ev});
+      call->cv.notify_all();
+      return !stopped;
+    };
+    sink.on_finish = [call](const RequestResult& result) {
+      std::lock_guard<std::mutex> lock(call->mu);
+      call->tail = call->text.finish();
+      call->result = result;
+      call->done = true;
+      call->cv.notify_all();
+    };
+    Result<uint64_t> sub = engine->submit(std::move(ids), r.sampling, std::move(sink));
+    if (!sub.ok()) {
+      send_error(res, error_of(sub.status()));
+      return;
+    }
+    const uint64_t engine_id = *sub;
+    const int64_t created = static_cast<int64_t>(std::time(nullptr));
+
+    // Until admitted (or refused after waiting), the answer can still be an
+    // error status; a stream's headers go out only once it runs.
+    {
+      std::unique_lock<std::mutex> lock(call->mu);
+      call->cv.wait(lock, [&] { return call->admitted || call->done; });
+      if (call->done && call->result.reason == FinishReason::kError) {
+        const Status st = call->result.status;
+        lock.unlock();
+        send_error(res, error_of(st));
+        return;
+      }
+    }
+    if (r.stream) {
+      stream(res, r, call, engine_id, id, created);
+      return;
+    }
+    std::unique_lock<std::mutex> lock(call->mu);
+    call->cv.wait(lock, [&] { return call->done; });
+    const RequestResult result = call->result;
+    if (result.reason == FinishReason::kError || result.reason == FinishReason::kCancelled) {
+      lock.unlock();
+      send_error(res, error_of(result.status.ok() ? Status::Unavailable("the request was cancelled") : result.status));
+      return;
+    }
+    std::string text;
+    for (const Call::Piece& p : call->pieces) text += p.text;
+    text += call->tail;
+    json logprobs = r.sampling.logprobs >= 0 ? logprobs_json(call->pieces, chat) : json(nullptr);
+    lock.unlock();
+
+    json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(result.reason)}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      choice["text"] = text;
+    }
+    json out = {{"id", id},
+                {"object", chat ? "chat.completion" : "text_completion"},
+                {"created", created},
+                {"model", opts.model_name},
+                {"choices", json::array({choice})},
+                {"usage", usage(result)}};
+    res.set_content(dump(out), "application/json");
+    successes(finish_reason_name(result.reason)).add(1);
+  }
+
+  static json usage(const RequestResult& r) {
+    return {{"prompt_tokens", r.prompt_tokens},
+            {"completion_tokens", r.completion_tokens},
+            {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+  }
+
+  json token_string(int id) const { return sanitize_utf8(token_bytes(*tok, id)); }
+
+  // Completions: {tokens, token_logprobs, top_logprobs, text_offset};
+  // chat: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
+  json logprobs_json(const std::vector<Call::Piece>& pieces, bool chat) const {
+    if (chat) {
+      json content = json::array();
+      for (const Call::Piece& p : pieces) {
+        json top = json::array();
+        for (const auto& [tid, lp] : p.ev.top) top.push_back({{"token", token_string(tid)}, {"logprob", lp}});
+        std::vector<int> bytes;
+        for (char c : token_bytes(*tok, p.ev.token)) bytes.push_back(static_cast<unsigned char>(c));
+        content.push_back({{"token", token_string(p.ev.token)},
+                           {"logprob", p.ev.logprob},
+                           {"bytes", bytes},
+                           {"top_logprobs", top}});
+      }
+      return {{"content", content}};
+    }
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    size_t offset = 0;
+    for (const Call::Piece& p : pieces) {
+      tokens.push_back(token_string(p.ev.token));
+      lps.push_back(p.ev.logprob);
+      json top = json::object();
+      for (const auto& [tid, lp] : p.ev.top) top[token_string(tid).get<std::string>()] = lp;
+      tops.push_back(top);
+      offsets.push_back(offset);
+      offset += p.text.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+
+  void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call, uint64_t engine_id,
+              const std::string& id, int64_t created) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      streams++;
+    }
+    const bool chat = r.chat;
+    const bool want_logprobs = r.sampling.logprobs >= 0;
+    const bool include_usage = r.include_usage;
+    auto chunk = [this, chat, id, created, include_usage](json choice) {
+      json c = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", opts.model_name},
+                {"choices", json::array({std::move(choice)})}};
+      if (include_usage) c["usage"] = nullptr;
+      return "data: " + dump(c) + "\n\n";
+    };
+    // Provider state: how many pieces were sent; whether the role chunk went.
+    auto sent = std::make_shared<size_t>(0);
+    auto started = std::make_shared<bool>(false);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, call, chunk, sent, started, chat, want_logprobs, include_usage, id, created](size_t,
+                                                                                            httplib::DataSink& sink) {
+          std::string out;
+          if (chat && !*started) {
+            out += chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}});
+          }
+          *started = true;
+          std::vector<Call::Piece> fresh;
+          bool done;
+          RequestResult result;
+          std::string tail;
+          {
+            std::unique_lock<std::mutex> lock(call->mu);
+            call->cv.wait_for(lock, std::chrono::milliseconds(100),
+                              [&] { return call->pieces.size() > *sent || call->done; });
+            fresh.assign(call->pieces.begin() + static_cast<std::ptrdiff_t>(*sent), call->pieces.end());
+            *sent = call->pieces.size();
+            done = call->done;
+            if (done) {
+              result = call->result;
+              tail = call->tail;
+            }
+          }
+          for (const Call::Piece& p : fresh) {
+            json choice = {{"index", 0}, {"finish_reason", nullptr}};
+            json lp = want_logprobs ? logprobs_json({p}, chat) : json(nullptr);
+            if (chat) {
+              choice["delta"] = {{"content", p.text}};
+            } else {
+              choice["text"] = p.text;
+            }
+            choice["logprobs"] = lp;
+            out += chunk(choice);
+          }
+          if (done) {
+            if (result.reason == FinishReason::kStop || result.reason == FinishReason::kLength) {
+              json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(result.reason)}};
+              if (chat) {
+                choice["delta"] = tail.empty() ? json::object() : json{{"content", tail}};
+              } else {
+                choice["text"] = tail;
+              }
+              out += chunk(choice);
+              if (include_usage) {
+                json u = {{"id", id},
+                          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                          {"created", created},
+                          {"model", opts.model_name},
+                          {"choices", json::array()},
+                          {"usage", usage(result)}};
+                out += "data: " + dump(u) + "\n\n";
+              }
+              successes(finish_reason_name(result.reason)).add(1);
+            } else {
+              ApiError e = error_of(result.status.ok() ? Status::Unavailable("the request was cancelled")
+                                                       : result.status);
+              out += "data: " + dump(e.body()) + "\n\n";
+              errors(e.http).add(1);
+            }
+            out += "data: [DONE]\n\n";
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;  // the client is gone
+          if (done) sink.done();
+          return true;
+        },
+        [this, call, engine_id](bool success) {
+          // Called once the stream ended, written or not: a client that went
+          // away frees its sequence at the engine's next step.
+          if (!success) engine->cancel(engine_id);
+          std::lock_guard<std::mutex> lock(mu);
+          if (--streams == 0) streams_done.notify_all();
+        });
+  }
+};
+
+Server::Server(const ServerOptions& opts, obs::Registry& registry)
+    : opts_(opts), registry_(registry), http_(std::make_unique<httplib::Server>()),
+      handlers_(std::make_unique<Handlers>(opts, registry)) {}
+
+Server::~Server() {
+  if (http_) http_->stop();
+  if (listener_.joinable()) listener_.join();
+}
+
+Status Server::start(int threads_hint) {
+  Handlers* h = handlers_.get();
+  httplib::Server& s = *http_;
+  const int threads = opts_.http_threads > 0 ? opts_.http_threads : std::max(8, threads_hint + 8);
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.set_payload_max_length(opts_.max_body_bytes);
+  s.set_read_timeout(10, 0);
+  s.set_write_timeout(10, 0);
+  s.set_keep_alive_timeout(5);
+
+  s.Get("/health", [h](const httplib::Request&, httplib::Response& res) { h->health(res); });
+  s.Get("/metrics", [h](const httplib::Request&, httplib::Response& res) {
+    res.set_content(h->registry.render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.Get("/v1/models", [h](const httplib::Request& req, httplib::Response& res) { h->models(req, res); });
+  s.Post("/v1/completions",
+         [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, false); });
+  s.Post("/v1/chat/completions",
+         [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, true); });
+  // Errors cpp-httplib answers itself (no route, body too large, bad
+  // request line) get OpenAI's error shape too.
+  s.set_error_handler(httplib::Server::HandlerWithResponse([h](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.http = res.status;
+    switch (res.status) {
+      case 404: e.message = fmt::format("no such endpoint: {} {}", req.method, req.path); break;
+      case 413:
+        e.message = fmt::format("the request body is larger than the {} bytes allowed", h->opts.max_body_bytes);
+        break;
+      default: e.message = fmt::format("HTTP {}", res.status); break;
+    }
+    h->send_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([h](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    h->send_error(res, api_error(500, fmt::format("internal error: {}", what), "server_error"));
+  });
+
+  if (opts_.port == 0) {
+    port_ = s.bind_to_any_port(opts_.host);
+    if (port_ <= 0) return Status::Unavailable(fmt::format("cannot bind {} on any port", opts_.host));
+  } else {
+    if (!s.bind_to_port(opts_.host, opts_.port))
+      return Status::Unavailable(fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)",
+                                             opts_.host, opts_.port));
+    port_ = opts_.port;
+  }
+  listener_ = std::thread([this] { http_->listen_after_bind(); });
+  return Status::OK();
+}
+
+void Server::set_engine(Engine* engine, const data::Tokenizer* tokenizer) {
+  handlers_->engine = engine;
+  handlers_->tok = tokenizer;
+  handlers_->phase = Phase::kReady;
+}
+
+bool Server::shutdown() {
+  Handlers& h = *handlers_;
+  const bool was_ready = h.phase.exchange(Phase::kDraining) == Phase::kReady;
+  bool drained = true;
+  if (was_ready) {
+    drained = h.engine->drain(opts_.drain_timeout_s);
+    // The engine is idle; let the streams write their last chunks.
+    std::unique_lock<std::mutex> lock(h.mu);
+    drained = h.streams_done.wait_for(lock, std::chrono::seconds(10), [&] { return h.streams == 0; }) && drained;
+  }
+  http_->stop();
+  return drained;
+}
+
+void Server::wait() {
+  if (listener_.joinable()) listener_.join();
+}
+
+}  // namespace tessera::serve

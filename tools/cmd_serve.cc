@@ -1,0 +1,213 @@
+// tessera serve: an OpenAI-compatible HTTP server over one model
+// (src/serve/; docs/serving.md). Binds first, so /health answers 503 while
+// the model loads; SIGTERM or SIGINT drains (running requests finish, new
+// ones get 503) and exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "ckpt/checkpoint.h"
+#include "data/tokenizer.h"
+#include "nn/gpt2_weights.h"
+#include "nn/kv_cache.h"
+#include "serve/engine.h"
+#include "serve/server.h"
+#include "tools/commands.h"
+#include "train/checkpointing.h"
+
+namespace tessera::tools {
+
+namespace {
+
+struct ServeArgs {
+  std::string model, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
+  int port = 8000;
+  int max_seqs = 32;
+  int max_queue = 256;
+  int kv_blocks = 0;
+  double kv_memory_mb = 0;
+  int max_batch_tokens = 256;
+  int threads = 0;
+  double queue_timeout_s = 60;
+  double drain_timeout_s = 30;
+  size_t max_body_bytes = 1 << 20;
+};
+
+// A safetensors file (config.json beside it) or a checkpoint folder
+// (step-N, or a checkpoint.dir whose latest is followed).
+Result<std::unique_ptr<GPT>> load_model(const ServeArgs& a, Backend backend) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(a.model, ec)) {
+    ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(a.model));
+    ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_whole_model(ck));
+    if (backend == Backend::kCPU) return model;
+    return Status::InvalidArgument("serving a checkpoint folder runs on the CPU; export it for --backend cuda");
+  }
+  if (!std::filesystem::is_regular_file(a.model, ec))
+    return Status::NotFound(
+        fmt::format("--model {}: no such file or folder (a GPT-2 safetensors file or a checkpoint folder)", a.model));
+  return load_gpt2(a.model, nullptr, backend, ModelUse::kInference);
+}
+
+int run_serve(const ServeArgs& a) {
+  if (a.kv_blocks > 0 && a.kv_memory_mb > 0) return fail(Status::InvalidArgument("give --kv-blocks or --kv-memory, not both"));
+  Backend backend = Backend::kCPU;
+  if (a.backend == "cuda") {
+    backend = Backend::kCUDA;
+    if (Status st = backend_available(backend); !st.ok()) return fail(st);
+  }
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+
+  // SIGTERM and SIGINT go to one waiting thread (blocked everywhere else:
+  // the threads started from here inherit the mask).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  obs::Registry registry;
+  serve::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_key = a.api_key;
+  so.backend = a.backend;
+  so.max_body_bytes = a.max_body_bytes;
+  so.drain_timeout_s = a.drain_timeout_s;
+  so.model_name = !a.served_name.empty() ? a.served_name
+                  : std::filesystem::is_directory(a.model) ? std::filesystem::path(a.model).filename().string()
+                                                          : std::filesystem::path(a.model).stem().string();
+  if (so.model_name.empty()) so.model_name = "model";
+  serve::Server server(so, registry);
+  if (Status st = server.start(a.max_seqs + a.max_queue); !st.ok()) return fail(st);
+  std::fprintf(stderr, "serve: listening on http://%s:%d (loading %s)\n", a.host.c_str(), server.port(),
+               a.model.c_str());
+
+  // Signals during loading end the process at once; later ones drain.
+  std::atomic<bool> ready{false};
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> exiting{false};  // the main thread is done: the signal thread just ends
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (exiting) return;
+    stopping = true;
+    if (!ready) {
+      std::fprintf(stderr, "serve: signal %d while loading; exiting\n", sig);
+      std::fflush(stderr);
+      std::_Exit(kExitError);
+    }
+    std::fprintf(stderr, "serve: signal %d: draining (up to %.0f s)\n", sig, a.drain_timeout_s);
+    const bool drained = server.shutdown();
+    std::fprintf(stderr, "serve: %s\n", drained ? "drained; exiting" : "drain timed out; cancelled the rest");
+  });
+  // Ends the signal thread when the server stops for any other reason.
+  auto join_signals = [&] {
+    exiting = true;
+    if (!stopping) pthread_kill(signals.native_handle(), SIGTERM);
+    signals.join();
+  };
+
+  auto fail_loading = [&](const Status& st) {
+    ready = true;  // the signal thread may now stop the server instead of exiting
+    server.shutdown();
+    join_signals();
+    return fail(st);
+  };
+  auto model = load_model(a, backend);
+  if (!model.ok()) return fail_loading(model.status());
+  GPT& m = *model.value();
+  m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  const GPTConfig cfg = m.config();
+
+  const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
+  auto made = data::make_tokenizer(tok_name, a.vocab_dir);
+  if (!made.ok()) return fail_loading(made.status());
+  const data::Tokenizer& tok = *made.value();
+  if (tok.vocab_size() > cfg.vocab)
+    return fail_loading(Status::InvalidArgument(fmt::format(
+        "tokenizer '{}' has {} tokens but the model's vocabulary has only {}", tok_name, tok.vocab_size(), cfg.vocab)));
+
+  serve::EngineOptions eo;
+  eo.max_seqs = a.max_seqs;
+  eo.max_queue = a.max_queue;
+  eo.max_batch_tokens = std::max(a.max_batch_tokens, a.max_seqs);
+  eo.queue_timeout_s = a.queue_timeout_s;
+  eo.eot_token = tok.eot();
+  eo.kv_blocks = a.kv_blocks;
+  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, eo.block_size);
+  if (a.kv_memory_mb > 0) {
+    eo.kv_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(a.kv_memory_mb * (1 << 20)) / block_bytes));
+  }
+  auto engine = serve::Engine::create(std::move(model.value()), eo, registry);
+  if (!engine.ok()) return fail_loading(engine.status());
+  const serve::EngineStats st = engine.value()->stats();
+  std::fprintf(stderr,
+               "serve: %s ready: %s, %s on %s; KV cache %d blocks of %d positions (%.1f MB), up to %d sequences, "
+               "%d queued\n",
+               so.model_name.c_str(), cfg.str().c_str(), a.dtype.c_str(), a.backend.c_str(), st.kv_blocks,
+               eo.block_size, static_cast<double>(st.kv_blocks) * block_bytes / (1 << 20), a.max_seqs, a.max_queue);
+  server.set_engine(engine.value().get(), &tok);
+  ready = true;
+  server.wait();
+  join_signals();
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  cmd->add_option("--model", a->model, "GPT-2 safetensors file (config.json beside it) or a checkpoint folder")
+      ->required();
+  cmd->add_option("--served-model-name", a->served_name, "the model id clients send (default: the file's stem)");
+  cmd->add_option("--host", a->host, "address to bind (loopback by default)")->capture_default_str();
+  cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--dtype", a->dtype, "matmul precision")->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--max-seqs", a->max_seqs, "sequences decoded together at most")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-queue", a->max_queue, "requests waiting at most; more get 429")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65536));
+  cmd->add_option("--kv-blocks", a->kv_blocks, "KV-cache blocks of 16 positions (default: max-seqs full contexts)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--kv-memory", a->kv_memory_mb, "KV-cache size in MiB, instead of --kv-blocks")
+      ->check(CLI::Range(0.001, 1e7));
+  cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "tokens per step (decodes plus prefill chunks)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-body", a->max_body_bytes, "largest request body in bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(1024, 1 << 30));
+  cmd->add_option("--queue-timeout", a->queue_timeout_s, "seconds a request may wait for admission before a 503")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1e6));
+  cmd->add_option("--drain-timeout", a->drain_timeout_s, "seconds SIGTERM waits for running requests")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--threads", a->threads, "OpenMP threads for the model (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--tokenizer", a->tokenizer, "byte or gpt2 (default: gpt2 for a vocabulary >= 50257, else byte)")
+      ->check(CLI::IsMember({"byte", "gpt2"}));
+  cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe (default: data/raw/gpt2)");
+  cmd->callback([a] { exit_code() = run_serve(*a); });
+}
+
+}  // namespace tessera::tools

@@ -130,16 +130,22 @@ class StreamParser {
   bool done_ = false, usage_seen_ = false;
 };
 
-// Why no HTTP answer came back, for the error line.
+// Why no HTTP answer came back, in words.
+std::string transport_detail(httplib::Error e, const ClientOptions& o) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "connection refused or host unreachable";
+    case httplib::Error::ConnectionTimeout:
+      return fmt::format("no connection within {:g} s", o.connect_timeout_s);
+    case httplib::Error::Read:
+      return fmt::format("no answer within {:g} s, or the connection closed", o.read_timeout_s);
+    default:
+      return httplib::to_string(e);
+  }
+}
+
 std::string unreachable(const std::string& url, httplib::Error e, const ClientOptions& o) {
-  std::string why = httplib::to_string(e);
-  if (e == httplib::Error::Connection)
-    why = "connection refused or host unreachable";
-  else if (e == httplib::Error::ConnectionTimeout)
-    why = fmt::format("no connection within {:g} s", o.connect_timeout_s);
-  else if (e == httplib::Error::Read)
-    why = fmt::format("no answer within {:g} s (or the connection closed)", o.read_timeout_s);
-  return fmt::format("cannot reach {}: {} (is the server running?)", url, why);
+  return fmt::format("cannot reach {}: {} (is the server running?)", url, transport_detail(e, o));
 }
 
 }  // namespace
@@ -209,7 +215,7 @@ CompletionTiming CompletionClient::complete(const CompletionRequest& request) {
   t.e2e_s = seconds_since(t0, Clock::now());
   if (!sent) {
     t.error = transport_error(err);
-    t.error_detail = httplib::to_string(err);
+    t.error_detail = transport_detail(err, options_);
     return t;
   }
   if (res.status != 200) {

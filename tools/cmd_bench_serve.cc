@@ -16,7 +16,8 @@
 // Poisson arrivals, R per second on average (exponential gaps from --seed),
 // with at most --max-in-flight outstanding: an arrival that finds them all
 // busy waits for one, so the achieved rate can fall below R. --warmup K
-// requests (closed loop, not counted) go before the timed run.
+// requests (closed loop at --concurrency, one at a time with --rate; not
+// counted) go before the timed run, with prompts of their own.
 //
 // Figures, over the requests that succeeded (times in ms):
 //   duration_s               first request sent to last response ended
@@ -286,7 +287,8 @@ int run_serve_bench(const ServeBenchArgs& a) {
                a.requests, a.warmup, a.url.c_str(), model.c_str(), a.prompt_tokens, a.max_tokens,
                a.stream ? "streamed" : "not streamed");
   double duration_s = 0;
-  if (a.warmup > 0) run_requests(a, *url, model, a.requests, a.warmup, workers, {}, &duration_s);
+  // Warm-up at --concurrency (1 with --rate): no burst of --max-in-flight.
+  if (a.warmup > 0) run_requests(a, *url, model, a.requests, a.warmup, a.concurrency, {}, &duration_s);
   const std::vector<double> arrivals =
       a.rate > 0 ? poisson_arrivals(a.requests, a.rate, a.seed) : std::vector<double>{};
   const std::vector<CompletionTiming> timings =

@@ -47,10 +47,8 @@
 // Exit: 0 when the run finished and some request succeeded (failed ones are
 // counted, with each label's first error body on stderr); 1 when every
 // request failed (after the report), or the server cannot be reached or has
-// no model; 2 for bad flags. Every wait is bounded by --connect-timeout and
-// --timeout.
-#include <fmt/format.h>
-
+// no model; 2 for bad flags (a malformed --url too). Every wait is bounded by
+// --connect-timeout and --timeout.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -271,16 +269,22 @@ void print_table(const ServeBenchArgs& a, const std::string& model, const Report
 
 int run_serve_bench(const ServeBenchArgs& a) {
   Result<ServeUrl> url = parse_serve_url(a.url);
-  if (!url.ok()) return fail(url.status());
-  // The first request: finds the model, or at least the server.
-  CompletionClient probe(*url, ClientOptions{a.connect_timeout_s, a.timeout_s, a.api_key});
+  if (!url.ok()) {
+    fail(url.status());
+    return kExitUsage;  // a malformed flag, like CLI11's
+  }
+  // The first request: finds the model, or at least the server. Its
+  // connection closes before the run.
   std::string model = a.model;
-  if (model.empty()) {
-    Result<std::string> m = probe.first_model();
-    if (!m.ok()) return fail(m.status());
-    model = *m;
-  } else if (Status st = probe.reachable(); !st.ok()) {
-    return fail(st);
+  {
+    CompletionClient probe(*url, ClientOptions{a.connect_timeout_s, a.timeout_s, a.api_key});
+    if (model.empty()) {
+      Result<std::string> m = probe.first_model();
+      if (!m.ok()) return fail(m.status());
+      model = *m;
+    } else if (Status st = probe.reachable(); !st.ok()) {
+      return fail(st);
+    }
   }
   const int workers = a.rate > 0 ? a.max_in_flight : a.concurrency;
   std::fprintf(stderr, "bench serve: %d requests (+%d warm-up) to %s, model %s, %d prompt + %d output tokens, %s\n",

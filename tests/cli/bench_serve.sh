@@ -28,9 +28,9 @@ expect "no --url" 2 "--url is required"
 expect "--concurrency with --rate" 2 "excludes" --url "$url" --concurrency 4 --rate 2
 expect "zero requests" 2 "--requests" --url "$url" --requests 0
 expect "negative max tokens" 2 "--max-tokens" --url "$url" --max-tokens -1
-expect "URL without a scheme" 1 "is not http" --url "127.0.0.1:$port"
-expect "URL of another scheme" 1 "is not http" --url "ftp://127.0.0.1:$port"
-expect "port out of range" 1 "port 70000" --url "http://127.0.0.1:70000"
+expect "URL without a scheme" 2 "is not http" --url "127.0.0.1:$port"
+expect "URL of another scheme" 2 "is not http" --url "ftp://127.0.0.1:$port"
+expect "port out of range" 2 "port 70000" --url "http://127.0.0.1:70000"
 expect "connection refused" 1 "cannot reach $url" --url "$url" --requests 4 --stream
 expect "connection refused with --model" 1 "cannot reach $url" --url "$url" --model gpt2 --rate 5
 

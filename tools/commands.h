@@ -27,6 +27,7 @@ void add_bench_command(CLI::App& app);
 void add_bench_comm_commands(CLI::App& bench);  // under `bench`: allreduce, all_gather, ...
 void add_bench_p2p_command(CLI::App& bench);    // under `bench`: p2p
 void add_bench_decode_command(CLI::App& bench);  // under `bench`: decode (cmd_bench_decode.cc)
+void add_bench_serve_command(CLI::App& bench);   // under `bench`: serve (cmd_bench_serve.cc)
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_launch_command(CLI::App& app);

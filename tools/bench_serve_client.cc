@@ -1,0 +1,263 @@
+#include "tools/bench_serve_client.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string_view>
+#include <utility>
+
+namespace tessera::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr size_t kDetailBytes = 200;  // of an error body kept for the report
+
+double seconds_since(Clock::time_point t0, Clock::time_point t) {
+  return std::chrono::duration<double>(t - t0).count();
+}
+
+std::string transport_error(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "connection";
+    case httplib::Error::ConnectionTimeout:
+      return "connect_timeout";
+    case httplib::Error::Read:
+      return "read";
+    case httplib::Error::Write:
+      return "write";
+    default:
+      return "other";
+  }
+}
+
+std::string one_line(std::string s) {
+  if (s.size() > kDetailBytes) s.resize(kDetailBytes);
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+// Reads usage{prompt_tokens, completion_tokens} into t where present.
+void read_usage(const json& j, CompletionTiming& t) {
+  auto u = j.find("usage");
+  if (u == j.end() || !u->is_object()) return;
+  if (auto c = u->find("completion_tokens"); c != u->end() && c->is_number_integer()) t.output_tokens = c->get<int>();
+  if (auto p = u->find("prompt_tokens"); p != u->end() && p->is_number_integer()) t.prompt_tokens = p->get<int>();
+}
+
+bool has_choice(const json& j) {
+  auto c = j.find("choices");
+  return c != j.end() && c->is_array() && !c->empty();
+}
+
+// Server-sent events of a streamed completion, fed as bytes arrive. Works on
+// lines (an event's blank-line terminator is just an empty line), so "\n" and
+// "\r\n" endings and events split across reads are the same.
+class StreamParser {
+ public:
+  StreamParser(CompletionTiming& t, Clock::time_point t0) : t_(t), t0_(t0) {}
+
+  void feed(const char* data, size_t n, Clock::time_point now) {
+    buf_.append(data, n);
+    size_t start = 0;
+    for (size_t nl; (nl = buf_.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::string_view line(buf_.data() + start, nl - start);
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      on_line(line, now);
+    }
+    buf_.erase(0, start);
+  }
+
+  // After the body ended: the error, if the stream was not a completion.
+  void finish() {
+    if (!t_.error.empty()) return;
+    if (choice_chunks_ == 0) {
+      t_.error = "bad_response";
+      t_.error_detail = "a stream with no chunk carrying a choice";
+    } else if (!done_) {
+      t_.error = "bad_response";
+      t_.error_detail = "a stream that did not end with data: [DONE]";
+    } else if (!usage_seen_) {
+      t_.output_tokens = choice_chunks_;
+    }
+  }
+
+ private:
+  void on_line(std::string_view line, Clock::time_point now) {
+    if (line.substr(0, 5) != "data:" || !t_.error.empty()) return;  // comments, event:, id:, blank lines
+    std::string_view payload = line.substr(5);
+    if (!payload.empty() && payload.front() == ' ') payload.remove_prefix(1);
+    if (payload == "[DONE]") {
+      done_ = true;
+      return;
+    }
+    json j = json::parse(payload, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      t_.error = "bad_response";
+      t_.error_detail = one_line("unparsable chunk: " + std::string(payload));
+      return;
+    }
+    if (j.contains("error")) {
+      t_.error = "stream_error";
+      t_.error_detail = one_line(j["error"].dump());
+      return;
+    }
+    if (has_choice(j)) {
+      const double t = seconds_since(t0_, now);
+      if (choice_chunks_ == 0)
+        t_.ttft_s = t;
+      else
+        t_.itl_s.push_back(t - last_chunk_s_);
+      last_chunk_s_ = t;
+      choice_chunks_++;
+    }
+    if (j.contains("usage") && j["usage"].is_object()) {
+      usage_seen_ = true;
+      read_usage(j, t_);
+    }
+  }
+
+  CompletionTiming& t_;
+  Clock::time_point t0_;
+  std::string buf_;  // an incomplete last line
+  int choice_chunks_ = 0;
+  double last_chunk_s_ = 0;
+  bool done_ = false, usage_seen_ = false;
+};
+
+// Why no HTTP answer came back, in words.
+std::string transport_detail(httplib::Error e, const ClientOptions& o) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "connection refused or host unreachable";
+    case httplib::Error::ConnectionTimeout:
+      return fmt::format("no connection within {:g} s", o.connect_timeout_s);
+    case httplib::Error::Read:
+      return fmt::format("no answer within {:g} s, or the connection closed", o.read_timeout_s);
+    default:
+      return httplib::to_string(e);
+  }
+}
+
+std::string unreachable(const std::string& url, httplib::Error e, const ClientOptions& o) {
+  return fmt::format("cannot reach {}: {} (is the server running?)", url, transport_detail(e, o));
+}
+
+}  // namespace
+
+Result<ServeUrl> parse_serve_url(const std::string& url) {
+  static const std::regex kUrl(R"(^(https?)://([^/:?#\[\]]+|\[[0-9A-Fa-f:.]+\])(:([0-9]{1,5}))?(/[^?#]*)?$)");
+  std::smatch m;
+  if (!std::regex_match(url, m, kUrl))
+    return Status::InvalidArgument(
+        fmt::format("--url: '{}' is not http[s]://host[:port][/path] (the server's root, without /v1)", url));
+  if (m[4].matched && (std::stoi(m[4].str()) < 1 || std::stoi(m[4].str()) > 65535))
+    return Status::InvalidArgument(fmt::format("--url: port {} is not in 1..65535", m[4].str()));
+  ServeUrl u;
+  u.scheme_host_port = m[1].str() + "://" + m[2].str() + m[3].str();
+  u.base_path = m[5].str();
+  while (!u.base_path.empty() && u.base_path.back() == '/') u.base_path.pop_back();
+  return u;
+}
+
+CompletionClient::CompletionClient(const ServeUrl& url, const ClientOptions& options)
+    : options_(options),
+      base_path_(url.base_path),
+      url_text_(url.scheme_host_port + url.base_path),
+      http_(url.scheme_host_port) {
+  const auto usec = [](double s) { return std::chrono::microseconds(static_cast<int64_t>(s * 1e6)); };
+  http_.set_connection_timeout(usec(options.connect_timeout_s));
+  http_.set_read_timeout(usec(options.read_timeout_s));
+  http_.set_write_timeout(usec(options.read_timeout_s));
+  http_.set_keep_alive(true);
+  // httplib writes the headers and the body separately: with Nagle on, the
+  // body waits for the server's delayed ACK (40 ms on Linux), inflating TTFT.
+  http_.set_tcp_nodelay(true);
+  if (!options.api_key.empty()) http_.set_bearer_token_auth(options.api_key);
+}
+
+CompletionTiming CompletionClient::complete(const CompletionRequest& request) {
+  const json body = {{"model", request.model},           {"prompt", request.prompt},
+                     {"max_tokens", request.max_tokens}, {"temperature", request.temperature},
+                     {"stream", request.stream},         {"ignore_eos", true}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = base_path_ + "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  if (request.stream) req.set_header("Accept", "text/event-stream");
+
+  CompletionTiming t;
+  t.prompt_tokens = static_cast<int>(request.prompt.size());
+  int status = 0;
+  std::string whole;  // the body of a non-streamed answer or of an error
+  const Clock::time_point t0 = Clock::now();
+  StreamParser stream(t, t0);
+  req.response_handler = [&](const httplib::Response& res) {
+    status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (status == 200 && request.stream)
+      stream.feed(data, n, Clock::now());
+    else if (status == 200 || whole.size() < kDetailBytes)
+      whole.append(data, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  const bool sent = http_.send(req, res, err);
+  t.e2e_s = seconds_since(t0, Clock::now());
+  if (!sent) {
+    t.error = transport_error(err);
+    t.error_detail = transport_detail(err, options_);
+    return t;
+  }
+  if (res.status != 200) {
+    t.error = std::to_string(res.status);
+    t.error_detail = one_line(whole);
+    return t;
+  }
+  if (request.stream) {
+    stream.finish();
+    return t;
+  }
+  const json j = json::parse(whole, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !has_choice(j)) {
+    t.error = "bad_response";
+    t.error_detail = one_line(whole);
+    return t;
+  }
+  // Without usage, ignore_eos promises exactly max_tokens.
+  t.output_tokens = request.max_tokens;
+  read_usage(j, t);
+  return t;
+}
+
+Result<std::string> CompletionClient::first_model() {
+  const std::string path = base_path_ + "/v1/models";
+  httplib::Result r = http_.Get(path);
+  if (!r) return Status::Unavailable(unreachable(url_text_, r.error(), options_));
+  if (r->status != 200)
+    return Status::InvalidArgument(
+        fmt::format("GET {}{}: HTTP {} ({}); give --model", url_text_, "/v1/models", r->status, one_line(r->body)));
+  const json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty() && j["data"][0].is_object() &&
+      j["data"][0].contains("id") && j["data"][0]["id"].is_string())
+    return j["data"][0]["id"].get<std::string>();
+  return Status::InvalidArgument(
+      fmt::format("GET {}/v1/models: no model id in {}; give --model", url_text_, one_line(r->body)));
+}
+
+Status CompletionClient::reachable() {
+  httplib::Result r = http_.Get(base_path_ + "/v1/models");
+  if (!r) return Status::Unavailable(unreachable(url_text_, r.error(), options_));
+  return Status::OK();
+}
+
+}  // namespace tessera::tools

@@ -1,0 +1,355 @@
+// tessera bench serve: a load generator for an OpenAI-compatible server
+// (`tessera serve`, vLLM, ...), reporting what vLLM's benchmark_serving
+// reports.
+//
+//   tessera bench serve --url http://127.0.0.1:8000 [--concurrency N | --rate R]
+//       --requests N --prompt-tokens P --max-tokens M [--stream] [--json]
+//
+// Every request is POST {url}/v1/completions with P random token ids (uniform
+// in [0, 256), valid for every model; request i's ids depend only on --seed
+// and i) and "ignore_eos": true, so each answer has exactly M tokens. The
+// model is --model, else the first id GET {url}/v1/models lists; that GET is
+// sent first either way, so a server that is not there is one error line.
+//
+// Load: --concurrency N keeps N requests in flight (closed loop: N threads,
+// each sends its next request when the last one ends). --rate R sends at
+// Poisson arrivals, R per second on average (exponential gaps from --seed),
+// with at most --max-in-flight outstanding: an arrival that finds them all
+// busy waits for one, so the achieved rate can fall below R. --warmup K
+// requests (closed loop at --concurrency, one at a time with --rate; not
+// counted) go before the timed run, with prompts of their own.
+//
+// Figures, over the requests that succeeded (times in ms):
+//   duration_s               first request sent to last response ended
+//   request_throughput       completed / duration_s (req/s)
+//   output_throughput        total_output_tokens / duration_s (tok/s)
+//   total_token_throughput   (total_input_tokens + total_output_tokens) / duration_s
+//   ttft                     time to the first streamed chunk carrying a choice
+//   tpot                     per request (e2el - ttft) / (output_tokens - 1), for
+//                            output_tokens > 1; without --stream e2el / output_tokens
+//   itl                      every gap between consecutive chunks carrying a choice
+//   e2el                     request sent to response (or stream) ended
+// each as mean, p50 and p99 (linear interpolation, numpy's default; vLLM's
+// "median" is p50). Without --stream, ttft and itl are unavailable: "n/a" in
+// the table, null in JSON. Output tokens are usage.completion_tokens, else the
+// chunks carrying a choice (stream) or M (no stream, no usage).
+//
+// --json prints one object on stdout instead of the table, keys in order:
+//   url model stream mode ("concurrency" | "rate") concurrency (null with --rate)
+//   request_rate max_in_flight (null with --concurrency) requests prompt_tokens
+//   max_tokens warmup seed completed failed errors ({label: count}; label an
+//   HTTP status "500", or "connection", "connect_timeout", "read", "write",
+//   "other", "bad_response", "stream_error") duration_s total_input_tokens
+//   total_output_tokens request_throughput output_throughput
+//   total_token_throughput, then {mean,p50,p99}_{ttft,tpot,itl,e2el}_ms.
+// docs/serving.md ("Load generator") says the same for users.
+//
+// Exit: 0 when the run finished and some request succeeded (failed ones are
+// counted, with each label's first error body on stderr); 1 when every
+// request failed (after the report), or the server cannot be reached or has
+// no model; 2 for bad flags (a malformed --url too). Every wait is bounded by
+// --connect-timeout and --timeout.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/bench_serve_client.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ServeBenchArgs {
+  std::string url, model, api_key;
+  int concurrency = 1;
+  double rate = 0;  // requests/s; 0: closed loop at --concurrency
+  int max_in_flight = 256;
+  int requests = 64, warmup = 0;
+  int prompt_tokens = 32, max_tokens = 32;
+  double temperature = 0;
+  uint64_t seed = 0;
+  bool stream = false, json = false;
+  double timeout_s = 120, connect_timeout_s = 5;
+};
+
+constexpr int kMaxCount = 1 << 30;  // bound of the count flags
+constexpr int kPromptVocab = 256;   // ids every model accepts (the byte-level ones have 256)
+
+// Request i's prompt: a function of (seed, i) alone, whichever thread sends it.
+std::vector<int> prompt_of(uint64_t seed, int i, int length) {
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(i)};
+  std::mt19937 rng(seq);
+  std::uniform_int_distribution<int> id(0, kPromptVocab - 1);
+  std::vector<int> ids(length);
+  for (int& t : ids) t = id(rng);
+  return ids;
+}
+
+// Poisson arrivals: send times (s from the start) with exponential gaps of
+// mean 1/rate; the first request goes at once.
+std::vector<double> poisson_arrivals(int n, double rate, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  std::vector<double> at(n, 0.0);
+  for (int i = 1; i < n; i++) at[i] = at[i - 1] + gap(rng);
+  return at;
+}
+
+// Sends requests first .. first+count-1 from `workers` threads, each with its
+// own connection. arrival_s empty: closed loop; else request i waits until
+// arrival_s[i] (or a free thread, whichever is later). Returns the timings in
+// request order and the wall time of the whole run.
+std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const ServeUrl& url, const std::string& model,
+                                           int first, int count, int workers, const std::vector<double>& arrival_s,
+                                           double* duration_s) {
+  std::vector<CompletionTiming> out(count);
+  std::atomic<int> next{0};
+  const ClientOptions options{a.connect_timeout_s, a.timeout_s, a.api_key};
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < std::min(workers, count); w++) {
+    threads.emplace_back([&] {
+      CompletionClient client(url, options);
+      for (int i; (i = next.fetch_add(1)) < count;) {
+        const CompletionRequest req{model, prompt_of(a.seed, first + i, a.prompt_tokens), a.max_tokens, a.temperature,
+                                    a.stream};
+        if (!arrival_s.empty())
+          std::this_thread::sleep_until(
+              start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival_s[i])));
+        out[i] = client.complete(req);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  *duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return out;
+}
+
+// Mean, p50, p99 of a sample, in ms; empty: unavailable.
+struct Summary {
+  double mean_ms = 0, p50_ms = 0, p99_ms = 0;
+};
+
+// numpy.percentile's default: linear between the two nearest ranks.
+double percentile(const std::vector<double>& sorted, double p) {
+  const double rank = p / 100.0 * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(rank);
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (rank - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+std::optional<Summary> summarize(std::vector<double> seconds) {
+  if (seconds.empty()) return std::nullopt;
+  std::sort(seconds.begin(), seconds.end());
+  double sum = 0;
+  for (double s : seconds) sum += s;
+  return Summary{sum / static_cast<double>(seconds.size()) * 1e3, percentile(seconds, 50) * 1e3,
+                 percentile(seconds, 99) * 1e3};
+}
+
+struct Report {
+  int completed = 0, failed = 0;
+  std::map<std::string, int> errors;               // label -> count
+  std::map<std::string, std::string> first_error;  // label -> its first detail
+  double duration_s = 0;
+  int64_t input_tokens = 0, output_tokens = 0;
+  std::optional<Summary> ttft, tpot, itl, e2el;
+};
+
+Report summarize_run(const std::vector<CompletionTiming>& timings, double duration_s, bool stream) {
+  Report r;
+  r.duration_s = duration_s;
+  std::vector<double> ttft, tpot, itl, e2el;
+  for (const CompletionTiming& t : timings) {
+    if (!t.error.empty()) {
+      r.failed++;
+      if (r.errors[t.error]++ == 0) r.first_error[t.error] = t.error_detail;
+      continue;
+    }
+    r.completed++;
+    r.input_tokens += t.prompt_tokens;
+    r.output_tokens += t.output_tokens;
+    e2el.push_back(t.e2e_s);
+    if (stream) {
+      if (t.ttft_s >= 0) ttft.push_back(t.ttft_s);
+      if (t.output_tokens > 1) tpot.push_back((t.e2e_s - t.ttft_s) / (t.output_tokens - 1));
+      itl.insert(itl.end(), t.itl_s.begin(), t.itl_s.end());
+    } else if (t.output_tokens > 0) {
+      tpot.push_back(t.e2e_s / t.output_tokens);
+    }
+  }
+  r.ttft = summarize(std::move(ttft));
+  r.tpot = summarize(std::move(tpot));
+  r.itl = summarize(std::move(itl));
+  r.e2el = summarize(std::move(e2el));
+  return r;
+}
+
+std::string error_label(const std::string& label) {
+  const bool status = !label.empty() && label[0] >= '0' && label[0] <= '9';
+  return status ? "HTTP " + label : label;
+}
+
+void print_json(const ServeBenchArgs& a, const std::string& model, const Report& r) {
+  using nlohmann::ordered_json;
+  const bool rate = a.rate > 0;
+  const double per_s = r.duration_s > 0 ? 1.0 / r.duration_s : 0.0;
+  ordered_json j;
+  j["url"] = a.url;
+  j["model"] = model;
+  j["stream"] = a.stream;
+  j["mode"] = rate ? "rate" : "concurrency";
+  j["concurrency"] = rate ? ordered_json(nullptr) : ordered_json(a.concurrency);
+  j["request_rate"] = rate ? ordered_json(a.rate) : ordered_json(nullptr);
+  j["max_in_flight"] = rate ? ordered_json(a.max_in_flight) : ordered_json(nullptr);
+  j["requests"] = a.requests;
+  j["prompt_tokens"] = a.prompt_tokens;
+  j["max_tokens"] = a.max_tokens;
+  j["warmup"] = a.warmup;
+  j["seed"] = a.seed;
+  j["completed"] = r.completed;
+  j["failed"] = r.failed;
+  j["errors"] = ordered_json::object();
+  for (const auto& [label, n] : r.errors) j["errors"][label] = n;
+  j["duration_s"] = r.duration_s;
+  j["total_input_tokens"] = r.input_tokens;
+  j["total_output_tokens"] = r.output_tokens;
+  j["request_throughput"] = r.completed * per_s;
+  j["output_throughput"] = static_cast<double>(r.output_tokens) * per_s;
+  j["total_token_throughput"] = static_cast<double>(r.input_tokens + r.output_tokens) * per_s;
+  for (const auto& [name, s] : {std::pair{"ttft", &r.ttft}, {"tpot", &r.tpot}, {"itl", &r.itl}, {"e2el", &r.e2el}}) {
+    j[fmt::format("mean_{}_ms", name)] = *s ? ordered_json((*s)->mean_ms) : ordered_json(nullptr);
+    j[fmt::format("p50_{}_ms", name)] = *s ? ordered_json((*s)->p50_ms) : ordered_json(nullptr);
+    j[fmt::format("p99_{}_ms", name)] = *s ? ordered_json((*s)->p99_ms) : ordered_json(nullptr);
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_table(const ServeBenchArgs& a, const std::string& model, const Report& r) {
+  const double per_s = r.duration_s > 0 ? 1.0 / r.duration_s : 0.0;
+  const auto row = [](const std::string& name, const std::string& value) {
+    std::printf("%-40s %s\n", name.c_str(), value.c_str());
+  };
+  std::printf("==================== tessera bench serve ====================\n");
+  row("url", a.url);
+  row("model", model);
+  row("load", a.rate > 0 ? fmt::format("Poisson, {:g} req/s, at most {} in flight", a.rate, a.max_in_flight)
+                         : fmt::format("closed loop, concurrency {}", a.concurrency));
+  row("stream", a.stream ? "yes" : "no");
+  row("successful requests", std::to_string(r.completed));
+  row("failed requests", std::to_string(r.failed));
+  for (const auto& [label, n] : r.errors) row("  errors: " + error_label(label), std::to_string(n));
+  row("benchmark duration (s)", fmt::format("{:.2f}", r.duration_s));
+  row("total input tokens", std::to_string(r.input_tokens));
+  row("total output tokens", std::to_string(r.output_tokens));
+  row("request throughput (req/s)", fmt::format("{:.2f}", r.completed * per_s));
+  row("output token throughput (tok/s)", fmt::format("{:.2f}", static_cast<double>(r.output_tokens) * per_s));
+  row("total token throughput (tok/s)",
+      fmt::format("{:.2f}", static_cast<double>(r.input_tokens + r.output_tokens) * per_s));
+  for (const auto& [name, s] :
+       {std::pair{"TTFT", &r.ttft}, {"TPOT", &r.tpot}, {"ITL", &r.itl}, {"E2E latency", &r.e2el}}) {
+    const auto value = [&](double Summary::*field) { return *s ? fmt::format("{:.2f}", (**s).*field) : "n/a"; };
+    row(fmt::format("mean {} (ms)", name), value(&Summary::mean_ms));
+    row(fmt::format("p50 {} (ms)", name), value(&Summary::p50_ms));
+    row(fmt::format("p99 {} (ms)", name), value(&Summary::p99_ms));
+  }
+}
+
+int run_serve_bench(const ServeBenchArgs& a) {
+  Result<ServeUrl> url = parse_serve_url(a.url);
+  if (!url.ok()) {
+    fail(url.status());
+    return kExitUsage;  // a malformed flag, like CLI11's
+  }
+  // The first request: finds the model, or at least the server. Its
+  // connection closes before the run.
+  std::string model = a.model;
+  {
+    CompletionClient probe(*url, ClientOptions{a.connect_timeout_s, a.timeout_s, a.api_key});
+    if (model.empty()) {
+      Result<std::string> m = probe.first_model();
+      if (!m.ok()) return fail(m.status());
+      model = *m;
+    } else if (Status st = probe.reachable(); !st.ok()) {
+      return fail(st);
+    }
+  }
+  const int workers = a.rate > 0 ? a.max_in_flight : a.concurrency;
+  std::fprintf(stderr, "bench serve: %d requests (+%d warm-up) to %s, model %s, %d prompt + %d output tokens, %s\n",
+               a.requests, a.warmup, a.url.c_str(), model.c_str(), a.prompt_tokens, a.max_tokens,
+               a.stream ? "streamed" : "not streamed");
+  double duration_s = 0;
+  // Warm-up at --concurrency (1 with --rate): no burst of --max-in-flight.
+  if (a.warmup > 0) run_requests(a, *url, model, a.requests, a.warmup, a.concurrency, {}, &duration_s);
+  const std::vector<double> arrivals =
+      a.rate > 0 ? poisson_arrivals(a.requests, a.rate, a.seed) : std::vector<double>{};
+  const std::vector<CompletionTiming> timings =
+      run_requests(a, *url, model, 0, a.requests, workers, arrivals, &duration_s);
+  const Report report = summarize_run(timings, duration_s, a.stream);
+  for (const auto& [label, detail] : report.first_error)
+    std::fprintf(stderr, "bench serve: %d request(s) failed with %s; the first: %s\n", report.errors.at(label),
+                 error_label(label).c_str(), detail.c_str());
+  if (a.json)
+    print_json(a, model, report);
+  else
+    print_table(a, model, report);
+  std::fflush(stdout);
+  if (report.completed == 0)
+    return fail(Status::Unavailable(fmt::format("all {} requests to {} failed", a.requests, a.url)));
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_bench_serve_command(CLI::App& bench) {
+  auto a = std::make_shared<ServeBenchArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "serve", "Load-test an OpenAI-compatible server: throughput, TTFT, TPOT, ITL and latency (as vLLM reports them)");
+  cmd->add_option("--url", a->url, "the server's root, http[s]://host[:port][/path]")->required();
+  cmd->add_option("--model", a->model, "model name (default: the first of GET {url}/v1/models)");
+  CLI::Option* conc = cmd->add_option("--concurrency", a->concurrency, "requests in flight (closed loop)")
+                          ->check(CLI::Range(1, 4096))
+                          ->capture_default_str();
+  CLI::Option* rate =
+      cmd->add_option("--rate", a->rate, "Poisson arrivals, requests/s (open loop)")->check(CLI::PositiveNumber);
+  conc->excludes(rate);
+  cmd->add_option("--max-in-flight", a->max_in_flight, "with --rate: most requests outstanding at once")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--requests", a->requests, "timed requests")->check(CLI::Range(1, kMaxCount))->capture_default_str();
+  cmd->add_option("--warmup", a->warmup, "untimed requests first")
+      ->check(CLI::Range(0, kMaxCount))
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length, token ids")
+      ->check(CLI::Range(1, kMaxCount))
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", a->max_tokens, "tokens generated per request (ignore_eos)")
+      ->check(CLI::Range(1, kMaxCount))
+      ->capture_default_str();
+  cmd->add_option("--temperature", a->temperature)->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--seed", a->seed, "prompts and arrival times")->capture_default_str();
+  cmd->add_option("--api-key", a->api_key, "sent as Authorization: Bearer KEY");
+  cmd->add_option("--timeout", a->timeout_s, "seconds one read (or write) may wait")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--connect-timeout", a->connect_timeout_s, "seconds to open a connection")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--stream", a->stream, "stream tokens (server-sent events): measures TTFT and ITL");
+  cmd->add_flag("--json", a->json, "one JSON object on stdout instead of the table");
+  cmd->callback([a] { exit_code() = run_serve_bench(*a); });
+}
+
+}  // namespace tessera::tools

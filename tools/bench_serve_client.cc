@@ -182,9 +182,12 @@ CompletionClient::CompletionClient(const ServeUrl& url, const ClientOptions& opt
 }
 
 CompletionTiming CompletionClient::complete(const CompletionRequest& request) {
-  const json body = {{"model", request.model},           {"prompt", request.prompt},
+  json body = {{"model", request.model},           {"prompt", request.prompt},
                      {"max_tokens", request.max_tokens}, {"temperature", request.temperature},
                      {"stream", request.stream},         {"ignore_eos", true}};
+  // As vLLM's benchmark: the token count from the server's usage, not from
+  // counting chunks.
+  if (request.stream) body["stream_options"] = {{"include_usage", true}};
   httplib::Request req;
   req.method = "POST";
   req.path = base_path_ + "/v1/completions";

@@ -319,8 +319,10 @@ void Engine::sample(Seq& s, const float* logits) {
     finish(s, FinishReason::kStop);
     return;
   }
+  const bool length = s.generated >= p.max_tokens || static_cast<int>(s.tokens.size()) >= model_->config().context;
   TokenEvent ev;
   ev.token = token;
+  ev.last = length;
   if (p.logprobs >= 0) {
     ev.logprob = token_logprob(logits, V, token);
     if (p.logprobs > 0) {
@@ -337,7 +339,7 @@ void Engine::sample(Seq& s, const float* logits) {
   const bool go_on = !s.sink.on_token || s.sink.on_token(ev);
   if (!go_on) {
     finish(s, FinishReason::kStop);
-  } else if (s.generated >= p.max_tokens || static_cast<int>(s.tokens.size()) >= model_->config().context) {
+  } else if (length) {
     finish(s, FinishReason::kLength);
   }
 }

@@ -73,6 +73,7 @@ std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "canc
 
 struct TokenEvent {
   int token = 0;
+  bool last = false;  // the request ends with this token (max_tokens or the context reached)
   float logprob = 0.0f;                    // when logprobs >= 0
   std::vector<std::pair<int, float>> top;  // the logprobs most likely ids, most likely first
 };

@@ -27,6 +27,7 @@ struct Call {
   struct Piece {
     std::string text;
     TokenEvent ev;
+    bool last = false;  // nothing follows: its chunk carries the finish reason
   };
   std::vector<Piece> pieces;  // one per generated token
   std::string tail;           // text released at the end
@@ -210,7 +211,7 @@ struct Server::Handlers {
       std::lock_guard<std::mutex> lock(call->mu);
       bool stopped = false;
       std::string piece = call->text.add(token_bytes(*t, ev.token), &stopped);
-      call->pieces.push_back({std::move(piece), ev});
+      call->pieces.push_back({std::move(piece), ev, ev.last || stopped});
       call->cv.notify_all();
       return !stopped;
     };
@@ -355,32 +356,48 @@ struct Server::Handlers {
                               [&] { return call->pieces.size() > *sent || call->done; });
             fresh.assign(call->pieces.begin() + static_cast<std::ptrdiff_t>(*sent), call->pieces.end());
             *sent = call->pieces.size();
+            // The last token's chunk carries the finish reason (one chunk
+            // per token): its end follows within the same engine step.
+            if (!fresh.empty() && fresh.back().last)
+              call->cv.wait_for(lock, std::chrono::seconds(1), [&] { return call->done; });
             done = call->done;
             if (done) {
               result = call->result;
               tail = call->tail;
             }
           }
-          for (const Call::Piece& p : fresh) {
-            json choice = {{"index", 0}, {"finish_reason", nullptr}};
-            json lp = want_logprobs ? logprobs_json({p}, chat) : json(nullptr);
+          const bool completed =
+              done && (result.reason == FinishReason::kStop || result.reason == FinishReason::kLength);
+          // With the end known, the last token's chunk (or, when the end came
+          // without a token: end-of-text, a stop string cut before it, a
+          // chunk of its own) takes the text held back and the reason.
+          const bool merge = completed && !fresh.empty() && fresh.back().last;
+          for (size_t i = 0; i < fresh.size(); i++) {
+            const Call::Piece& p = fresh[i];
+            const bool final = merge && i + 1 == fresh.size();
+            json choice = {{"index", 0},
+                           {"finish_reason", final ? json(finish_reason_name(result.reason)) : json(nullptr)}};
+            const std::string text = final ? p.text + tail : p.text;
             if (chat) {
-              choice["delta"] = {{"content", p.text}};
+              choice["delta"] = {{"content", text}};
             } else {
-              choice["text"] = p.text;
+              choice["text"] = text;
             }
-            choice["logprobs"] = lp;
+            choice["logprobs"] = want_logprobs ? logprobs_json({p}, chat) : json(nullptr);
             out += chunk(choice);
           }
           if (done) {
-            if (result.reason == FinishReason::kStop || result.reason == FinishReason::kLength) {
-              json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(result.reason)}};
-              if (chat) {
-                choice["delta"] = tail.empty() ? json::object() : json{{"content", tail}};
-              } else {
-                choice["text"] = tail;
+            if (completed) {
+              if (!merge) {
+                json choice = {{"index", 0}, {"logprobs", nullptr},
+                               {"finish_reason", finish_reason_name(result.reason)}};
+                if (chat) {
+                  choice["delta"] = tail.empty() ? json::object() : json{{"content", tail}};
+                } else {
+                  choice["text"] = tail;
+                }
+                out += chunk(choice);
               }
-              out += chunk(choice);
               if (include_usage) {
                 json u = {{"id", id},
                           {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -431,6 +448,9 @@ Status Server::start(int threads_hint) {
   s.set_read_timeout(10, 0);
   s.set_write_timeout(10, 0);
   s.set_keep_alive_timeout(5);
+  // Each SSE chunk is one small write: without this, Nagle holds it until the
+  // client's delayed ACK (40 ms on Linux).
+  s.set_tcp_nodelay(true);
 
   s.Get("/health", [h](const httplib::Request&, httplib::Response& res) { h->health(res); });
   s.Get("/metrics", [h](const httplib::Request&, httplib::Response& res) {

@@ -30,8 +30,8 @@
 // LayerActs in gpt.cc) hold the only offset arithmetic.
 //
 // Backend::kCUDA keeps all three arenas on the CUDA device current at
-// construction (check backend_available() first): params(), grads() and the
-// raw pointers below are then device pointers. Token ids go in as host
+// construction (create() returns backend_available()'s error without one):
+// params(), grads() and the raw pointers below are then device pointers. Token ids go in as host
 // arrays, the loss comes back as a host float, and logits()/losses() copy
 // back to host buffers; everything else stays on the device. Tensor
 // parallelism (tp > 1) is CPU-only for now (its vocabulary-parallel pieces

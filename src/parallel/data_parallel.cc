@@ -106,7 +106,7 @@ Status DataParallel::finish_gradients() {
   // The arena's slack covers the padding to dp*S floats.
   const int64_t flat = static_cast<int64_t>(model_.grads().bytes() / sizeof(float));
   return reducer_->reduce_scatter_flat(reinterpret_cast<float*>(model_.grads().base()),
-                                      zero1_shard_floats(flat, comm_.size()));
+                                       zero1_shard_floats(flat, comm_.size()));
 }
 
 Status DataParallel::sync_parameters() {

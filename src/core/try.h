@@ -9,6 +9,9 @@
 //   CHECK_OK(status_expr)  a failure is a bug (or happens where nothing can
 //                          be returned, inside a kernel launch): print
 //                          file:line, the expression and the message; abort.
+//   value_or_abort(result) the value of a Result<T>, or print its error and
+//                          abort: the aborting convenience forms over a
+//                          create() (tests and benches).
 //
 // Each library has one function turning its return code into a Status
 // that names the call ("cudaMalloc(&p, n): out of memory"), and two macros
@@ -25,6 +28,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "core/status.h"
 
@@ -36,6 +40,20 @@ namespace tessera::detail {
 }
 
 }  // namespace tessera::detail
+
+namespace tessera {
+
+// Prints "tessera: <message>" (as Arena::allocate()) and aborts on an error.
+template <typename T>
+T value_or_abort(Result<T> r) {
+  if (!r.ok()) {
+    std::fprintf(stderr, "tessera: %s\n", r.status().ToString().c_str());
+    std::abort();
+  }
+  return std::move(r).value();
+}
+
+}  // namespace tessera
 
 #define CHECK_OK(status_expr)                                                              \
   do {                                                                                     \

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/try.h"
 #include "comm/communicator.h"
 #include "nn/kv_cache.h"
 #include "nn/vocab_parallel.h"
@@ -177,30 +178,58 @@ Arena param_layout(const GPTConfig& c, const ModelShard& shard) {
   return a;
 }
 
-GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm, ModelUse use)
+GPT::GPT(Uninitialised, const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm,
+         ModelUse use)
     : config_(config),
       shard_(shard),
       tp_comm_(tp_comm),
       backend_(backend),
       device_(device_of(backend)),
       use_(use),
-      ops_(ops_for(backend)) {
-  CHECK(config_.validate().ok());
-  CHECK(shard_.validate(config_).ok());
-  CHECK(shard_.tp == 1 || tp_comm_ != nullptr);
+      ops_(ops_for(backend)) {}
+
+GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm, ModelUse use)
+    : GPT(Uninitialised{}, config, backend, shard, tp_comm, use) {
+  CHECK_OK(init());
+}
+
+Result<std::unique_ptr<GPT>> GPT::create(const GPTConfig& config, Backend backend, const ModelShard& shard,
+                                         comm::Communicator* tp_comm, ModelUse use) {
+  // Before the constructor: ops_for() of a backend not compiled in aborts.
+  RETURN_IF_ERROR(backend_available(backend));
+  std::unique_ptr<GPT> model(new GPT(Uninitialised{}, config, backend, shard, tp_comm, use));
+  RETURN_IF_ERROR(model->init());
+  return model;
+}
+
+Status GPT::init() {
+  RETURN_IF_ERROR(config_.validate());
+  RETURN_IF_ERROR(shard_.validate(config_));
+  if (shard_.tp > 1 && tp_comm_ == nullptr)
+    return Status::InvalidArgument(fmt::format("a tensor-parallel shard (tp = {}) needs its communicator", shard_.tp));
   // Tensor parallelism is CPU-only: nn/vocab_parallel.cc runs host loops.
-  CHECK(device_ == Device::kCPU || shard_.tp == 1);
+  if (device_ != Device::kCPU && shard_.tp > 1)
+    return Status::InvalidArgument(fmt::format(
+        "tensor parallelism (tp = {}) runs on the CPU only, not on the {} backend", shard_.tp, backend_name(backend_)));
+  RETURN_IF_ERROR(backend_available(backend_));
   if (shard_.layer_end < 0) shard_.layer_end = config_.layers;
   shard_.first = shard_.layer_begin == 0;
   shard_.last = shard_.layer_end == config_.layers;
   local_layers_ = shard_.layer_end - shard_.layer_begin;
   Vl_ = config_.padded_vocab(shard_.tp) / shard_.tp;
   v0_ = shard_.tp_rank * Vl_;
-  params_ = param_layout(config_, shard_);
-  params_.set_device(device_);
-  params_.allocate();
-  if (use_ == ModelUse::kTraining) grads_ = params_.clone_layout();
-  CHECK(params_.count() == kNumParams);
+  Arena params = param_layout(config_, shard_);
+  CHECK(params.count() == kNumParams);
+  params.set_device(device_);
+  const char* what = use_ == ModelUse::kTraining ? "the parameters of" : "the weights of";
+  RETURN_IF_ERROR(params.try_allocate().With(fmt::format("{} {}", what, config_.str())));
+  if (use_ == ModelUse::kTraining) {
+    Result<Arena> grads = params.try_clone_layout(device_);
+    if (!grads.ok()) return grads.status().With(fmt::format("the gradients of {}", config_.str()));
+    grads_ = std::move(grads).value();
+  }
+  params_ = std::move(params);
+  return Status::OK();
 }
 
 LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard& s, int l) {
@@ -287,10 +316,12 @@ Status GPT::check_batch(const int* inputs, const int* targets, int B, int T) con
   return Status::OK();
 }
 
-void GPT::reserve_activations(int B, int T, int slots) {
+void GPT::reserve_activations(int B, int T, int slots) { CHECK_OK(try_reserve_activations(B, T, slots)); }
+
+Status GPT::try_reserve_activations(int B, int T, int slots) {
   CHECK(B > 0 && T > 0 && slots > 0);
   const int have = static_cast<int>(slot_acts_.size());
-  if (have > 0 && slots <= have && B <= act_B_ && T <= act_T_) return;
+  if (have > 0 && slots <= have && B <= act_B_ && T <= act_T_) return Status::OK();
   B = std::max(B, act_B_);
   T = std::max(T, act_T_);
   slots = std::max(slots, have);
@@ -334,10 +365,14 @@ void GPT::reserve_activations(int B, int T, int slots) {
     add(kLse, "lse", DType::kF32, {chunked * BT});
     add(kLocalTargets, "local_targets", DType::kI32, {(tp > 1 ? last : 0) * BT});
     add(kDInput, "dinput", DType::kF32, {(1 - first) * BT, C});
-    a.allocate();
   };
+  // The new arenas replace the old only once all of them are allocated.
+  const std::string what = fmt::format("the activations of {} micro-batch(es) of {}x{} tokens", slots, B, T);
   std::vector<Arena> acts(slots);
-  for (Arena& a : acts) layout_slot(a);
+  for (Arena& a : acts) {
+    layout_slot(a);
+    RETURN_IF_ERROR(a.try_allocate().With(what));
+  }
   Arena s;
   s.set_device(device_);
   auto add = [&](ActId id, const char* name, Shape shape) { idx[id] = s.reserve(name, DType::kF32, shape); };
@@ -357,7 +392,7 @@ void GPT::reserve_activations(int B, int T, int slots) {
   add(kDQkv, "dqkv", {BT, 3 * Cl});
   add(kDLn1, "dln1", {BT, C});
   add(kCEStats, "ce_stats", {(tp > 1 ? 3 : 0) * BT});
-  s.allocate();
+  RETURN_IF_ERROR(s.try_allocate().With(what));
   slot_acts_ = std::move(acts);
   scratch_ = std::move(s);
   slot_state_.assign(slots, SlotState{});
@@ -365,6 +400,7 @@ void GPT::reserve_activations(int B, int T, int slots) {
   act_B_ = B;
   act_T_ = T;
   held_logits_ = HeldLogits{};
+  return Status::OK();
 }
 
 void GPT::set_head_chunk_rows(int rows) {
@@ -554,7 +590,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
 
   if (shard_.first) {
-    copy_to_device(device_, act.i(kInputs), inputs, sizeof(int) * BT);
+    RETURN_IF_ERROR(try_copy_to_device(device_, act.i(kInputs), inputs, sizeof(int) * BT));
     if (tp == 1) {
       ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], p[kWpe], B, T, C);
     } else {
@@ -591,7 +627,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
     if (loss) *loss = 0.0f;
     return Status::OK();
   }
-  copy_to_device(device_, act.i(kTargets), targets, sizeof(int) * BT);
+  RETURN_IF_ERROR(try_copy_to_device(device_, act.i(kTargets), targets, sizeof(int) * BT));
   float* losses = act.f(kLosses);
   if (chunked_head()) {
     // One chunk of logits at a time: the loss and each row's log-sum-exp
@@ -622,7 +658,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   const float* host_losses = losses;
   if (device_ != Device::kCPU) {
     host_losses_.resize(BT);
-    copy_to_host(device_, host_losses_.data(), losses, sizeof(float) * BT);
+    RETURN_IF_ERROR(try_copy_to_host(device_, host_losses_.data(), losses, sizeof(float) * BT));
     host_losses = host_losses_.data();
   }
   double sum = 0.0;
@@ -773,7 +809,7 @@ Status GPT::backward_stage(int slot, float loss_scale) {
       vocab_parallel_encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), v0_, Vl, B, T, C);
     }
   } else {
-    copy_on_device(device_, act.f(kDInput), dresidual, sizeof(float) * BTC);
+    RETURN_IF_ERROR(try_copy_on_device(device_, act.f(kDInput), dresidual, sizeof(float) * BTC));
   }
   if (listener_ && (shard_.first || shard_.last)) listener_->on_grads_ready(GradListener::kEmbeddings);
   return Status::OK();
@@ -806,7 +842,7 @@ enum InferId {
 };
 }  // namespace
 
-void GPT::reserve_inference(int N, int R, int64_t ints) {
+Status GPT::reserve_inference(int N, int R, int64_t ints) {
   if (N > infer_rows_ || R > infer_out_) {
     N = std::max(N, infer_rows_);
     R = std::max(R, infer_out_);
@@ -830,7 +866,7 @@ void GPT::reserve_inference(int N, int R, int64_t ints) {
     a.reserve("lnf_mean", DType::kF32, {R});
     a.reserve("lnf_rstd", DType::kF32, {R});
     a.reserve("logits", DType::kF32, {logit_rows, Vp});
-    a.allocate();
+    RETURN_IF_ERROR(a.try_allocate().With(fmt::format("the inference scratch for {} rows", N)));
     CHECK(a.count() == kNumInfer);
     infer_ = std::move(a);
     infer_rows_ = N;
@@ -840,10 +876,11 @@ void GPT::reserve_inference(int N, int R, int64_t ints) {
     Arena a;
     a.set_device(device_);
     a.reserve("ints", DType::kI32, {ints});
-    a.allocate();
+    RETURN_IF_ERROR(a.try_allocate().With(fmt::format("the inference index arrays ({} ints)", ints)));
     infer_ints_ = std::move(a);
     infer_int_count_ = ints;
   }
+  return Status::OK();
 }
 
 Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::span<const int> logit_rows,
@@ -909,9 +946,9 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
     const std::vector<int>& b = cache.blocks(seqs[k]);
     std::copy(b.begin(), b.end(), h_table + int64_t{k} * W);
   }
-  reserve_inference(N, std::max(R, 1), ints);
+  RETURN_IF_ERROR(reserve_inference(N, std::max(R, 1), ints));
   int* d_ints = static_cast<int*>(infer_ints_.tensor(0).data);
-  copy_to_device(device_, d_ints, host_ints_.data(), sizeof(int) * ints);
+  RETURN_IF_ERROR(try_copy_to_device(device_, d_ints, host_ints_.data(), sizeof(int) * ints));
 
   auto buf = [&](InferId id) { return infer_.tensor(id).f32(); };
   const int C = config_.channels;
@@ -950,14 +987,15 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   // The head only for the rows asked for.
   float* gathered = buf(kIGathered);
   for (int r = 0; r < R; r++)
-    copy_on_device(device_, gathered + int64_t{r} * C, x + int64_t{logit_rows[r]} * C, sizeof(float) * C);
+    RETURN_IF_ERROR(
+        try_copy_on_device(device_, gathered + int64_t{r} * C, x + int64_t{logit_rows[r]} * C, sizeof(float) * C));
   ops_.layernorm_forward(buf(kILnf), buf(kILnfMean), buf(kILnfRstd), gathered, p[kLnfW], p[kLnfB], R, C);
   const int Vp = config_.padded_vocab();
   if (device_ == Device::kCPU) {
     ops_.matmul_forward(logits, buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
   } else {
     ops_.matmul_forward(buf(kILogits), buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
-    copy_to_host(device_, logits, buf(kILogits), sizeof(float) * R * Vp);
+    RETURN_IF_ERROR(try_copy_to_host(device_, logits, buf(kILogits), sizeof(float) * R * Vp));
   }
   return Status::OK();
 }

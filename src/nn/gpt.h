@@ -30,8 +30,8 @@
 // LayerActs in gpt.cc) hold the only offset arithmetic.
 //
 // Backend::kCUDA keeps all three arenas on the CUDA device current at
-// construction (check backend_available() first): params(), grads() and the
-// raw pointers below are then device pointers. Token ids go in as host
+// construction (create() returns backend_available()'s error without one):
+// params(), grads() and the raw pointers below are then device pointers. Token ids go in as host
 // arrays, the loss comes back as a host float, and logits()/losses() copy
 // back to host buffers; everything else stays on the device. Tensor
 // parallelism (tp > 1) is CPU-only for now (its vocabulary-parallel pieces
@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -175,10 +176,19 @@ class GradListener {
 
 class GPT {
  public:
-  // shard must validate (CHECKed); tp_comm (not owned, outlives the GPT) is
-  // required when shard.tp > 1, with rank shard.tp_rank.
-  // Backend::kCUDA needs a device (backend_available()) and tp == 1.
-  // ModelUse::kInference: no gradient arena (grads() is empty).
+  // A model with its parameters (and, for training, gradients) allocated
+  // and zeroed. tp_comm (not owned, outlives the GPT) is required when
+  // shard.tp > 1, with rank shard.tp_rank. ModelUse::kInference: no
+  // gradient arena (grads() is empty). Errors, nothing allocated:
+  // InvalidArgument for a config or shard that does not validate (their
+  // message) or tp > 1 off the CPU or without tp_comm; Unavailable for a
+  // backend this process cannot run (backend_available()) and for memory the
+  // host or device cannot give (the arena's message: size and device).
+  static Result<std::unique_ptr<GPT>> create(const GPTConfig& config, Backend backend = Backend::kCPU,
+                                             const ModelShard& shard = {}, comm::Communicator* tp_comm = nullptr,
+                                             ModelUse use = ModelUse::kTraining);
+  // create() for callers that cannot go on without the model (tests,
+  // benches): create() or abort with its error.
   explicit GPT(const GPTConfig& config, Backend backend = Backend::kCPU, const ModelShard& shard = {},
                comm::Communicator* tp_comm = nullptr, ModelUse use = ModelUse::kTraining);
 
@@ -243,7 +253,12 @@ class GPT {
 
   // ---- Pipeline-stage interface. Activations of up to `slots` micro-batches
   // in flight are kept at once (1F1B keeps pp - stage, GPipe all of them).
-  // Call reserve_activations() before using slots; forward() does it itself.
+  // Call try_reserve_activations() before using slots; forward() does it
+  // itself. Grows the arenas to at least (B, T, slots) (B, T, slots >= 1,
+  // CHECKed); out of host or device memory is the arena's error, and the
+  // activations held before stay as they were.
+  Status try_reserve_activations(int B, int T, int slots);
+  // The same, aborting on error (tests and benches).
   void reserve_activations(int B, int T, int slots);
   int activation_slots() const { return static_cast<int>(slot_acts_.size()); }
   int64_t activation_bytes() const;
@@ -260,7 +275,7 @@ class GPT {
   // inputs (B,T) token ids, others stage_input(slot). targets are needed on
   // the last stage (for backward too), which sets *loss to the mean
   // cross-entropy; elsewhere they may be null. Errors come from tp
-  // communication only.
+  // communication and from copies between the host and the device.
   Status forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss);
   // Backward of slot's forward; a non-last stage first receives
   // d(stage output) into stage_output_grad().
@@ -281,8 +296,9 @@ class GPT {
   // indices in [0, N), in that order; columns >= V are padding). Errors
   // (nothing is written to the cache): mismatched sizes, a token outside the
   // vocabulary, a dead sequence, a position not reserved with extend(), a
-  // cache made for another model. Allocates only when a batch is larger than
-  // any before.
+  // cache made for another model; out of memory for a batch larger than any
+  // before, or a failed device copy. Allocates only when a batch is larger
+  // than any before.
   Status forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::span<const int> logit_rows,
                         float* logits);
   // Bytes of the inference scratch (forward_tokens' activations).
@@ -296,6 +312,12 @@ class GPT {
   void backward(float loss_scale = 1.0f);
 
  private:
+  // create()'s one code path: the constructor stores the arguments, init()
+  // checks them and allocates.
+  struct Uninitialised {};
+  GPT(Uninitialised, const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm,
+      ModelUse use);
+  Status init();
   static ParamPtrs ptrs(const Arena& a);
   // One transformer block, forward, on N rows: the same code for training
   // (dense causal attention over (B,T), activations kept per layer) and
@@ -303,7 +325,7 @@ class GPT {
   struct LayerActs;
   struct AttentionArgs;
   Status layer_forward(int l, const LayerActs& a, const float* residual, int N, const AttentionArgs& at);
-  void reserve_inference(int N, int R, int64_t ints);
+  Status reserve_inference(int N, int R, int64_t ints);
   Status tp_all_reduce(float* x, int64_t n);
   Status tp_all_reduce_max(float* x, int64_t n);
 

@@ -138,10 +138,12 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
                                                  c.str()));
     by_name[std::string(name)] = &t;
   }
-  model.params().zero();
+  RETURN_IF_ERROR(model.params().try_zero());
   // A device model is filled through a host copy, uploaded once at the end.
   Arena staging;
-  if (model.params().device() != Device::kCPU) staging = model.params().clone_layout(Device::kCPU);
+  if (model.params().device() != Device::kCPU) {
+    ASSIGN_OR_RETURN(staging, model.params().try_clone_layout(Device::kCPU));
+  }
   const Arena& dst_arena = model.params().device() == Device::kCPU ? model.params() : staging;
   std::vector<float> buf;
   for (const Slot& s : all) {
@@ -162,7 +164,7 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
       std::copy(buf.begin(), buf.end(), dst);
     }
   }
-  if (model.params().device() != Device::kCPU) model.params().copy_from(staging);
+  if (model.params().device() != Device::kCPU) RETURN_IF_ERROR(model.params().try_copy_from(staging));
   return Status::OK();
 }
 
@@ -180,7 +182,7 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
     return Status::InvalidArgument(
         fmt::format("{}: no config.json beside the weights; give the model shape with flags", path));
   }
-  auto model = std::make_unique<GPT>(c, backend, ModelShard{}, nullptr, use);
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, backend, ModelShard{}, nullptr, use));
   RETURN_IF_ERROR(load_hf_weights(*model, f));
   return model;
 }

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/try.h"
 
 namespace tessera {
 
@@ -23,24 +24,43 @@ int64_t PagedKVCache::bytes_per_block(const GPT& model, int block_size) {
   return 2 * layers * block_size * (model.config().channels / s.tp) * static_cast<int64_t>(sizeof(float));
 }
 
-PagedKVCache::PagedKVCache(const GPT& model, int num_blocks, int block_size, int max_seqs)
+PagedKVCache::PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs)
     : config_(model.config()),
       shard_(model.shard()),
       layers_(model.shard().layers(model.config())),
       channels_(model.config().channels / model.shard().tp),
       num_blocks_(num_blocks),
       block_size_(block_size),
-      max_seqs_(max_seqs) {
-  CHECK(num_blocks >= 1 && block_size >= 1 && max_seqs >= 1);
-  const int64_t rows = int64_t{num_blocks} * block_size;
-  pool_.set_device(model.device());
+      max_seqs_(max_seqs) {}
+
+PagedKVCache::PagedKVCache(const GPT& model, int num_blocks, int block_size, int max_seqs)
+    : PagedKVCache(Uninitialised{}, model, num_blocks, block_size, max_seqs) {
+  CHECK_OK(init(model.device()));
+}
+
+Result<std::unique_ptr<PagedKVCache>> PagedKVCache::create(const GPT& model, int num_blocks, int block_size,
+                                                           int max_seqs) {
+  std::unique_ptr<PagedKVCache> cache(new PagedKVCache(Uninitialised{}, model, num_blocks, block_size, max_seqs));
+  RETURN_IF_ERROR(cache->init(model.device()));
+  return cache;
+}
+
+Status PagedKVCache::init(Device device) {
+  if (num_blocks_ < 1 || block_size_ < 1 || max_seqs_ < 1)
+    return Status::InvalidArgument(fmt::format(
+        "a KV cache needs at least one block, one position a block and one sequence; got {} block(s) of {}, "
+        "{} sequence(s)",
+        num_blocks_, block_size_, max_seqs_));
+  const int64_t rows = int64_t{num_blocks_} * block_size_;
+  pool_.set_device(device);
   pool_.reserve("keys", DType::kF32, {layers_, rows, channels_});
   pool_.reserve("values", DType::kF32, {layers_, rows, channels_});
-  pool_.allocate();
-  live_.assign(max_seqs, false);
-  length_.assign(max_seqs, 0);
-  table_.assign(max_seqs, {});
+  RETURN_IF_ERROR(pool_.try_allocate().With(fmt::format("the KV cache ({} blocks of {})", num_blocks_, block_size_)));
+  live_.assign(max_seqs_, false);
+  length_.assign(max_seqs_, 0);
+  table_.assign(max_seqs_, {});
   clear();
+  return Status::OK();
 }
 
 void PagedKVCache::clear() {

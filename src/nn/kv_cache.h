@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
@@ -34,8 +35,13 @@ class PagedKVCache {
   static constexpr int kDefaultBlockSize = 16;
 
   // num_blocks >= 1 blocks of block_size >= 1 positions for model's shard,
-  // on its device; at most max_seqs sequences at once. CHECKs the sizes
-  // (callers size the pool from bytes_per_block()).
+  // on its device; at most max_seqs >= 1 sequences at once (callers size
+  // the pool from bytes_per_block()). InvalidArgument for a size below 1;
+  // the pool's allocation error (out of host or device memory) otherwise.
+  static Result<std::unique_ptr<PagedKVCache>> create(const GPT& model, int num_blocks,
+                                                      int block_size = kDefaultBlockSize, int max_seqs = 256);
+  // create() for callers that cannot go on without the cache (tests,
+  // benches): create() or abort with its error.
   PagedKVCache(const GPT& model, int num_blocks, int block_size = kDefaultBlockSize, int max_seqs = 256);
   PagedKVCache(const PagedKVCache&) = delete;
   PagedKVCache& operator=(const PagedKVCache&) = delete;
@@ -76,6 +82,12 @@ class PagedKVCache {
   bool fits(const GPT& model) const;
 
  private:
+  // create()'s one code path: the constructor lays the pool out, init()
+  // checks the sizes and allocates.
+  struct Uninitialised {};
+  PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs);
+  Status init(Device device);
+
   GPTConfig config_;
   ModelShard shard_;
   int layers_ = 0, channels_ = 0;  // local layers, Cl

@@ -1,16 +1,25 @@
 #include "optim/host_reduce.h"
 
 #include "core/check.h"
+#include "core/try.h"
 #include "tensor/device_memory.h"
 
 namespace tessera {
 
-HostReduce::HostReduce(comm::Communicator& comm) : comm_(comm) {
-  if (!comm_.takes_device_memory()) return;
+Status HostReduce::init() {
+  if (!comm_.takes_device_memory()) return Status::OK();
   scratch_.reserve("scratch", DType::kF32, Shape{kMaxBytes / 4});
   scratch_.set_device(Device::kCUDA);
-  scratch_.allocate();
+  return scratch_.try_allocate().With("the scratch of a host all-reduce");
 }
+
+Result<HostReduce> HostReduce::create(comm::Communicator& comm) {
+  HostReduce h(Uninitialised{}, comm);
+  RETURN_IF_ERROR(h.init());
+  return h;
+}
+
+HostReduce::HostReduce(comm::Communicator& comm) : HostReduce(Uninitialised{}, comm) { CHECK_OK(init()); }
 
 Status HostReduce::all_reduce(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op) {
   if (!scratch_.allocated()) return comm_.all_reduce(data, data, count, type, op);
@@ -20,9 +29,9 @@ Status HostReduce::all_reduce(void* data, int64_t count, comm::ElemType type, co
   // the first by the producer stream, and wait() returning OK means the
   // result is in place for the second.
   void* dev = scratch_.base();
-  copy_to_device(Device::kCUDA, dev, data, bytes);
+  RETURN_IF_ERROR(try_copy_to_device(Device::kCUDA, dev, data, bytes));
   RETURN_IF_ERROR(comm_.all_reduce(dev, dev, count, type, op));
-  copy_to_host(Device::kCUDA, data, dev, bytes);
+  RETURN_IF_ERROR(try_copy_to_host(Device::kCUDA, data, dev, bytes));
   return Status::OK();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
+#include "core/status.h"
 #include "tensor/arena.h"
 
 namespace tessera {
@@ -17,11 +18,18 @@ class HostReduce {
  public:
   static constexpr int64_t kMaxBytes = 16;
 
+  // Out of device memory for the scratch is the arena's error.
+  static Result<HostReduce> create(comm::Communicator& comm);
+  // create(), aborting on its error (tests and benches).
   explicit HostReduce(comm::Communicator& comm);
   // In place over count values at host pointer data (count * elem_size <= kMaxBytes).
   Status all_reduce(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op);
 
  private:
+  struct Uninitialised {};
+  HostReduce(Uninitialised, comm::Communicator& comm) : comm_(comm) {}
+  Status init();
+
   comm::Communicator& comm_;
   Arena scratch_;  // kMaxBytes on the device, when comm_ takes device memory
 };

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 
 #include "core/check.h"
+#include "core/try.h"
 #include "kernels/cuda/reduce.h"
 
 namespace tessera {
@@ -26,43 +25,63 @@ float global_norm(const float* x, int64_t n) {
   return static_cast<float>(std::sqrt(sum));
 }
 
-float global_norm(Device d, const float* x, int64_t n) {
+Result<float> try_global_norm(Device d, const float* x, int64_t n) {
   if (d == Device::kCPU) return global_norm(x, n);
   Result<double> sq = cuda::sum_of_squares(x, n);
-  if (!sq.ok()) {
-    std::fprintf(stderr, "tessera: CUDA error in the gradient norm: %s\n", sq.status().message().c_str());
-    std::abort();
-  }
+  if (!sq.ok()) return sq.status().With("the gradient norm");
   return static_cast<float>(std::sqrt(*sq));
 }
+
+float global_norm(Device d, const float* x, int64_t n) { return value_or_abort(try_global_norm(d, x, n)); }
 
 float clip_scale(const OptimizerConfig& c, float norm) {
   if (c.grad_clip <= 0.0f) return 1.0f;
   return std::min(1.0f, c.grad_clip / (norm + 1e-6f));
 }
 
-AdamW::AdamW(ParamSpace space, AdamWKernel kernel) : AdamW(space, kernel, 0, space.count, space.count) {}
-
-AdamW::AdamW(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity)
+AdamW::AdamW(Uninitialised, ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity)
     : space_(std::move(space)), kernel_(kernel), lo_(lo), hi_(hi), capacity_(capacity) {
   CHECK(0 <= lo && lo <= hi && hi <= space_.count && hi - lo <= capacity);
   for (const ParamGroup& g : space_.groups) {
     CHECK(g.params.size() == g.grads.size());
     CHECK(g.grads.data() == space_.grads + space_.offset(g));
   }
+}
+
+Status AdamW::init() {
   moments_.reserve("m", DType::kF32, Shape{std::max<int64_t>(capacity_, 1)});
   moments_.reserve("v", DType::kF32, Shape{std::max<int64_t>(capacity_, 1)});
   moments_.set_device(space_.device);
-  moments_.allocate();  // zeroed
+  return moments_.try_allocate().With("the AdamW moments");  // zeroed
 }
 
-float AdamW::step(const OptimizerConfig& c, float lr) {
+Result<AdamW> AdamW::create(ParamSpace space, AdamWKernel kernel) {
+  const int64_t n = space.count;
+  return create(std::move(space), kernel, 0, n, n);
+}
+
+Result<AdamW> AdamW::create(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity) {
+  AdamW a(Uninitialised{}, std::move(space), kernel, lo, hi, capacity);
+  RETURN_IF_ERROR(a.init());
+  return a;
+}
+
+AdamW::AdamW(ParamSpace space, AdamWKernel kernel) : AdamW(space, kernel, 0, space.count, space.count) {}
+
+AdamW::AdamW(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity)
+    : AdamW(Uninitialised{}, std::move(space), kernel, lo, hi, capacity) {
+  CHECK_OK(init());
+}
+
+Result<float> AdamW::try_step(const OptimizerConfig& c, float lr) {
   CHECK(lo_ == 0 && hi_ == space_.count);
   // Gaps between groups are zero, so the flat norm is the groups' norm.
-  const float norm = global_norm(space_.device, space_.grads, space_.count);
+  ASSIGN_OR_RETURN(const float norm, try_global_norm(space_.device, space_.grads, space_.count));
   apply(c, lr, norm);
   return norm;
 }
+
+float AdamW::step(const OptimizerConfig& c, float lr) { return value_or_abort(try_step(c, lr)); }
 
 void AdamW::apply(const OptimizerConfig& c, float lr, float norm) {
   const float scale = clip_scale(c, norm);

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "core/status.h"
 #include "kernels/precision.h"
 #include "tensor/arena.h"
 
@@ -34,7 +35,9 @@ float lr_at(const OptimizerConfig& c, int step);
 float global_norm(const float* x, int64_t n);
 // The same over n floats on device d: the function above on the CPU; on
 // CUDA a deterministic device reduction (cuda::sum_of_squares), whose
-// failure (a dead device) aborts with the CUDA error.
+// failure (a dead device) is returned naming the CUDA error.
+Result<float> try_global_norm(Device d, const float* x, int64_t n);
+// try_global_norm(), aborting on a device error (tests and benches).
 float global_norm(Device d, const float* x, int64_t n);
 
 // The factor gradients are scaled by so that their global norm is at most
@@ -75,13 +78,22 @@ struct ParamSpace {
 // outlive it. Not thread-safe.
 class AdamW {
  public:
-  // The whole space.
+  // The whole space, or [lo, hi) of it (0 <= lo <= hi <= count, hi - lo <=
+  // capacity; CHECKed). Out of host or device memory for the moments is the
+  // arena's error.
+  static Result<AdamW> create(ParamSpace space, AdamWKernel kernel);
+  static Result<AdamW> create(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity);
+  // create() for callers that cannot go on without it (tests, benches):
+  // create() or abort with its error.
   AdamW(ParamSpace space, AdamWKernel kernel);
   AdamW(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity);
 
   // One update of the whole space at learning rate lr: the global norm over
   // the flat gradients, clipping by scaling (never touching the stored
-  // gradients), the update. Returns the pre-clip global norm.
+  // gradients), the update. Returns the pre-clip global norm; a device
+  // error in the norm is returned before anything is updated.
+  Result<float> try_step(const OptimizerConfig& c, float lr);
+  // try_step(), aborting on a device error (tests and benches).
   float step(const OptimizerConfig& c, float lr);
   // The update of [lo, hi) with the global norm computed by the caller
   // (over a sharded model's or ZeRO's ranks). Advances t.
@@ -101,6 +113,12 @@ class AdamW {
   const ParamSpace& space() const { return space_; }
 
  private:
+  // create()'s one code path: the constructor checks the range, init()
+  // allocates the moments.
+  struct Uninitialised {};
+  AdamW(Uninitialised, ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity);
+  Status init();
+
   ParamSpace space_;
   AdamWKernel kernel_;
   int64_t lo_, hi_, capacity_;

@@ -13,23 +13,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int64_t shard_of(const ParamSpace& s, comm::Communicator& dp, const ShardedAdamWOptions& o) {
-  return o.zero == 1 ? zero1_shard_floats(s.count, dp.size()) : 0;
-}
 }  // namespace
 
-ShardedAdamW::ShardedAdamW(ParamSpace space, AdamWKernel kernel, comm::Communicator& dp, const ShardedAdamWOptions& o)
-    : dp_(dp),
-      opts_(o),
-      shard_(shard_of(space, dp, o)),
-      adamw_(o.zero == 1 ? AdamW(space, kernel, std::min(space.count, dp.rank() * shard_),
-                                 std::min(space.count, (dp.rank() + 1) * shard_), shard_)
-                         : AdamW(space, kernel)),
-      host_reduce_(dp) {
+Result<std::unique_ptr<ShardedAdamW>> ShardedAdamW::create(ParamSpace space, AdamWKernel kernel,
+                                                           comm::Communicator& dp, const ShardedAdamWOptions& o) {
   CHECK(o.zero == 0 || o.zero == 1);
   // The sharded norm sums host values; the trainer refuses those layouts on CUDA.
   CHECK(space.device == Device::kCPU || o.norm_comm == nullptr);
+  const int64_t shard = o.zero == 1 ? zero1_shard_floats(space.count, dp.size()) : 0;
+  const int64_t n = space.count;
+  ASSIGN_OR_RETURN(AdamW adamw, o.zero == 1 ? AdamW::create(std::move(space), kernel, std::min(n, dp.rank() * shard),
+                                                            std::min(n, (dp.rank() + 1) * shard), shard)
+                                            : AdamW::create(std::move(space), kernel));
+  ASSIGN_OR_RETURN(HostReduce host_reduce, HostReduce::create(dp));
+  return std::unique_ptr<ShardedAdamW>(new ShardedAdamW(dp, o, shard, std::move(adamw), std::move(host_reduce)));
 }
+
+ShardedAdamW::ShardedAdamW(comm::Communicator& dp, const ShardedAdamWOptions& o, int64_t shard, AdamW adamw,
+                           HostReduce host_reduce)
+    : dp_(dp), opts_(o), shard_(shard), adamw_(std::move(adamw)), host_reduce_(std::move(host_reduce)) {}
 
 // This rank's share of the squared global norm (before summing over ranks).
 Result<double> ShardedAdamW::sum_of_squares() const {
@@ -49,7 +51,7 @@ Result<double> ShardedAdamW::sum_of_squares() const {
 
 Result<float> ShardedAdamW::step(const OptimizerConfig& c, float lr) {
   comm_seconds_ = 0.0;
-  if (opts_.zero == 0 && !opts_.norm_comm) return adamw_.step(c, lr);
+  if (opts_.zero == 0 && !opts_.norm_comm) return adamw_.try_step(c, lr);
   ASSIGN_OR_RETURN(double sq, sum_of_squares());
   auto t0 = Clock::now();
   RETURN_IF_ERROR(opts_.norm_comm ? opts_.norm_comm->all_reduce(&sq, &sq, 1, comm::ElemType::kF64)

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "comm/communicator.h"
 #include "optim/host_reduce.h"
@@ -51,8 +52,11 @@ struct ShardedAdamWOptions {
 class ShardedAdamW {
  public:
   // dp: the ranks that replicate the parameters (size 1 without data
-  // parallelism).
-  ShardedAdamW(ParamSpace space, AdamWKernel kernel, comm::Communicator& dp, const ShardedAdamWOptions& o);
+  // parallelism). o.zero is 0 or 1, and a norm_comm needs a host space
+  // (CHECKed). Out of host or device memory for the moments (or the norm's
+  // device scratch) is the arena's error.
+  static Result<std::unique_ptr<ShardedAdamW>> create(ParamSpace space, AdamWKernel kernel, comm::Communicator& dp,
+                                                      const ShardedAdamWOptions& o);
 
   // Norm, clipping, AdamW on this rank's range (+ the ZeRO all-gather).
   // Returns the pre-clip global gradient norm, the same on every rank.
@@ -77,6 +81,8 @@ class ShardedAdamW {
   double comm_seconds() const { return comm_seconds_; }
 
  private:
+  ShardedAdamW(comm::Communicator& dp, const ShardedAdamWOptions& o, int64_t shard, AdamW adamw,
+               HostReduce host_reduce);
   Result<double> sum_of_squares() const;
 
   comm::Communicator& dp_;

@@ -72,12 +72,25 @@ std::vector<std::vector<GradSpan>> groups_for(GPT& model, const DataParallelOpti
 }
 }  // namespace
 
-DataParallel::DataParallel(GPT& model, comm::Communicator& comm, const DataParallelOptions& o)
+Result<std::unique_ptr<DataParallel>> DataParallel::create(GPT& model, comm::Communicator& comm,
+                                                           const DataParallelOptions& o) {
+  std::vector<int> events;
+  std::vector<std::vector<GradSpan>> groups = groups_for(model, o, &events);
+  ASSIGN_OR_RETURN(std::unique_ptr<GradientReducer> reducer,
+                   GradientReducer::create(comm, std::move(groups), {o.bucket_bytes, model.device()}));
+  ASSIGN_OR_RETURN(HostReduce host_reduce, HostReduce::create(comm));
+  return std::unique_ptr<DataParallel>(
+      new DataParallel(model, comm, o, std::move(events), std::move(reducer), std::move(host_reduce)));
+}
+
+DataParallel::DataParallel(GPT& model, comm::Communicator& comm, const DataParallelOptions& o,
+                           std::vector<int> events, std::unique_ptr<GradientReducer> reducer, HostReduce host_reduce)
     : model_(model),
       comm_(comm),
       opts_(o),
-      reducer_(comm, groups_for(model, o, &events_), {o.bucket_bytes, model.device()}),
-      host_reduce_(comm) {
+      events_(std::move(events)),
+      reducer_(std::move(reducer)),
+      host_reduce_(std::move(host_reduce)) {
   model_.set_grad_listener(this);
 }
 
@@ -85,15 +98,15 @@ DataParallel::~DataParallel() { model_.set_grad_listener(nullptr); }
 
 void DataParallel::on_grads_ready(int what) {
   auto it = std::find(events_.begin(), events_.end(), what);
-  if (it != events_.end()) reducer_.ready(static_cast<int>(it - events_.begin()));
+  if (it != events_.end()) reducer_->ready(static_cast<int>(it - events_.begin()));
 }
 
 Status DataParallel::finish_gradients() {
-  if (opts_.zero == 0) return reducer_.finish();
+  if (opts_.zero == 0) return reducer_->finish();
   // The arena's slack covers the padding to dp*S floats.
   const int64_t flat = static_cast<int64_t>(model_.grads().bytes() / sizeof(float));
-  return reducer_.reduce_scatter_flat(reinterpret_cast<float*>(model_.grads().base()),
-                                      zero1_shard_floats(flat, comm_.size()));
+  return reducer_->reduce_scatter_flat(reinterpret_cast<float*>(model_.grads().base()),
+                                       zero1_shard_floats(flat, comm_.size()));
 }
 
 Status DataParallel::sync_parameters() {
@@ -110,7 +123,7 @@ Status DataParallel::check_parameters_identical() {
   if (model_.device() != Device::kCPU) {
     // Hash a host copy (blocking, after the kernels queued so far).
     std::vector<char> host(params.bytes());
-    copy_to_host(model_.device(), host.data(), params.base(), host.size());
+    RETURN_IF_ERROR(try_copy_to_host(model_.device(), host.data(), params.base(), host.size()));
     h = XXH3_64bits(host.data(), host.size());
   } else {
     h = XXH3_64bits(params.base(), params.bytes());

@@ -53,8 +53,10 @@ struct DataParallelOptions {
 class DataParallel : public GradListener {
  public:
   // Registers itself as model's gradient listener. model and comm must
-  // outlive it.
-  DataParallel(GPT& model, comm::Communicator& comm, const DataParallelOptions& o);
+  // outlive it. Out of host or device memory for the gradient buckets (or
+  // the hashes' device scratch) is the arena's error.
+  static Result<std::unique_ptr<DataParallel>> create(GPT& model, comm::Communicator& comm,
+                                                      const DataParallelOptions& o);
   ~DataParallel() override;
 
   // Broadcasts the parameters from rank 0, then checks that every rank holds
@@ -64,22 +66,25 @@ class DataParallel : public GradListener {
   Status check_parameters_identical();
 
   // Call before each micro-step's backward; only the last one communicates.
-  void begin_backward(bool last_micro_step) { reducer_.set_communicate(last_micro_step); }
+  void begin_backward(bool last_micro_step) { reducer_->set_communicate(last_micro_step); }
   void on_grads_ready(int what) override;
   // After the last micro-step's backward: averaged gradients in place
   // (plain DP), or this rank's averaged shard at its own offset (ZeRO-1).
   Status finish_gradients();
 
   // Seconds spent waiting on communication in the last finish_gradients().
-  double comm_seconds() const { return reducer_.comm_seconds(); }
-  int buckets() const { return reducer_.buckets(); }
+  double comm_seconds() const { return reducer_->comm_seconds(); }
+  int buckets() const { return reducer_->buckets(); }
 
  private:
+  DataParallel(GPT& model, comm::Communicator& comm, const DataParallelOptions& o, std::vector<int> events,
+               std::unique_ptr<GradientReducer> reducer, HostReduce host_reduce);
+
   GPT& model_;
   comm::Communicator& comm_;
   DataParallelOptions opts_;
   std::vector<int> events_;  // ready group g's GradListener event
-  GradientReducer reducer_;
+  std::unique_ptr<GradientReducer> reducer_;
   HostReduce host_reduce_;  // the parameter hashes' min and max
 };
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/try.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "parallel/cuda/dp_device.h"
 #endif
@@ -19,6 +20,20 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 GradientReducer::GradientReducer(comm::Communicator& comm, std::vector<std::vector<GradSpan>> ready_groups,
                                  const GradientReducerOptions& o)
+    : GradientReducer(Uninitialised{}, comm, std::move(ready_groups), o) {
+  CHECK_OK(init());
+}
+
+Result<std::unique_ptr<GradientReducer>> GradientReducer::create(comm::Communicator& comm,
+                                                                 std::vector<std::vector<GradSpan>> ready_groups,
+                                                                 const GradientReducerOptions& o) {
+  std::unique_ptr<GradientReducer> r(new GradientReducer(Uninitialised{}, comm, std::move(ready_groups), o));
+  RETURN_IF_ERROR(r->init());
+  return r;
+}
+
+GradientReducer::GradientReducer(Uninitialised, comm::Communicator& comm,
+                                 std::vector<std::vector<GradSpan>> ready_groups, const GradientReducerOptions& o)
     : comm_(comm), opts_(o), buckets_of_group_(ready_groups.size()) {
   on_device_ = o.device == Device::kCUDA;
   if (comm_.size() == 1) return;
@@ -57,10 +72,14 @@ void GradientReducer::plan(const std::vector<std::vector<GradSpan>>& groups, int
     buffers_.reserve(fmt::format("bucket{}", i), DType::kF32, Shape{b.count});
     buckets_of_group_[b.last_group].push_back(i);
   }
-  if (buckets_.empty()) return;
+}
+
+Status GradientReducer::init() {
+  if (buckets_.empty()) return Status::OK();
   buffers_.set_device(opts_.device);
-  buffers_.allocate();
+  RETURN_IF_ERROR(buffers_.try_allocate().With(fmt::format("the {} gradient bucket(s)", buckets_.size())));
   for (int i = 0; i < static_cast<int>(buckets_.size()); i++) buckets_[i].buffer = buffers_.tensor(i).f32();
+  return Status::OK();
 }
 
 Status GradientReducer::post(Bucket& b) {

@@ -48,7 +48,12 @@ class GradientReducer {
  public:
   // ready_groups[g]: the spans that become ready together, groups in the
   // order backward readies them. Empty for a reducer that only
-  // reduce-scatters; with one rank nothing is planned or sent.
+  // reduce-scatters; with one rank nothing is planned or sent. Out of host
+  // or device memory for the bucket buffers is the arena's error.
+  static Result<std::unique_ptr<GradientReducer>> create(comm::Communicator& comm,
+                                                         std::vector<std::vector<GradSpan>> ready_groups,
+                                                         const GradientReducerOptions& o);
+  // create(), aborting on its error (tests and benches).
   GradientReducer(comm::Communicator& comm, std::vector<std::vector<GradSpan>> ready_groups,
                   const GradientReducerOptions& o);
   ~GradientReducer();
@@ -80,6 +85,12 @@ class GradientReducer {
     int64_t count = 0;
     std::unique_ptr<comm::Work> work;
   };
+  // create()'s one code path: the constructor plans the buckets, init()
+  // allocates their buffers.
+  struct Uninitialised {};
+  GradientReducer(Uninitialised, comm::Communicator& comm, std::vector<std::vector<GradSpan>> ready_groups,
+                  const GradientReducerOptions& o);
+  Status init();
   void plan(const std::vector<std::vector<GradSpan>>& groups, int64_t bucket_bytes);
   Status post(Bucket& b);
   void progress();

@@ -98,7 +98,7 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
                             const std::function<void(int)>& before_backward, double* loss_sum) {
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   const int slots = pipeline_slots(schedule_, stages_, stage_, m);
-  model_.reserve_activations(B, T, slots);
+  RETURN_IF_ERROR(model_.try_reserve_activations(B, T, slots));
   const int64_t BTC = int64_t{B} * T * model_.config().channels;
   in_.resize(int64_t{B} * T);
   tg_.resize(int64_t{B} * T);
@@ -153,7 +153,7 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
 
 Status Pipeline::forward_only(int B, int T, const int* inputs, const int* targets, float* loss) {
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
-  model_.reserve_activations(B, T, 1);
+  RETURN_IF_ERROR(model_.try_reserve_activations(B, T, 1));
   const int64_t BTC = int64_t{B} * T * model_.config().channels;
   *loss = 0.0f;
   if (!first) {

@@ -105,7 +105,7 @@ Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, Shar
     if (device == Device::kCPU) return ck.read(name, t, std::span<float>(dst, static_cast<size_t>(n)));
     host.resize(static_cast<size_t>(n));
     RETURN_IF_ERROR(ck.read(name, t, std::span<float>(host.data(), host.size())));
-    copy_to_device(device, dst, host.data(), host.size() * sizeof(float));
+    RETURN_IF_ERROR(try_copy_to_device(device, dst, host.data(), host.size() * sizeof(float)));
     return Status::OK();
   };
   for (int id = 0; id < kNumParams; id++) {
@@ -140,7 +140,7 @@ Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck) {
   if (!ck.config().contains("model"))
     return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
   ASSIGN_OR_RETURN(GPTConfig c, model_config_from_json(ck.config()["model"]));
-  auto model = std::make_unique<GPT>(c);
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c));
   for (int id = 0; id < kNumParams; id++) {
     Tensor p = model->params().tensor(id);
     RETURN_IF_ERROR(ck.read(std::string("param/") + param_name(id), param_slice(c, ModelShard{}, id),

@@ -110,6 +110,12 @@ class Trainer {
   Status setup();
   Status setup_device();
   Status setup_model();
+  Status make_model(std::unique_ptr<GPT> whole, const ModelShard& shard);
+  // A collective: every rank gives its own status and gets it back if it
+  // failed, or an error saying that another rank failed (`what`: "has no
+  // usable CUDA device"), so one rank's failure is every rank's error
+  // instead of a wait at the next collective.
+  Status agree(const Status& mine, const char* what);
   Status setup_checkpointer();
   Result<StepStats> step(int step);
   Status evaluate(int step);
@@ -202,16 +208,10 @@ Status Trainer::setup_device() {
   // Every rank needs its GPU; the ranks agree on each stage before going
   // on (select_local_device may itself be collective), so one rank's
   // failure is every rank's error, not a wait for it.
-  auto agree = [&](const Status& mine) -> Status {
-    int32_t ok = mine.ok() ? 1 : 0;
-    RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-    RETURN_IF_ERROR(mine);
-    if (!ok) return Status::Unavailable("another rank has no usable CUDA device (see its error)");
-    return Status::OK();
-  };
-  RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA)));
+  const char* kNoDevice = "has no usable CUDA device";
+  RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA), kNoDevice));
   Result<int> device = comm::select_local_device();
-  RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status()));
+  RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status(), kNoDevice));
   say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
       world_.size() > 1 ? " on rank 0, one GPU per rank" : "");
   if (c_.dp > 1) {
@@ -219,6 +219,14 @@ Status Trainer::setup_device() {
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000));
     ASSIGN_OR_RETURN(nccl_dp_, comm::make_nccl_communicator(*dp_, "dp-nccl", o));
   }
+  return Status::OK();
+}
+
+Status Trainer::agree(const Status& mine, const char* what) {
+  int32_t ok = mine.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+  RETURN_IF_ERROR(mine);
+  if (!ok) return Status::Unavailable(fmt::format("another rank {} (see its error)", what));
   return Status::OK();
 }
 
@@ -239,10 +247,23 @@ Status Trainer::setup_model() {
   const ModelShard shard = shard_for(mesh_->shape(), coord_, stage_layers_);
   RETURN_IF_ERROR(shard.validate(mc_));
   ASSIGN_OR_RETURN(schedule_, parse_pipeline_schedule(c_.schedule));
+  // Out of memory on one rank is every rank's error before the first
+  // collective over the model.
+  RETURN_IF_ERROR(agree(make_model(std::move(whole), shard), "could not make its model and optimizer"));
+  RETURN_IF_ERROR(ddp_->sync_parameters());
+  pipe_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), schedule_);
+  ASSIGN_OR_RETURN(tied_, TiedEmbedding::create(*mesh_));
+  reports_loss_ = shard.layer_end == mc_.layers && coord_.tp == 0;
+  return Status::OK();
+}
+
+// This rank's model (whole's weights, or initialised), its data parallelism
+// and its optimizer: what allocates, and no collective.
+Status Trainer::make_model(std::unique_ptr<GPT> whole, const ModelShard& shard) {
   if (whole && c_.tp == 1 && c_.pp == 1) {
     model_ = std::move(whole);
   } else {
-    model_ = std::make_unique<GPT>(mc_, backend_, shard, c_.tp > 1 ? &mesh_->tp() : nullptr);
+    ASSIGN_OR_RETURN(model_, GPT::create(mc_, backend_, shard, c_.tp > 1 ? &mesh_->tp() : nullptr));
     if (whole) {
       copy_from_whole(*whole, *model_);
       whole.reset();
@@ -254,14 +275,11 @@ Status Trainer::setup_model() {
   model_->set_precision(prec_);
   sharded_ = !model_->whole();
   comm::Communicator& dp_comm = nccl_dp_ ? *nccl_dp_ : *dp_;
-  ddp_ = std::make_unique<DataParallel>(*model_, dp_comm,
-                                        DataParallelOptions{static_cast<int64_t>(c_.bucket_mb * (1 << 20)), c_.zero});
-  opt_ = std::make_unique<ShardedAdamW>(gpt_param_space(*model_), gpt_adamw_kernel(*model_), dp_comm,
-                                        ShardedAdamWOptions{c_.zero, sharded_ ? &world_ : nullptr});
-  RETURN_IF_ERROR(ddp_->sync_parameters());
-  pipe_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), schedule_);
-  ASSIGN_OR_RETURN(tied_, TiedEmbedding::create(*mesh_));
-  reports_loss_ = shard.layer_end == mc_.layers && coord_.tp == 0;
+  ASSIGN_OR_RETURN(ddp_, DataParallel::create(*model_, dp_comm,
+                                              DataParallelOptions{static_cast<int64_t>(c_.bucket_mb * (1 << 20)),
+                                                                  c_.zero}));
+  ASSIGN_OR_RETURN(opt_, ShardedAdamW::create(gpt_param_space(*model_), gpt_adamw_kernel(*model_), dp_comm,
+                                              ShardedAdamWOptions{c_.zero, sharded_ ? &world_ : nullptr}));
   return Status::OK();
 }
 
@@ -332,7 +350,8 @@ Status Trainer::setup() {
   tokens_per_step_ = static_cast<double>(rows_per_step_) * T;
   // On a GPU the stated peak (train/flops.h), not a measurement.
   peak_ = on_cuda_ ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec_, 3);
-  model_->reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA));
+  RETURN_IF_ERROR(agree(model_->try_reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA)),
+                        "could not allocate its activations"));
   double mem[4] = {static_cast<double>(model_->params().bytes()), static_cast<double>(model_->grads().bytes()),
                    static_cast<double>(opt_->state_bytes()), static_cast<double>(model_->activation_bytes())};
   RETURN_IF_ERROR(world_.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
@@ -568,8 +587,17 @@ Status Trainer::finish() {
 // takes part in gathering a sharded model).
 Status Trainer::save_final_weights() {
   std::unique_ptr<GPT> full;
-  if (sharded_ && rank_ == 0) full = std::make_unique<GPT>(mc_);
-  if (sharded_) RETURN_IF_ERROR(gather_whole(*model_, *mesh_, stage_layers_, full.get()));
+  if (sharded_) {
+    // Rank 0 gathers the whole model's weights (no gradients).
+    Status made;
+    if (rank_ == 0) {
+      Result<std::unique_ptr<GPT>> r = GPT::create(mc_, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+      made = r.status();
+      if (r.ok()) full = std::move(r).value();
+    }
+    RETURN_IF_ERROR(agree(made, "could not allocate the whole model to save it"));
+    RETURN_IF_ERROR(gather_whole(*model_, *mesh_, stage_layers_, full.get()));
+  }
   if (rank_ == 0) {
     std::filesystem::create_directories(c_.checkpoint_dir);
     RETURN_IF_ERROR(save_hf(sharded_ ? *full : *model_, final_weights_path()));

@@ -63,6 +63,9 @@ expect_error export-missing "$tmp/none: not a checkpoint" -- "$tessera" export "
 "$tessera" train --config "$tmp/ok.toml" --set checkpoint.every=1 --set "checkpoint.dir=$tmp/ck1" >/dev/null 2>&1
 expect_error resume-other-model "holds a model L=1 .* but the config asks for L=2" -- "$tessera" train --config "$tmp/ok.toml" --set model.layers=2 --set "checkpoint.dir=$tmp/ck1" --resume latest
 expect_error dp-without-launch "1 rank.s. are running" -- "$tessera" train --config "$tmp/ok.toml" --set parallel.dp=2
+# A model too big for memory (about 1.6 TB of parameters, one allocation the
+# kernel refuses): the arena's error as one line, not an abort (exit 134).
+expect_error model-too-big "the parameters of L=8 NH=1 C=65536 .*out of memory" -- "$tessera" train --config "$tmp/ok.toml" --set model.layers=8 --set model.heads=1 --set model.dim=65536
 printf '[model]\nlayers = \n' >"$tmp/broken.toml"
 expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"
 

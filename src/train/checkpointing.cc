@@ -140,7 +140,8 @@ Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck) {
   if (!ck.config().contains("model"))
     return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
   ASSIGN_OR_RETURN(GPTConfig c, model_config_from_json(ck.config()["model"]));
-  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c));
+  // Weights only: export and serving need no gradients.
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference));
   for (int id = 0; id < kNumParams; id++) {
     Tensor p = model->params().tensor(id);
     RETURN_IF_ERROR(ck.read(std::string("param/") + param_name(id), param_slice(c, ModelShard{}, id),

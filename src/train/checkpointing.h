@@ -60,7 +60,8 @@ struct ResumeState {
 // then copied to the device.
 Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, ShardedAdamW& opt);
 
-// The whole model's parameters from a checkpoint (for export).
+// The whole model's parameters from a checkpoint, loaded for inference (no
+// gradients): export and tessera serve.
 Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck);
 
 }  // namespace tessera

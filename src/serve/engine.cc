@@ -152,8 +152,11 @@ Result<uint64_t> Engine::submit(std::vector<int> prompt, const SamplingParams& p
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_ || stop_) return Status::Unavailable("the server is shutting down");
-    if (queued_ >= opts_.max_queue)
-      return Status::ResourceExhausted(fmt::format("the queue is full ({} requests waiting)", queued_));
+    // Requests that will be admitted at the next step do not count as waiting.
+    const int free_places = opts_.max_seqs - running_count_;
+    if (queued_ - free_places >= opts_.max_queue)
+      return Status::ResourceExhausted(
+          fmt::format("the queue is full ({} requests waiting, --max-queue {})", queued_, opts_.max_queue));
     id = next_id_++;
     s->id = id;
     inbox_.push_back(std::move(s));
@@ -257,7 +260,11 @@ void Engine::finish(Seq& s, FinishReason reason, Status status) {
     metrics_->e2e->observe(std::chrono::duration<double>(s.last_token - s.arrival).count());
   if (s.sink.on_finish) s.sink.on_finish(r);
   std::lock_guard<std::mutex> lock(mu_);
-  if (was_waiting) queued_--;
+  if (was_waiting) {
+    queued_--;
+  } else {
+    running_count_--;
+  }
   active_--;
   if (active_ == 0) idle_.notify_all();
 }
@@ -296,6 +303,7 @@ void Engine::preempt(size_t index) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queued_++;
+    running_count_--;
     stats_.preemptions++;
   }
   waiting_.push_front(std::move(s));
@@ -364,6 +372,7 @@ void Engine::step() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queued_--;
+      running_count_++;
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();

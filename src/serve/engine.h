@@ -128,7 +128,8 @@ class Engine {
   // Queues a request and returns its id. InvalidArgument: empty prompt, an
   // id outside the vocabulary, a prompt that leaves no room for one token in
   // the context, or one that could not fit in the whole pool, parameters out
-  // of range. ResourceExhausted: max_queue requests are waiting.
+  // of range. ResourceExhausted: max_queue requests are waiting beyond the
+  // places free in the running batch.
   // Unavailable: draining or stopped. On error no callback is ever called.
   Result<uint64_t> submit(std::vector<int> prompt, const SamplingParams& params, RequestSink sink);
   // Ends the request at the next step (on_finish with kCancelled). Unknown or
@@ -170,7 +171,8 @@ class Engine {
   std::condition_variable idle_;  // drain(): nothing queued or running
   std::deque<std::unique_ptr<Seq>> inbox_;
   std::unordered_set<uint64_t> cancels_;
-  int queued_ = 0;   // inbox_ + waiting_: what max_queue bounds
+  int queued_ = 0;   // inbox_ + waiting_
+  int running_count_ = 0;  // running_.size(), for submit()
   int active_ = 0;   // accepted and not yet finished
   uint64_t next_id_ = 1;
   bool stop_ = false;

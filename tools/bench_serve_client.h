@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "serve/engine.h"
 
 namespace tessera::tools {
 
@@ -78,5 +79,10 @@ class CompletionClient {
   std::string url_text_;  // for messages
   httplib::Client http_;
 };
+
+// The same request run in-process on an engine (`bench serve --engine`): no
+// HTTP, no JSON, no tokenizer, timed the same way (a stream's chunk is a
+// token callback), to measure what the HTTP layer costs. Thread-safe.
+CompletionTiming engine_complete(serve::Engine& engine, const CompletionRequest& request, uint64_t seed);
 
 }  // namespace tessera::tools

@@ -44,6 +44,11 @@
 //   total_token_throughput, then {mean,p50,p99}_{ttft,tpot,itl,e2el}_ms.
 // docs/serving.md ("Load generator") says the same for users.
 //
+// --engine MODEL instead of --url runs the same load in this process, on a
+// serve::Engine over the model (--dtype, --max-seqs), with no HTTP: the
+// figures compared with a --url run against `tessera serve` at the same load
+// give the cost of the HTTP layer (docs/performance.md).
+//
 // Exit: 0 when the run finished and some request succeeded (failed ones are
 // counted, with each label's first error body on stderr); 1 when every
 // request failed (after the report), or the server cannot be reached or has
@@ -53,6 +58,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -62,6 +68,9 @@
 #include <thread>
 #include <vector>
 
+#include "nn/gpt2_weights.h"
+#include "obs/metrics.h"
+#include "serve/engine.h"
 #include "tools/bench_serve_client.h"
 #include "tools/commands.h"
 
@@ -73,6 +82,8 @@ using Clock = std::chrono::steady_clock;
 
 struct ServeBenchArgs {
   std::string url, model, api_key;
+  std::string engine_model, dtype = "fp32";  // --engine: in-process
+  int max_seqs = 32;
   int concurrency = 1;
   double rate = 0;  // requests/s; 0: closed loop at --concurrency
   int max_in_flight = 256;
@@ -111,24 +122,27 @@ std::vector<double> poisson_arrivals(int n, double rate, uint64_t seed) {
 // own connection. arrival_s empty: closed loop; else request i waits until
 // arrival_s[i] (or a free thread, whichever is later). Returns the timings in
 // request order and the wall time of the whole run.
-std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const ServeUrl& url, const std::string& model,
-                                           int first, int count, int workers, const std::vector<double>& arrival_s,
-                                           double* duration_s) {
+// One worker's way to run a request: an HTTP client, or the engine.
+using Sender = std::function<CompletionTiming(const CompletionRequest&, int index)>;
+using SenderFactory = std::function<Sender()>;
+
+std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const SenderFactory& make_sender,
+                                           const std::string& model, int first, int count, int workers,
+                                           const std::vector<double>& arrival_s, double* duration_s) {
   std::vector<CompletionTiming> out(count);
   std::atomic<int> next{0};
-  const ClientOptions options{a.connect_timeout_s, a.timeout_s, a.api_key};
   const Clock::time_point start = Clock::now();
   std::vector<std::thread> threads;
   for (int w = 0; w < std::min(workers, count); w++) {
     threads.emplace_back([&] {
-      CompletionClient client(url, options);
+      Sender send = make_sender();
       for (int i; (i = next.fetch_add(1)) < count;) {
         const CompletionRequest req{model, prompt_of(a.seed, first + i, a.prompt_tokens), a.max_tokens, a.temperature,
                                     a.stream};
         if (!arrival_s.empty())
           std::this_thread::sleep_until(
               start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival_s[i])));
-        out[i] = client.complete(req);
+        out[i] = send(req, first + i);
       }
     });
   }
@@ -268,35 +282,66 @@ void print_table(const ServeBenchArgs& a, const std::string& model, const Report
 }
 
 int run_serve_bench(const ServeBenchArgs& a) {
-  Result<ServeUrl> url = parse_serve_url(a.url);
-  if (!url.ok()) {
-    fail(url.status());
-    return kExitUsage;  // a malformed flag, like CLI11's
-  }
-  // The first request: finds the model, or at least the server. Its
-  // connection closes before the run.
   std::string model = a.model;
-  {
-    CompletionClient probe(*url, ClientOptions{a.connect_timeout_s, a.timeout_s, a.api_key});
-    if (model.empty()) {
-      Result<std::string> m = probe.first_model();
-      if (!m.ok()) return fail(m.status());
-      model = *m;
-    } else if (Status st = probe.reachable(); !st.ok()) {
-      return fail(st);
+  SenderFactory make_sender;
+  obs::Registry registry;
+  std::unique_ptr<serve::Engine> engine;
+  std::string target = a.url;
+  if (!a.engine_model.empty()) {
+    auto m = load_gpt2(a.engine_model, nullptr, Backend::kCPU, ModelUse::kInference);
+    if (!m.ok()) return fail(m.status());
+    (*m)->set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+    serve::EngineOptions eo;
+    eo.max_seqs = a.max_seqs;
+    eo.max_queue = a.requests + a.warmup;
+    eo.max_batch_tokens = std::max(256, a.max_seqs);
+    eo.queue_timeout_s = 1e6;
+    auto e = serve::Engine::create(std::move(*m), eo, registry);
+    if (!e.ok()) return fail(e.status());
+    engine = std::move(*e);
+    if (model.empty()) model = "engine";
+    target = "engine:" + a.engine_model;
+    serve::Engine* eng = engine.get();
+    make_sender = [eng, &a] {
+      return Sender([eng, &a](const CompletionRequest& r, int i) {
+        return engine_complete(*eng, r, a.seed + static_cast<uint64_t>(i));
+      });
+    };
+  } else {
+    Result<ServeUrl> url = parse_serve_url(a.url);
+    if (!url.ok()) {
+      fail(url.status());
+      return kExitUsage;  // a malformed flag, like CLI11's
     }
+    // The first request: finds the model, or at least the server. Its
+    // connection closes before the run.
+    {
+      CompletionClient probe(*url, ClientOptions{a.connect_timeout_s, a.timeout_s, a.api_key});
+      if (model.empty()) {
+        Result<std::string> m = probe.first_model();
+        if (!m.ok()) return fail(m.status());
+        model = *m;
+      } else if (Status st = probe.reachable(); !st.ok()) {
+        return fail(st);
+      }
+    }
+    const ClientOptions options{a.connect_timeout_s, a.timeout_s, a.api_key};
+    make_sender = [u = *url, options] {
+      auto client = std::make_shared<CompletionClient>(u, options);
+      return Sender([client](const CompletionRequest& r, int) { return client->complete(r); });
+    };
   }
   const int workers = a.rate > 0 ? a.max_in_flight : a.concurrency;
   std::fprintf(stderr, "bench serve: %d requests (+%d warm-up) to %s, model %s, %d prompt + %d output tokens, %s\n",
-               a.requests, a.warmup, a.url.c_str(), model.c_str(), a.prompt_tokens, a.max_tokens,
+               a.requests, a.warmup, target.c_str(), model.c_str(), a.prompt_tokens, a.max_tokens,
                a.stream ? "streamed" : "not streamed");
   double duration_s = 0;
   // Warm-up at --concurrency (1 with --rate): no burst of --max-in-flight.
-  if (a.warmup > 0) run_requests(a, *url, model, a.requests, a.warmup, a.concurrency, {}, &duration_s);
+  if (a.warmup > 0) run_requests(a, make_sender, model, a.requests, a.warmup, a.concurrency, {}, &duration_s);
   const std::vector<double> arrivals =
       a.rate > 0 ? poisson_arrivals(a.requests, a.rate, a.seed) : std::vector<double>{};
   const std::vector<CompletionTiming> timings =
-      run_requests(a, *url, model, 0, a.requests, workers, arrivals, &duration_s);
+      run_requests(a, make_sender, model, 0, a.requests, workers, arrivals, &duration_s);
   const Report report = summarize_run(timings, duration_s, a.stream);
   for (const auto& [label, detail] : report.first_error)
     std::fprintf(stderr, "bench serve: %d request(s) failed with %s; the first: %s\n", report.errors.at(label),
@@ -307,7 +352,7 @@ int run_serve_bench(const ServeBenchArgs& a) {
     print_table(a, model, report);
   std::fflush(stdout);
   if (report.completed == 0)
-    return fail(Status::Unavailable(fmt::format("all {} requests to {} failed", a.requests, a.url)));
+    return fail(Status::Unavailable(fmt::format("all {} requests to {} failed", a.requests, target)));
   return kExitOk;
 }
 
@@ -317,7 +362,18 @@ void add_bench_serve_command(CLI::App& bench) {
   auto a = std::make_shared<ServeBenchArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "serve", "Load-test an OpenAI-compatible server: throughput, TTFT, TPOT, ITL and latency (as vLLM reports them)");
-  cmd->add_option("--url", a->url, "the server's root, http[s]://host[:port][/path]")->required();
+  CLI::Option* url = cmd->add_option("--url", a->url, "the server's root, http[s]://host[:port][/path]");
+  CLI::Option* engine =
+      cmd->add_option("--engine", a->engine_model,
+                      "instead of --url: run the load in-process on this model (safetensors), without HTTP")
+          ->check(CLI::ExistingFile);
+  url->excludes(engine);
+  cmd->add_option("--dtype", a->dtype, "with --engine: matmul precision")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--max-seqs", a->max_seqs, "with --engine: sequences batched at most")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--model", a->model, "model name (default: the first of GET {url}/v1/models)");
   CLI::Option* conc = cmd->add_option("--concurrency", a->concurrency, "requests in flight (closed loop)")
                           ->check(CLI::Range(1, 4096))
@@ -349,7 +405,14 @@ void add_bench_serve_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--stream", a->stream, "stream tokens (server-sent events): measures TTFT and ITL");
   cmd->add_flag("--json", a->json, "one JSON object on stdout instead of the table");
-  cmd->callback([a] { exit_code() = run_serve_bench(*a); });
+  cmd->callback([a, cmd] {
+    if (a->url.empty() && a->engine_model.empty()) {
+      fail(Status::InvalidArgument("bench serve needs --url (a server) or --engine (a model, in-process)"));
+      exit_code() = kExitUsage;
+      return;
+    }
+    exit_code() = run_serve_bench(*a);
+  });
 }
 
 }  // namespace tessera::tools

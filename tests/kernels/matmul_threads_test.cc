@@ -142,11 +142,14 @@ TEST(CpuMatmulThreads, ConcurrentSameAndDifferentShapesMatchReference) {
 // backward weights) per precision, not three per size.
 TEST(CpuMatmulThreads, ChangingRowCountsShareOnePrimitive) {
   const int C = 40, OC = 24;
+  // Which row counts get exact primitives: multiples of 64 and 2..64.
+  EXPECT_FALSE(cpu::matmul_rows_get_exact_primitive(1));
+  for (int rows : {2, 31, 63, 64, 128, 192}) EXPECT_TRUE(cpu::matmul_rows_get_exact_primitive(rows)) << rows;
   for (MatmulPrecision prec : {MatmulPrecision::kF32, MatmulPrecision::kBF16}) {
     // Warm the run-time-row primitives of this weight shape first.
-    Case(3, C, OC, prec, true, 7).run_cpu();
+    Case(65, C, OC, prec, true, 7).run_cpu();
     const uint64_t before = cpu::matmul_primitives_compiled();
-    for (int rows = 1; rows < 64; rows++) {
+    for (int rows = 65; rows < 128; rows++) {
       ASSERT_FALSE(cpu::matmul_rows_get_exact_primitive(rows)) << rows;
       Case c(rows, C, OC, prec, true, 1000 + rows);
       EXPECT_LE(c.run_cpu(), tolerance(prec)) << c.name();

@@ -14,16 +14,22 @@
 // its K in the third. Which primitive a call runs is a pure function of its
 // shape (never of what ran before), so results are reproducible across
 // processes (bit-exact resume):
-//   - N a multiple of kExactRowQuantum: a primitive compiled for exactly
-//     that shape (oneDNN 2.6 picks its brgemm kernels, "brg:avx512_core*");
+//   - N a multiple of kExactRowQuantum, or 2 <= N <= kExactRowQuantum: a
+//     primitive compiled for exactly that shape (oneDNN 2.6 picks its brgemm
+//     kernels, "brg:avx512_core*"). The small counts are the serving
+//     engine's decode steps (one row per running sequence): at 32 rows the
+//     exact primitives make a GPT-2 124M decode step 1.7x faster than the
+//     run-time one (docs/performance.md); one row stays run-time (gemv-like,
+//     faster than brgemm at M=1);
 //   - any other N: one primitive per weight shape compiled with a run-time
 //     row count (DNNL_RUNTIME_DIM_VAL), which oneDNN 2.6 serves only with its
 //     gemm kernels ("gemm:jit"), measured up to ~30% slower on the LM head's
 //     shapes (docs/performance.md), so training keeps exact shapes.
 // Training's B*T is a multiple of the quantum in every config we run; a
-// serving loop whose batch changes every step mostly hits the shared
-// run-time primitive (at most 3 per weight shape and precision) instead of
-// compiling one per size. The cache's LRU bound covers everything else.
+// serving loop compiles at most 63 small row counts per weight shape (decode
+// steps) and shares the run-time primitive (at most 3 per weight shape and
+// precision) for prefill steps of other sizes. The cache's LRU bound holds
+// every small count of a model's five forward shapes.
 //
 // Thread safety and bounds. Compiled primitives live in one process-wide
 // LRU cache (a mutex around lookup and compile) of at most kMaxPrimitives.
@@ -65,12 +71,14 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-// Row counts that are a multiple of this get an exact-shape primitive.
+// Row counts that are a multiple of this, or from 2 to it, get an
+// exact-shape primitive.
 constexpr int64_t kExactRowQuantum = 64;
-// Bound on the process-wide cache of compiled primitives.
-constexpr size_t kMaxPrimitives = 64;
+// Bound on the process-wide cache of compiled primitives: every small row
+// count (63) of a GPT's 5 forward weight shapes, and training's shapes.
+constexpr size_t kMaxPrimitives = 400;
 // Bound on each thread's bindings (one per exact shape it ran recently).
-constexpr size_t kMaxBindingsPerThread = 64;
+constexpr size_t kMaxBindingsPerThread = 400;
 constexpr int64_t kRuntime = DNNL_RUNTIME_DIM_VAL;
 
 enum class Product { kForward, kBackwardData, kBackwardWeights };
@@ -85,7 +93,7 @@ struct Key {
   bool operator==(const Key& o) const { return tie() == o.tie(); }
 };
 
-bool exact_rows(int64_t rows) { return rows % kExactRowQuantum == 0; }
+bool exact_rows(int64_t rows) { return rows % kExactRowQuantum == 0 || (rows >= 2 && rows <= kExactRowQuantum); }
 
 // The key of the primitive that serves an exact shape: the shape itself, or
 // the shape with its row dimension made run-time.

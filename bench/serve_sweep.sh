@@ -40,7 +40,7 @@ TOML
 model="$work/run/model.safetensors"
 
 common=(--prompt-tokens 128 --max-tokens 128 --stream --json)
-requests_for() { case $1 in 1) echo 4 ;; 8) echo 16 ;; *) echo 64 ;; esac; }
+requests_for() { case $1 in 1) echo 6 ;; 8) echo 16 ;; *) echo 64 ;; esac; }
 
 for dtype in "${dtypes[@]}"; do
   "$tessera" serve --model "$model" --dtype "$dtype" --max-seqs 32 --port 0 2>"$work/serve.log" &
@@ -54,7 +54,7 @@ for dtype in "${dtypes[@]}"; do
   "$tessera" bench serve --url "$url" --requests 2 --max-tokens 8 >/dev/null 2>&1  # warm the primitives
   for c in 1 8 32; do
     n=$(requests_for $c)
-    echo "{\"dtype\":\"$dtype\",\"via\":\"http\",\"run\":$("$tessera" bench serve --url "$url" --concurrency $c --requests $n "${common[@]}" 2>/dev/null)}"
+    echo "{\"dtype\":\"$dtype\",\"via\":\"http\",\"run\":$("$tessera" bench serve --url "$url" --concurrency $c --requests $n --warmup $c "${common[@]}" 2>/dev/null)}"
   done
   for rate in 0.5 1 2; do
     echo "{\"dtype\":\"$dtype\",\"via\":\"http\",\"run\":$("$tessera" bench serve --url "$url" --rate $rate --requests 16 "${common[@]}" 2>/dev/null)}"
@@ -62,7 +62,7 @@ for dtype in "${dtypes[@]}"; do
   kill -TERM $server; wait $server || true; server=""
   for c in 1 8 32; do
     n=$(requests_for $c)
-    echo "{\"dtype\":\"$dtype\",\"via\":\"engine\",\"run\":$("$tessera" bench serve --engine "$model" --dtype "$dtype" --max-seqs 32 --concurrency $c --requests $n --warmup 1 "${common[@]}" 2>/dev/null)}"
+    echo "{\"dtype\":\"$dtype\",\"via\":\"engine\",\"run\":$("$tessera" bench serve --engine "$model" --dtype "$dtype" --max-seqs 32 --concurrency $c --requests $n --warmup $c "${common[@]}" 2>/dev/null)}"
   done
 done | tee "$work/runs.jsonl"
 

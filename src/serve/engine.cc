@@ -197,7 +197,7 @@ void Engine::update_gauges() {
   metrics_->running->set(static_cast<double>(running_.size()));
   metrics_->kv_usage->set(static_cast<double>(used) / opts_.kv_blocks);
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.running = static_cast<int>(running_.size());
+  stats_.running = running_count_;
   stats_.waiting = queued_;
   stats_.kv_used_blocks = used;
   metrics_->waiting->set(queued_);
@@ -258,13 +258,20 @@ void Engine::finish(Seq& s, FinishReason reason, Status status) {
   r.preemptions = s.preemptions;
   if (s.generated > 0)
     metrics_->e2e->observe(std::chrono::duration<double>(s.last_token - s.arrival).count());
+  {
+    // The counts first, so that a caller woken by on_finish sees them.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (was_waiting) {
+      queued_--;
+    } else {
+      running_count_--;
+    }
+    stats_.kv_used_blocks = cache_->used_blocks();
+    stats_.running = running_count_;
+    stats_.waiting = queued_;
+  }
   if (s.sink.on_finish) s.sink.on_finish(r);
   std::lock_guard<std::mutex> lock(mu_);
-  if (was_waiting) {
-    queued_--;
-  } else {
-    running_count_--;
-  }
   active_--;
   if (active_ == 0) idle_.notify_all();
 }

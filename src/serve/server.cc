@@ -451,6 +451,13 @@ Status Server::start(int threads_hint) {
   // Each SSE chunk is one small write: without this, Nagle holds it until the
   // client's delayed ACK (40 ms on Linux).
   s.set_tcp_nodelay(true);
+  // SO_REUSEADDR (a restarted server rebinds at once) but not cpp-httplib's
+  // default SO_REUSEPORT, with which a second server on the same port would
+  // bind too and share the connections instead of being refused.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
 
   s.Get("/health", [h](const httplib::Request&, httplib::Response& res) { h->health(res); });
   s.Get("/metrics", [h](const httplib::Request&, httplib::Response& res) {
@@ -498,6 +505,9 @@ Status Server::start(int threads_hint) {
     port_ = opts_.port;
   }
   listener_ = std::thread([this] { http_->listen_after_bind(); });
+  // cpp-httplib's stop() does nothing before the listen loop runs: wait for
+  // it, so that a shutdown() right after start() is not lost.
+  for (int i = 0; i < 10000 && !http_->is_running(); i++) std::this_thread::sleep_for(std::chrono::microseconds(100));
   return Status::OK();
 }
 

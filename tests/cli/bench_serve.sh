@@ -24,7 +24,7 @@ expect() {
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url="http://127.0.0.1:$port"
 
-expect "no --url" 2 "--url is required"
+expect "no --url" 2 "needs --url"
 expect "--concurrency with --rate" 2 "excludes" --url "$url" --concurrency 4 --rate 2
 expect "zero requests" 2 "--requests" --url "$url" --requests 0
 expect "negative max tokens" 2 "--max-tokens" --url "$url" --max-tokens -1

@@ -13,10 +13,13 @@ source "$tests/cli/serve_common.inc"
 
 serve_model "$tmp/m"
 model="$tmp/m/run/model.safetensors"
+serve_slow_model "$tmp/slow"
 field() { python3 -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]), end='')" "$1"; }
 
 # ---- back-pressure: 2 running, 2 waiting, a burst of 20 -------------------------------
-serve_start bp --model "$model" --max-seqs 2 --max-queue 2
+# The slow model: each request lasts a few hundred ms, far longer than the
+# burst takes to arrive.
+serve_start bp --model "$tmp/slow/run/model.safetensors" --max-seqs 2 --max-queue 2
 pids=()
 for i in $(seq 1 20); do
   curl -s -o "$tmp/bp$i" -w '%{http_code}' --max-time 60 \
@@ -51,12 +54,23 @@ for i in $(seq 0 5); do
   python3 -c 'import json,sys; print(json.dumps({"prompt":open(sys.argv[1]).read(),"max_tokens":170,"temperature":0.8,"top_k":40,"seed":int(sys.argv[2])}))' \
     "$tmp/pp$i" "$((7 + i))" >"$tmp/preq$i"
 done
-pids=()
-for i in $(seq 0 5); do
-  curl -s --data-binary @"$tmp/preq$i" "$pre_url/v1/completions" >"$tmp/presp$i" &
-  pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p"; done
+# Sent from one process's threads at once: any two of them overlapping need
+# more than the pool (2 x 14-16 blocks > 24).
+python3 - "${pre_url#http://}" "$tmp" <<'PY'
+import http.client, sys, threading
+host, port = sys.argv[1].split(":"); tmp = sys.argv[2]
+go = threading.Barrier(6)
+def send(i):
+    body = open(f"{tmp}/preq{i}", "rb").read()
+    c = http.client.HTTPConnection(host, int(port), timeout=120)
+    go.wait()
+    c.request("POST", "/v1/completions", body=body)
+    r = c.getresponse()
+    open(f"{tmp}/presp{i}", "wb").write(r.read())
+threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+PY
 preempted=$(serve_metric "$pre_url" tessera_preemptions_total)
 for i in $(seq 0 5); do
   "$tessera" sample --weights "$model" --tokenizer byte --prompt "$(cat "$tmp/pp$i")" --tokens 170 \
@@ -75,8 +89,9 @@ serve_stop pre
 echo "preemption ($preempted times) left every request with its solo text"
 
 # ---- queue timeout: a request not admitted in time gets 503 -----------------------------
-serve_start qt --model "$model" --max-seqs 1 --queue-timeout 0.02
-# One place, six requests of 250 tokens each at once: the first runs, later
+serve_start qt --model "$tmp/slow/run/model.safetensors" --max-seqs 1 --queue-timeout 0.02
+# The slow model, one place, six requests of 250 tokens (most of a second
+# each) at once: the first runs, later
 # ones wait longer than 0.02 s for the place.
 pids=()
 for i in $(seq 1 6); do
@@ -101,7 +116,6 @@ echo "requests waiting past --queue-timeout got 503 ($late of 6)"
 # ---- cancellation: a client gone mid-stream frees its blocks ---------------------------
 # The slow model: 1000 tokens take seconds; the client reads 5 chunks and
 # closes the connection.
-serve_slow_model "$tmp/slow"
 serve_start slow --model "$tmp/slow/run/model.safetensors" --max-seqs 4
 python3 - "${slow_url#http://}" <<'PY'
 import http.client, sys

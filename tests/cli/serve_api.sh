@@ -118,6 +118,31 @@ PY
 done
 echo "streamed completions and chat equal their non-streamed text"
 
+# ---- stop strings and logprobs --------------------------------------------------------
+python3 - "$url" <<'PY'
+import json, sys, urllib.request
+url = sys.argv[1]
+def post(body):
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer sekret"})
+    return json.load(urllib.request.urlopen(req, timeout=60))
+base = {"prompt": "The licenses for most software", "max_tokens": 60, "temperature": 0.9, "seed": 11}
+full = post(base)["choices"][0]["text"]
+# A stop string from the middle of the text: the answer ends just before its first occurrence.
+stop = full[20:23]
+cut = post(dict(base, stop=[stop, "\u0001never"]))
+assert cut["choices"][0]["finish_reason"] == "stop", cut
+assert cut["choices"][0]["text"] == full[:full.index(stop)], (cut["choices"][0]["text"], full, stop)
+# logprobs: one entry per token, the token's own log-probability <= 0, 3 alternatives each.
+lp = post(dict(base, max_tokens=8, logprobs=3))
+l = lp["choices"][0]["logprobs"]
+assert len(l["tokens"]) == len(l["token_logprobs"]) == len(l["top_logprobs"]) == 8, l
+assert all(x <= 0 for x in l["token_logprobs"]) and all(len(t) <= 3 for t in l["top_logprobs"]), l
+if lp["choices"][0]["text"].isascii():  # a token cutting a character is shown alone as U+FFFD
+    assert "".join(l["tokens"]) == lp["choices"][0]["text"], l
+print("stop strings cut the text; logprobs are well-formed")
+PY
+
 # ---- bad requests: status and an OpenAI-shaped error ------------------------------------
 python3 - "$url" <<'PY'
 import json, sys, urllib.request, urllib.error

@@ -134,7 +134,7 @@ Result<uint64_t> Engine::submit(std::vector<int> prompt, const SamplingParams& p
   if (p.top_k < 0) return Status::InvalidArgument(fmt::format("top_k must be >= 0, got {}", p.top_k));
   if (p.logprobs > 20) return Status::InvalidArgument(fmt::format("logprobs must be <= 20, got {}", p.logprobs));
   // The longest this sequence can get, and the pool's room for it alone.
-  const int longest = std::min(c.context, P + p.max_tokens);
+  const int longest = static_cast<int>(std::min<int64_t>(c.context, int64_t{P} + p.max_tokens));
   if (cache_->blocks_needed(longest) > opts_.kv_blocks)
     return Status::InvalidArgument(fmt::format(
         "the prompt ({} tokens) plus max_tokens ({}) needs {} KV-cache blocks of {} positions; the pool has {}", P,
@@ -364,7 +364,10 @@ void Engine::step() {
   // Refuse requests that waited too long; drop finished ones.
   const Clock::time_point now = Clock::now();
   for (auto& s : waiting_) {
-    if (!s->finished && std::chrono::duration<double>(now - s->arrival).count() > opts_.queue_timeout_s)
+    // Only requests never admitted: a preempted one waits again, but has
+    // been served (it resumes, never times out).
+    if (!s->finished && !s->admitted_once &&
+        std::chrono::duration<double>(now - s->arrival).count() > opts_.queue_timeout_s)
       finish(*s, FinishReason::kError,
              Status::Unavailable(fmt::format("the request waited more than {} s for a place in the batch",
                                              opts_.queue_timeout_s)));

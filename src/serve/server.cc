@@ -104,6 +104,11 @@ struct Server::Handlers {
     for (const char* reason : {"stop", "length"}) successes(reason);
   }
 
+  void stream_ended() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--streams == 0) streams_done.notify_all();
+  }
+
   void send_error(httplib::Response& res, const ApiError& e) {
     res.status = e.http;
     if (e.http == 429) res.set_header("Retry-After", "1");
@@ -192,6 +197,13 @@ struct Server::Handlers {
       send_error(res, *e);
       return;
     }
+    if (!r.max_tokens) {
+      // A default (chat: the rest of the context) never asks for more than
+      // the whole KV pool holds; an explicit max_tokens is the client's.
+      const int64_t pool = int64_t{engine->options().kv_blocks} * engine->options().block_size;
+      const int64_t room = pool - static_cast<int64_t>(ids.size());
+      if (room >= 1) r.sampling.max_tokens = static_cast<int>(std::min<int64_t>(r.sampling.max_tokens, room));
+    }
     std::string id;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -199,6 +211,19 @@ struct Server::Handlers {
       id = fmt::format("{}-{}{:08x}", chat ? "chatcmpl" : "cmpl", id_prefix, next_id++);
     }
 
+    // A stream counts as in flight from before it is queued until its
+    // response is written (the releaser), so shutdown() waits for it.
+    struct StreamCount {
+      Handlers* h = nullptr;
+      ~StreamCount() {
+        if (h) h->stream_ended();
+      }
+    } stream_count;
+    if (r.stream) {
+      std::lock_guard<std::mutex> lock(mu);
+      streams++;
+      stream_count.h = this;
+    }
     auto call = std::make_shared<Call>(r.stop);
     const data::Tokenizer* t = tok;
     RequestSink sink;
@@ -235,14 +260,17 @@ struct Server::Handlers {
     {
       std::unique_lock<std::mutex> lock(call->mu);
       call->cv.wait(lock, [&] { return call->admitted || call->done; });
-      if (call->done && call->result.reason == FinishReason::kError) {
-        const Status st = call->result.status;
+      if (call->done && (!call->admitted || call->result.reason == FinishReason::kError)) {
+        // Refused after queueing (timeout, shutdown) or failed at once.
+        const Status st = call->result.status.ok() ? Status::Unavailable("the request was cancelled before it ran")
+                                                   : call->result.status;
         lock.unlock();
         send_error(res, error_of(st));
         return;
       }
     }
     if (r.stream) {
+      stream_count.h = nullptr;  // the releaser ends it now
       stream(res, r, call, engine_id, id, created);
       return;
     }
@@ -310,17 +338,13 @@ struct Server::Handlers {
       for (const auto& [tid, lp] : p.ev.top) top[token_string(tid).get<std::string>()] = lp;
       tops.push_back(top);
       offsets.push_back(offset);
-      offset += p.text.size();
+      offset += tokens.back().get_ref<const std::string&>().size();
     }
     return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
   void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call, uint64_t engine_id,
               const std::string& id, int64_t created) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      streams++;
-    }
     const bool chat = r.chat;
     const bool want_logprobs = r.sampling.logprobs >= 0;
     const bool include_usage = r.include_usage;
@@ -424,8 +448,7 @@ struct Server::Handlers {
           // Called once the stream ended, written or not: a client that went
           // away frees its sequence at the engine's next step.
           if (!success) engine->cancel(engine_id);
-          std::lock_guard<std::mutex> lock(mu);
-          if (--streams == 0) streams_done.notify_all();
+          stream_ended();
         });
   }
 };
@@ -442,7 +465,11 @@ Server::~Server() {
 Status Server::start(int threads_hint) {
   Handlers* h = handlers_.get();
   httplib::Server& s = *http_;
-  const int threads = opts_.http_threads > 0 ? opts_.http_threads : std::max(8, threads_hint + 8);
+  // Threads are made up front; past kMaxThreads a request waits in
+  // cpp-httplib's queue for one (docs/serving.md).
+  constexpr int kMaxThreads = 512;
+  const int threads =
+      opts_.http_threads > 0 ? opts_.http_threads : std::clamp(threads_hint + 8, 8, kMaxThreads);
   s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.set_payload_max_length(opts_.max_body_bytes);
   s.set_read_timeout(10, 0);
@@ -459,6 +486,25 @@ Status Server::start(int threads_hint) {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
 
+  // Before any body is read: cpp-httplib enforces the body limit only on a
+  // Content-Length and would inflate a compressed body past it, so a POST
+  // must say its length, and neither transfer nor content encodings are
+  // taken (HTTP/1.1 clients send JSON with Content-Length).
+  s.set_pre_routing_handler([h](const httplib::Request& req, httplib::Response& res) {
+    const auto refuse = [&](int status, std::string message) {
+      h->send_error(res, api_error(status, std::move(message)));
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (req.has_header("Transfer-Encoding"))
+      return refuse(411, "chunked or encoded request bodies are not taken: send the body with Content-Length");
+    const std::string ce = req.get_header_value("Content-Encoding");
+    if (!ce.empty() && ce != "identity")
+      return refuse(415, fmt::format("Content-Encoding '{}' is not taken: send the body uncompressed", ce));
+    if (req.method == "POST" && !req.has_header("Content-Length"))
+      return refuse(411, "a POST needs a Content-Length header");
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   s.Get("/health", [h](const httplib::Request&, httplib::Response& res) { h->health(res); });
   s.Get("/metrics", [h](const httplib::Request&, httplib::Response& res) {
     res.set_content(h->registry.render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");

@@ -200,6 +200,34 @@ TEST(ServeEngine, PreemptedSequencesFinishWithTheirSoloTokens) {
   EXPECT_EQ((*engine)->stats().kv_used_blocks, 0);
 }
 
+// A preempted request waits again, but it has been served: the queue
+// timeout (meant for requests never admitted) must not end it.
+TEST(ServeEngine, PreemptedRequestsDoNotTimeOut) {
+  obs::Registry reg;
+  EngineOptions o;
+  o.max_seqs = 6;
+  o.kv_blocks = 10;
+  o.queue_timeout_s = 0.05;
+  auto engine = Engine::create(make_model(), o, reg);
+  ASSERT_TRUE(engine.ok());
+  std::vector<std::unique_ptr<Outcome>> outs;
+  for (int i = 0; i < 6; i++) {
+    outs.push_back(std::make_unique<Outcome>());
+    outs.back()->delay_ms = 1;  // steps of ~6 ms: a preempted request waits far past 0.05 s
+    ASSERT_TRUE((*engine)->submit(random_prompt(10 + 3 * i, 300 + i), greedy(50), outs.back()->sink()).ok());
+  }
+  int preempted = 0;
+  for (auto& out : outs) {
+    out->wait();
+    preempted += out->result.preemptions;
+    if (out->result.preemptions > 0) {
+      EXPECT_EQ(out->result.reason, FinishReason::kLength) << out->result.status.message();
+      EXPECT_EQ(out->tokens.size(), 50u);
+    }
+  }
+  EXPECT_GT(preempted, 0);
+}
+
 TEST(ServeEngine, CancelFreesTheBlocks) {
   obs::Registry reg;
   auto engine = Engine::create(make_model(), EngineOptions{}, reg);

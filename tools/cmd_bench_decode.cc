@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "core/try.h"
 #include "nn/gpt.h"
 #include "nn/kv_cache.h"
 #include "tools/commands.h"
@@ -88,8 +89,11 @@ int run_decode_bench(const DecodeArgs& a) {
   GPT model(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
   model.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
   model.init_weights(1234);
+  if (a.dtype == "int8") CHECK_OK(model.quantize_int8());
   const int64_t rss_model = rss_bytes();
-  const int64_t weight_bytes = static_cast<int64_t>(model.params().bytes());
+  // Bytes a decode step reads: the matmul weights (int8 when quantized).
+  const int64_t weight_bytes =
+      a.dtype == "int8" ? model.int8_bytes() : static_cast<int64_t>(model.params().bytes());
   const int Vp = a.model.padded_vocab();
   std::fprintf(stderr, "model %s: weights %.1f MB, resident %.1f MB after loading; triad bandwidth %.1f GB/s\n",
                a.model.str().c_str(), weight_bytes / 1e6, (rss_model - rss0) / 1e6, bandwidth / 1e9);
@@ -168,7 +172,8 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--prompt", d->prompt, "prompt tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--tokens", d->tokens, "tokens decoded per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--block-size", d->block_size, "KV-cache block size (positions)")->check(CLI::PositiveNumber);
-  cmd->add_option("--dtype", d->dtype)->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--dtype", d->dtype, "fp32, bf16, or int8 (the INT8 tier: matmul weights quantized)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   cmd->callback([d] { exit_code() = run_decode_bench(*d); });
 }
 

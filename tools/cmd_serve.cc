@@ -127,6 +127,9 @@ int run_serve(const ServeArgs& a) {
   if (!model.ok()) return fail_loading(model.status());
   GPT& m = *model.value();
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  if (a.dtype == "int8") {
+    if (Status st = m.quantize_int8(); !st.ok()) return fail_loading(st);
+  }
   const GPTConfig cfg = m.config();
 
   const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
@@ -175,7 +178,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (printed)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--dtype", a->dtype, "matmul precision")->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--dtype", a->dtype, "matmul precision; int8 quantizes the matmul weights at load (CPU)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));

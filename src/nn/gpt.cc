@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/try.h"
 #include "comm/communicator.h"
+#include "kernels/cpu/ops.h"
 #include "nn/kv_cache.h"
 #include "nn/vocab_parallel.h"
 #include "tensor/device_memory.h"
@@ -538,7 +539,7 @@ Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int 
   const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
 
   ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, N, C);
-  ops_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl, prec);
+  linear(a.qkv, a.ln1, w.qkvw, 4 * l, w.qkvb, N, C, 3 * Cl);
   if (at.cache) {
     float* keys = at.cache->keys(l);
     float* values = at.cache->values(l);
@@ -548,13 +549,18 @@ Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int 
   } else {
     ops_.attention_forward(a.atty, a.preatt, a.att, a.qkv, at.B, at.T, Cl, NHl);
   }
-  ops_.matmul_forward(a.attproj, a.atty, w.attprojw, lead ? w.attprojb : nullptr, N, Cl, C, prec);
+  linear(a.attproj, a.atty, w.attprojw, 4 * l + 1, lead ? w.attprojb : nullptr, N, Cl, C);
   if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(a.attproj, NC));
   ops_.residual_forward(a.residual2, residual, a.attproj, NC);
   ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
   // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
-  ops_.matmul_gelu_forward(a.fch, a.fch_gelu, a.ln2, w.fcw, w.fcb, N, C, Fl, prec);
-  ops_.matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, lead ? w.fcprojb : nullptr, N, Fl, C, prec);
+  if (int8_) {
+    linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, Fl);
+    ops_.gelu_forward(a.fch_gelu, a.fch, int64_t{N} * Fl);
+  } else {
+    ops_.matmul_gelu_forward(a.fch, a.fch_gelu, a.ln2, w.fcw, w.fcb, N, C, Fl, prec);
+  }
+  linear(a.fcproj, a.fch_gelu, w.fcprojw, 4 * l + 3, lead ? w.fcprojb : nullptr, N, Fl, C);
   if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(a.fcproj, NC));
   ops_.residual_forward(a.residual3, a.residual2, a.fcproj, NC);
   return Status::OK();
@@ -883,6 +889,62 @@ Status GPT::reserve_inference(int N, int R, int64_t ints) {
   return Status::OK();
 }
 
+struct GPT::Int8Weights {
+  struct Matrix {
+    std::vector<int8_t> w;  // (OC,C)
+    std::vector<float> scale;  // (OC)
+  };
+  std::vector<Matrix> m;  // 4 per layer, then the head
+};
+
+Status GPT::quantize_int8() {
+  if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole())
+    return Status::InvalidArgument(
+        "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
+  auto q = std::make_shared<Int8Weights>();
+  const int C = config_.channels;
+  const ParamPtrs p = param_ptrs();
+  auto add = [&](const float* w, int OC, int K) {
+    Int8Weights::Matrix m;
+    m.w.resize(static_cast<size_t>(OC) * K);
+    m.scale.resize(OC);
+    cpu::quantize_weights_int8(m.w.data(), m.scale.data(), w, OC, K);
+    q->m.push_back(std::move(m));
+  };
+  try {
+    for (int l = 0; l < local_layers_; l++) {
+      const LayerParams w = layer_params(l);
+      add(w.qkvw, 3 * C, C);
+      add(w.attprojw, C, C);
+      add(w.fcw, 4 * C, C);
+      add(w.fcprojw, C, 4 * C);
+    }
+    add(p[kWte], config_.padded_vocab(), C);
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted("not enough memory for the INT8 weights");
+  }
+  int8_ = std::move(q);
+  return Status::OK();
+}
+
+int64_t GPT::int8_bytes() const {
+  if (!int8_) return 0;
+  int64_t n = 0;
+  for (const Int8Weights::Matrix& m : int8_->m)
+    n += static_cast<int64_t>(m.w.size()) + static_cast<int64_t>(m.scale.size() * sizeof(float));
+  return n;
+}
+
+void GPT::linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C,
+                 int OC) const {
+  if (int8_) {
+    const Int8Weights::Matrix& m = int8_->m[q];
+    cpu::matmul_int8_forward(out, inp, m.w.data(), m.scale.data(), bias, N, C, OC);
+  } else {
+    ops_.matmul_forward(out, inp, w, bias, N, C, OC, prec_);
+  }
+}
+
 Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::span<const int> logit_rows,
                            float* logits) {
   if (!shard_.first || !shard_.last || shard_.tp != 1)
@@ -992,7 +1054,7 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   ops_.layernorm_forward(buf(kILnf), buf(kILnfMean), buf(kILnfRstd), gathered, p[kLnfW], p[kLnfB], R, C);
   const int Vp = config_.padded_vocab();
   if (device_ == Device::kCPU) {
-    ops_.matmul_forward(logits, buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
+    linear(logits, buf(kILnf), p[kWte], 4 * config_.layers, nullptr, R, C, Vp);
   } else {
     ops_.matmul_forward(buf(kILogits), buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
     RETURN_IF_ERROR(try_copy_to_host(device_, logits, buf(kILogits), sizeof(float) * R * Vp));

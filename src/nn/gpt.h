@@ -197,6 +197,17 @@ class GPT {
   bool whole() const { return shard_.tp == 1 && shard_.first && shard_.last && local_layers_ == config_.layers; }
   void set_precision(MatmulPrecision p) { prec_ = p; }
   MatmulPrecision precision() const { return prec_; }
+  // The INT8 CPU tier (kernels/ops.inc, matmul_int8_forward): quantizes the
+  // weights of every matmul (qkv, attention projection, MLP, the tied
+  // output layer) once, symmetric per output channel, and from then on the
+  // forward runs those matmuls in int8 with activations quantized per row;
+  // embeddings, layernorms and attention stay fp32. The fp32 parameters are
+  // kept (export, eval). Inference models on the CPU, whole (tp 1) only:
+  // InvalidArgument otherwise. Adds about a quarter of the fp32 weights.
+  Status quantize_int8();
+  bool int8() const { return int8_ != nullptr; }
+  // Bytes of the INT8 weights and their scales (0 before quantize_int8()).
+  int64_t int8_bytes() const;
   Backend backend() const { return backend_; }
   Device device() const { return device_; }
 
@@ -340,6 +351,13 @@ class GPT {
   ModelUse use_ = ModelUse::kTraining;
   const OpsTable& ops_;
   MatmulPrecision prec_ = MatmulPrecision::kF32;
+  // quantize_int8()'s weights: per layer qkv, attproj, fc, fcproj, then the
+  // output layer; null until quantized.
+  struct Int8Weights;
+  std::shared_ptr<const Int8Weights> int8_;
+  // out (N,OC) = inp @ W^T + bias, in int8 when quantized (index: 4*l + k
+  // for layer l's k-th matmul, 4*L for the head), else ops_.matmul_forward.
+  void linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C, int OC) const;
   GradListener* listener_ = nullptr;
   Arena params_, grads_;
   // Activations kept for backward, one arena per slot, and scratch shared by

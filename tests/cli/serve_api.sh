@@ -205,4 +205,12 @@ grep -q '^tessera_request_errors_total{code="401"} 3' "$tmp/metrics" || { grep e
 echo "/v1/models, /health and /metrics (promtool) are right"
 
 serve_stop srv
+
+# ---- the INT8 tier: --dtype int8 quantizes the matmul weights at load -----------------
+serve_start q --model "$model" --dtype int8
+out=$(curl -s -d '{"prompt":"The licenses","max_tokens":12,"ignore_eos":true}' "$q_url/v1/completions")
+[ "$(echo "$out" | field 'd["usage"]["completion_tokens"]')" = 12 ] || { echo "int8 completion: $out"; exit 1; }
+grep -q "int8 on cpu" "$tmp/q.log" || { cat "$tmp/q.log"; exit 1; }
+serve_stop q
+echo "--dtype int8 serves"
 echo "serve api test passed"

@@ -106,12 +106,13 @@ void matmul_int8_forward(float* out, const float* inp, const int8_t* wq, const f
                              {DNNL_ARG_SCRATCHPAD, scratch}});
   st.stream.wait();
 
+  // Dequantize, threaded over every output (a decode step has one row).
   const int32_t* acc = st.acc.data();
-#pragma omp parallel for schedule(static)
-  for (int i = 0; i < N; i++) {
-    const int32_t* a = acc + static_cast<int64_t>(i) * OC;
-    float* y = out + static_cast<int64_t>(i) * OC;
-    for (int o = 0; o < OC; o++) y[o] = static_cast<float>(a[o]) * xs[i] * wscale[o] + (bias ? bias[o] : 0.0f);
+  const int64_t total = int64_t{N} * OC;
+#pragma omp parallel for schedule(static) if (total > 4096)
+  for (int64_t k = 0; k < total; k++) {
+    const int64_t i = k / OC, o = k % OC;
+    out[k] = static_cast<float>(acc[k]) * xs[i] * wscale[o] + (bias ? bias[o] : 0.0f);
   }
 }
 

@@ -1,0 +1,67 @@
+// The INT8 CPU tier of the model (GPT::quantize_int8): the ragged forward
+// with int8 matmuls against the same model in fp32 (the oracle of what
+// quantization may change), on the committed PyTorch tiny GPT-2.
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "nn/gpt.h"
+#include "nn/gpt2_weights.h"
+#include "nn/kv_cache.h"
+#include "nn/sampler.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+std::unique_ptr<GPT> tiny() {
+  auto m = load_gpt2(TESSERA_TEST_DATA_DIR "/reference/gpt2_tiny.safetensors", nullptr, Backend::kCPU,
+                     ModelUse::kInference);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return std::move(m).value();
+}
+
+// Logits of every position of one sequence, through the paged cache.
+std::vector<float> all_logits(GPT& m, const std::vector<int>& tokens) {
+  const int N = static_cast<int>(tokens.size()), Vp = m.config().padded_vocab();
+  PagedKVCache cache(m, 4);
+  const int seq = cache.add_sequence().value();
+  EXPECT_TRUE(cache.extend(seq, N).ok());
+  std::vector<int> seqs(N, seq), pos(N), rows(N);
+  for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
+  std::vector<float> logits(static_cast<size_t>(N) * Vp);
+  EXPECT_TRUE(m.forward_tokens(TokenBatch{tokens, seqs, pos}, cache, rows, logits.data()).ok());
+  return logits;
+}
+
+TEST(Int8Forward, CloseToFp32AndMostlyTheSameArgmax) {
+  auto fp = tiny();
+  auto q = tiny();
+  ASSERT_TRUE(q->quantize_int8().ok());
+  EXPECT_TRUE(q->int8());
+  EXPECT_GT(q->int8_bytes(), 0);
+  const int V = fp->config().vocab, Vp = fp->config().padded_vocab();
+  std::vector<int> tokens(fp->config().context);
+  for (int i = 0; i < static_cast<int>(tokens.size()); i++) tokens[i] = (i * 7 + 3) % V;
+  const std::vector<float> a = all_logits(*fp, tokens), b = all_logits(*q, tokens);
+  const double err = testing_util::normalised_error(b.data(), a.data(), static_cast<int64_t>(a.size()));
+  EXPECT_LE(err, 0.05);
+  EXPECT_GT(err, 0.0);
+  int same = 0;
+  const int N = static_cast<int>(tokens.size());
+  for (int i = 0; i < N; i++) {
+    const float* x = a.data() + static_cast<size_t>(i) * Vp;
+    const float* y = b.data() + static_cast<size_t>(i) * Vp;
+    same += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
+  }
+  EXPECT_GE(same, N * 3 / 4) << same << " of " << N << " argmaxes agree";
+}
+
+TEST(Int8Forward, RefusesTrainingModels) {
+  GPT m(GPTConfig{1, 2, 16, 32, 8});
+  EXPECT_EQ(m.quantize_int8().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera

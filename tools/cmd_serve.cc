@@ -127,7 +127,9 @@ int run_serve(const ServeArgs& a) {
   if (!model.ok()) return fail_loading(model.status());
   GPT& m = *model.value();
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
-  if (a.dtype == "int8") {
+  // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
+  // says; --dtype int8 quantizes an fp32 one.
+  if (a.dtype == "int8" && !m.int8()) {
     if (Status st = m.quantize_int8(); !st.ok()) return fail_loading(st);
   }
   const GPTConfig cfg = m.config();
@@ -157,7 +159,7 @@ int run_serve(const ServeArgs& a) {
   std::fprintf(stderr,
                "serve: %s ready: %s, %s on %s; KV cache %d blocks of %d positions (%.1f MB), up to %d sequences, "
                "%d queued\n",
-               so.model_name.c_str(), cfg.str().c_str(), a.dtype.c_str(), a.backend.c_str(), st.kv_blocks,
+               so.model_name.c_str(), cfg.str().c_str(), m.int8() ? "int8" : a.dtype.c_str(), a.backend.c_str(), st.kv_blocks,
                eo.block_size, static_cast<double>(st.kv_blocks) * block_bytes / (1 << 20), a.max_seqs, a.max_queue);
   server.set_engine(engine.value().get(), &tok);
   ready = true;

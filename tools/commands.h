@@ -34,5 +34,6 @@ void add_launch_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_checkpoint_commands(CLI::App& app);  // export, checkpoint verify
 void add_serve_command(CLI::App& app);        // cmd_serve.cc
+void add_quantize_command(CLI::App& app);     // cmd_quantize.cc
 
 }  // namespace tessera::tools

@@ -627,7 +627,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
       held_logits_ = HeldLogits{slot, 0, BT};
     }
   } else {
-    ops_.matmul_forward(act.f(kLogits), act.f(kLnf), p[kWte], nullptr, BT, C, Vl, prec);
+    linear(act.f(kLogits), act.f(kLnf), p[kWte], 4 * config_.layers, nullptr, BT, C, Vl);
   }
   if (!targets) {
     if (loss) *loss = 0.0f;
@@ -925,6 +925,36 @@ Status GPT::quantize_int8() {
   }
   int8_ = std::move(q);
   return Status::OK();
+}
+
+Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill) {
+  if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole())
+    return Status::InvalidArgument(
+        "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
+  auto q = std::make_shared<Int8Weights>();
+  const int C = config_.channels;
+  const int shapes[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}};
+  for (int k = 0; k < 4 * local_layers_ + 1; k++) {
+    const int OC = k == 4 * local_layers_ ? config_.padded_vocab() : shapes[k % 4][0];
+    const int K = k == 4 * local_layers_ ? C : shapes[k % 4][1];
+    Int8Weights::Matrix m;
+    m.w.resize(static_cast<size_t>(OC) * K);
+    m.scale.resize(OC);
+    RETURN_IF_ERROR(fill(k, OC, K, m.w.data(), m.scale.data()));
+    q->m.push_back(std::move(m));
+  }
+  int8_ = std::move(q);
+  return Status::OK();
+}
+
+void GPT::for_each_int8(const std::function<void(int index, int OC, int C, const int8_t* w, const float* scale)>& f)
+    const {
+  if (!int8_) return;
+  for (size_t k = 0; k < int8_->m.size(); k++) {
+    const Int8Weights::Matrix& m = int8_->m[k];
+    const int OC = static_cast<int>(m.scale.size());
+    f(static_cast<int>(k), OC, static_cast<int>(m.w.size() / OC), m.w.data(), m.scale.data());
+  }
 }
 
 int64_t GPT::int8_bytes() const {

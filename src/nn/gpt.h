@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -208,6 +209,14 @@ class GPT {
   bool int8() const { return int8_ != nullptr; }
   // Bytes of the INT8 weights and their scales (0 before quantize_int8()).
   int64_t int8_bytes() const;
+  // The INT8 matrices by index: 4*l + {qkv, attproj, fc, fcproj} for layer
+  // l, then 4*L for the output layer ((Vp, C): padded rows included). Each is
+  // (OC, C) int8, row-major, with OC scales. load_int8 makes the model INT8
+  // from matrices that fill() writes (from a file: docs/formats/int8.md);
+  // the same conditions as quantize_int8(). for_each_int8 reads them.
+  Status load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill);
+  void for_each_int8(const std::function<void(int index, int OC, int C, const int8_t* w, const float* scale)>& f)
+      const;
   Backend backend() const { return backend_; }
   Device device() const { return device_; }
 

@@ -1,3 +1,5 @@
+#include <cstring>
+#include <cmath>
 #include "nn/gpt2_weights.h"
 
 #include <filesystem>
@@ -59,6 +61,22 @@ float* slot_ptr(const Arena& a, const Slot& s) {
   int64_t size = s.rows * (s.cols == 0 ? 1 : s.cols);
   return base + (s.layer < 0 ? 0 : s.layer * size);
 }
+
+// The INT8 matrix of a slot (GPT::for_each_int8's index), or -1 for a
+// tensor that stays fp32.
+int int8_index(const Slot& s) {
+  switch (s.id) {
+    case kQkvW: return 4 * s.layer;
+    case kAttProjW: return 4 * s.layer + 1;
+    case kFcW: return 4 * s.layer + 2;
+    case kFcProjW: return 4 * s.layer + 3;
+    default: return -1;
+  }
+}
+
+constexpr const char* kInt8Key = "tessera_quantization";
+constexpr const char* kInt8Value = "int8-symmetric-per-output-channel";
+constexpr const char* kHeadInt8 = "lm_head.weight";
 
 std::string shape_str(const std::vector<int64_t>& v) {
   std::string out = "[";
@@ -124,9 +142,24 @@ Status write_hf_config(const GPTConfig& c, const std::string& path) {
 
 Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
   const GPTConfig& c = model.config();
+  auto q = f.metadata().find(kInt8Key);
+  const bool int8 = q != f.metadata().end();
+  if (int8 && q->second != kInt8Value)
+    return Status::InvalidArgument(
+        fmt::format("{}: unknown quantization '{}' (this build reads '{}')", f.path(), q->second, kInt8Value));
   std::vector<Slot> all = slots(c);
+  if (int8) std::erase_if(all, [](const Slot& s) { return int8_index(s) >= 0; });
   std::set<std::string> expected;
   for (const Slot& s : all) expected.insert(s.name);
+  if (int8) {
+    for (const Slot& s : slots(c)) {
+      if (int8_index(s) < 0) continue;
+      expected.insert(s.name + "_int8");
+      expected.insert(s.name + "_scale");
+    }
+    expected.insert(std::string(kHeadInt8) + "_int8");
+    expected.insert(std::string(kHeadInt8) + "_scale");
+  }
   // The file's names without the optional prefix.
   std::map<std::string, const io::TensorInfo*> by_name;
   for (const io::TensorInfo& t : f.tensors()) {
@@ -165,7 +198,43 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
     }
   }
   if (model.params().device() != Device::kCPU) RETURN_IF_ERROR(model.params().try_copy_from(staging));
-  return Status::OK();
+  if (!int8) return Status::OK();
+  // The INT8 matrices: NAME_int8 (OC, C) I8 and NAME_scale (OC) F32.
+  std::vector<std::string> names(4 * c.layers + 1);
+  for (const Slot& s : slots(c)) {
+    if (int8_index(s) >= 0) names[int8_index(s)] = s.name;
+  }
+  names.back() = kHeadInt8;
+  return model.load_int8([&](int k, int OC, int C, int8_t* w, float* scale) -> Status {
+    auto w_it = by_name.find(names[k] + "_int8");
+    auto s_it = by_name.find(names[k] + "_scale");
+    if (w_it == by_name.end() || s_it == by_name.end())
+      return Status::InvalidArgument(fmt::format("{}: missing tensor '{}_int8' or '{}_scale'", f.path(), names[k],
+                                                 names[k]));
+    const io::TensorInfo& wt = *w_it->second;
+    const io::TensorInfo& st = *s_it->second;
+    const std::vector<int64_t> want_w = {OC, C}, want_s = {OC};
+    if (wt.dtype != io::StDType::kI8 || wt.shape != want_w)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' must be I8 of shape {} for {}", f.path(), wt.name,
+                                                 shape_str(want_w), c.str()));
+    if (st.shape != want_s)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' must have shape {} for {}", f.path(), st.name,
+                                                 shape_str(want_s), c.str()));
+    const std::span<const std::byte> raw = f.raw(wt);
+    std::memcpy(w, raw.data(), raw.size());
+    RETURN_IF_ERROR(f.read_f32(st.name, std::span<float>(scale, static_cast<size_t>(OC))));
+    for (int o = 0; o < OC; o++) {
+      if (!(scale[o] > 0.0f) || !std::isfinite(scale[o]))
+        return Status::InvalidArgument(
+            fmt::format("{}: tensor '{}' holds a scale that is not a positive number at {}", f.path(), st.name, o));
+    }
+    for (int64_t i = 0; i < int64_t{OC} * C; i++) {
+      if (w[i] == -128)
+        return Status::InvalidArgument(fmt::format("{}: tensor '{}' holds -128 (codes are -127..127)", f.path(),
+                                                   wt.name));
+    }
+    return Status::OK();
+  });
 }
 
 Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback, Backend backend,
@@ -210,6 +279,31 @@ std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& arena) {
     out.push_back(std::move(t));
   }
   return out;
+}
+
+Status save_int8(const GPT& model, const std::string& path) {
+  if (!model.int8()) return Status::InvalidArgument("save_int8: the model is not quantized (GPT::quantize_int8)");
+  std::vector<HfTensor> tensors = to_hf_tensors(model, model.params());
+  const GPTConfig& c = model.config();
+  std::vector<std::string> names(4 * c.layers + 1);
+  for (const Slot& s : slots(c)) {
+    if (int8_index(s) >= 0) names[int8_index(s)] = s.name;
+  }
+  names.back() = kHeadInt8;
+  std::set<std::string> quantized(names.begin(), names.end());
+  io::SafetensorsWriter w;
+  for (const HfTensor& t : tensors) {
+    if (!quantized.count(t.name)) w.add(t.name, io::StDType::kF32, t.shape, t.data.data());
+  }
+  model.for_each_int8([&](int k, int OC, int C, const int8_t* q, const float* scale) {
+    w.add(names[k] + "_int8", io::StDType::kI8, {OC, C}, q);
+    w.add(names[k] + "_scale", io::StDType::kF32, {OC}, scale);
+  });
+  w.set_metadata("format", "pt");
+  w.set_metadata("producer", "tessera " TESSERA_VERSION);
+  w.set_metadata(kInt8Key, kInt8Value);
+  RETURN_IF_ERROR(w.write(path));
+  return write_hf_config(model.config(), hf_config_path(path));
 }
 
 Status save_hf(const GPT& model, const std::string& path) {

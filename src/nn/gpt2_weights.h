@@ -46,5 +46,11 @@ std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& a);
 // Writes the parameters as HF-layout safetensors at path and config.json
 // beside it (both atomically).
 Status save_hf(const GPT& model, const std::string& path);
+// An INT8 model (GPT::quantize_int8) as docs/formats/int8.md describes: the
+// HF layout with every matmul weight NAME replaced by NAME_int8 (I8, (OC, C))
+// and NAME_scale (F32, (OC)), plus lm_head.weight_int8/_scale for the tied
+// output layer, and the metadata tessera_quantization; config.json beside
+// it. load_hf_weights (and load_gpt2) read such a file into an INT8 model.
+Status save_int8(const GPT& model, const std::string& path);
 
 }  // namespace tessera

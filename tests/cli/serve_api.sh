@@ -206,11 +206,19 @@ echo "/v1/models, /health and /metrics (promtool) are right"
 
 serve_stop srv
 
-# ---- the INT8 tier: --dtype int8 quantizes the matmul weights at load -----------------
+# ---- the INT8 tier: --dtype int8 quantizes the matmul weights at load; tessera
+# quantize writes them to a file that serves the same text ------------------------------
 serve_start q --model "$model" --dtype int8
-out=$(curl -s -d '{"prompt":"The licenses","max_tokens":12,"ignore_eos":true}' "$q_url/v1/completions")
-[ "$(echo "$out" | field 'd["usage"]["completion_tokens"]')" = 12 ] || { echo "int8 completion: $out"; exit 1; }
-grep -q "int8 on cpu" "$tmp/q.log" || { cat "$tmp/q.log"; exit 1; }
+"$tessera" quantize --weights "$model" --out "$tmp/q8.safetensors" >/dev/null
+serve_start q8 --model "$tmp/q8.safetensors"
+body='{"prompt":"The licenses","max_tokens":12,"ignore_eos":true,"temperature":0.8,"seed":5}'
+a=$(curl -s -d "$body" "$q_url/v1/completions")
+b=$(curl -s -d "$body" "$q8_url/v1/completions")
+[ "$(echo "$a" | field 'd["usage"]["completion_tokens"]')" = 12 ] || { echo "int8 completion: $a"; exit 1; }
+[ "$(echo "$a" | field 'd["choices"][0]["text"]')" = "$(echo "$b" | field 'd["choices"][0]["text"]')" ] ||
+  { echo "the INT8 file serves other text than quantizing at load: $a / $b"; exit 1; }
+grep -q "int8 on cpu" "$tmp/q.log" && grep -q "int8 on cpu" "$tmp/q8.log" || { cat "$tmp/q.log" "$tmp/q8.log"; exit 1; }
 serve_stop q
+serve_stop q8
 echo "--dtype int8 serves"
 echo "serve api test passed"

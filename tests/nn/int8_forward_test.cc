@@ -2,10 +2,12 @@
 // with int8 matmuls against the same model in fp32 (the oracle of what
 // quantization may change), on the committed PyTorch tiny GPT-2.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "io/safetensors.h"
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
@@ -56,6 +58,31 @@ TEST(Int8Forward, CloseToFp32AndMostlyTheSameArgmax) {
     same += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
   }
   EXPECT_GE(same, N * 3 / 4) << same << " of " << N << " argmaxes agree";
+}
+
+// tessera quantize's file (docs/formats/int8.md) loads back into the same
+// INT8 model: the same logits bit for bit, and the file is what it says.
+TEST(Int8Forward, FileRoundTrip) {
+  auto q = tiny();
+  ASSERT_TRUE(q->quantize_int8().ok());
+  const std::string path = testing::TempDir() + "/tiny_int8.safetensors";
+  ASSERT_TRUE(save_int8(*q, path).ok());
+  auto back = load_gpt2(path, nullptr, Backend::kCPU, ModelUse::kInference);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE((*back)->int8());
+  EXPECT_EQ((*back)->int8_bytes(), q->int8_bytes());
+  std::vector<int> tokens = {1, 5, 9, 2, 7, 7, 30};
+  EXPECT_EQ(all_logits(**back, tokens), all_logits(*q, tokens));
+  auto f = io::SafetensorsFile::open(path);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->metadata().at("tessera_quantization"), "int8-symmetric-per-output-channel");
+  const io::TensorInfo* t = f->find("h.0.attn.c_attn.weight_int8");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->dtype, io::StDType::kI8);
+  EXPECT_EQ(f->find("h.0.attn.c_attn.weight"), nullptr);
+  EXPECT_NE(f->find("lm_head.weight_scale"), nullptr);
+  // An INT8 file cannot become a training model.
+  EXPECT_FALSE(load_gpt2(path, nullptr, Backend::kCPU, ModelUse::kTraining).ok());
 }
 
 TEST(Int8Forward, RefusesTrainingModels) {

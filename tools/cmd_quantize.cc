@@ -1,0 +1,43 @@
+// tessera quantize: a GPT-2 safetensors file -> its INT8 form
+// (docs/formats/int8.md), the weights of the CPU tier's model.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "nn/gpt2_weights.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+
+struct QuantizeArgs {
+  std::string weights, out;
+};
+
+int run_quantize(const QuantizeArgs& a) {
+  auto model = load_gpt2(a.weights, nullptr, Backend::kCPU, ModelUse::kInference);
+  if (!model.ok()) return fail(model.status());
+  GPT& m = *model.value();
+  if (!m.int8()) {
+    if (Status st = m.quantize_int8(); !st.ok()) return fail(st);
+  }
+  if (Status st = save_int8(m, a.out); !st.ok()) return fail(st);
+  std::printf("quantized %s: %s; %.1f MB of int8 matmul weights and scales -> %s (+ config.json)\n",
+              a.weights.c_str(), m.config().str().c_str(), m.int8_bytes() / 1e6, a.out.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app) {
+  auto a = std::make_shared<QuantizeArgs>();
+  CLI::App* cmd = app.add_subcommand("quantize", "Write a model's INT8 form (the CPU tier's weights)");
+  cmd->add_option("--weights", a->weights, "GPT-2 safetensors (config.json beside it)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", a->out, "the INT8 safetensors file to write (config.json beside it)")->required();
+  cmd->callback([a] { exit_code() = run_quantize(*a); });
+}
+
+}  // namespace tessera::tools

@@ -69,5 +69,17 @@ expect_error model-too-big "the parameters of L=8 NH=1 C=65536 .*out of memory" 
 printf '[model]\nlayers = \n' >"$tmp/broken.toml"
 expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"
 
+# --- Issue #18, item 1's safety net: a std::filesystem exception or std::bad_alloc
+# that escapes a command is one line and exit 1, not terminate (exit 134).
+# A model path longer than NAME_MAX makes std::filesystem::is_directory throw.
+expect_error filesystem-exception "filesystem error.*File name too long" -- "$tessera" serve --model "$tmp/$(printf 'a%.0s' {1..300})" --port 0
+# An 8 GB (sparse) weights file read whole under a 2 GB address-space limit.
+# Sanitizer builds cannot run under such a limit.
+if ! ldd "$tessera" 2>/dev/null | grep -qE 'libasan|libtsan'; then
+  truncate -s 8G "$tmp/huge.safetensors"
+  expect_error bad-alloc "out of memory" -- bash -c 'ulimit -v 2000000 && exec "$@"' _ "$tessera" eval --weights "$tmp/huge.safetensors" --tokens "$ref/eval.bin"
+  rm -f "$tmp/huge.safetensors"
+fi
+
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all bad-input cases gave one clear line"

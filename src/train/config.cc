@@ -46,17 +46,20 @@ const std::vector<Key>& keys() {
       {"train.grad_accum", &TrainConfig::grad_accum, "micro-steps per optimizer step", 1},
       {"train.steps", &TrainConfig::steps, "optimizer steps", 1},
       {"train.stop_at", &TrainConfig::stop_at,
-       "stop after this step, with a checkpoint if checkpoint.every > 0, to --resume later (0: run all steps)", 0},
+       "stop after this step, with a checkpoint if checkpoint.every > 0, to --resume later (0: run all steps); at "
+       "most train.steps",
+       0},
       {"train.lr", at<float>([](TrainConfig& c) -> float& { return c.opt.lr; }), "peak learning rate", 0},
       {"train.min_lr", at<float>([](TrainConfig& c) -> float& { return c.opt.min_lr; }),
        "learning rate at the end of the cosine decay", 0},
-      {"train.warmup", at<int>([](TrainConfig& c) -> int& { return c.opt.warmup; }), "linear warmup steps", 0},
+      {"train.warmup", at<int>([](TrainConfig& c) -> int& { return c.opt.warmup; }),
+       "linear warmup steps, at most train.steps", 0},
       {"train.weight_decay", at<float>([](TrainConfig& c) -> float& { return c.opt.weight_decay; }),
        "AdamW decoupled weight decay (2-D weights only)", 0},
       {"train.grad_clip", at<float>([](TrainConfig& c) -> float& { return c.opt.grad_clip; }),
        "maximum global gradient norm (0: no clipping)", 0},
-      {"train.beta1", at<float>([](TrainConfig& c) -> float& { return c.opt.beta1; }), "AdamW beta1", 0},
-      {"train.beta2", at<float>([](TrainConfig& c) -> float& { return c.opt.beta2; }), "AdamW beta2", 0},
+      {"train.beta1", at<float>([](TrainConfig& c) -> float& { return c.opt.beta1; }), "AdamW beta1, in [0, 1)", 0},
+      {"train.beta2", at<float>([](TrainConfig& c) -> float& { return c.opt.beta2; }), "AdamW beta2, in [0, 1)", 0},
       {"train.seed", &TrainConfig::seed, "seed for initialisation and data order", 0},
       {"train.dtype", &TrainConfig::dtype, "\"fp32\" or \"bf16\" (bf16 matmul inputs; fp32 master weights)"},
       {"train.device", &TrainConfig::device,
@@ -206,6 +209,18 @@ Status validate(const TrainConfig& c, const std::string& where) {
   if (c.zero != 0 && c.zero != 1) return bad(fmt::format("parallel.zero must be 0 or 1, got {}", c.zero));
   if (c.train_data.empty()) return bad("data.train is required");
   if (c.opt.min_lr > c.opt.lr) return bad("train.min_lr must not exceed train.lr");
+  // Adam's moment decays: 1 would never forget, above 1 diverges.
+  if (!(c.opt.beta1 >= 0.0f && c.opt.beta1 < 1.0f))
+    return bad(fmt::format("train.beta1 must be in [0, 1), got {}", c.opt.beta1));
+  if (!(c.opt.beta2 >= 0.0f && c.opt.beta2 < 1.0f))
+    return bad(fmt::format("train.beta2 must be in [0, 1), got {}", c.opt.beta2));
+  if (c.opt.warmup > c.steps)
+    return bad(fmt::format("train.warmup ({}) exceeds train.steps ({}): the learning rate would never reach train.lr",
+                           c.opt.warmup, c.steps));
+  if (c.stop_at > c.steps)
+    return bad(fmt::format("train.stop_at ({}) exceeds train.steps ({}); 0 runs all steps", c.stop_at, c.steps));
+  if (c.checkpoint_dir.empty())
+    return bad("checkpoint.dir is empty; it names the folder for the checkpoints and the final weights");
   return Status::OK();
 }
 

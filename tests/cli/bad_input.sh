@@ -81,5 +81,17 @@ if ! ldd "$tessera" 2>/dev/null | grep -qE 'libasan|libtsan'; then
   rm -f "$tmp/huge.safetensors"
 fi
 
+# --- Issue #18, item 8: values that cannot train, refused when the config is
+# read. Nothing may reach stdout (no model line, no step) before a refusal.
+expect_early() {  # NAME PATTERN -- command...: expect_error, and an empty stdout
+  expect_error "$@"
+  if [ -s "$tmp/out" ]; then echo "FAIL $1: it started before refusing:"; head -3 "$tmp/out"; failures=$((failures+1)); fi
+}
+expect_early beta2 "train.beta2 must be in \[0, 1\), got 2" -- "$tessera" train --config "$tmp/ok.toml" --set train.beta2=2.0
+expect_early beta1 "train.beta1 must be in \[0, 1\), got 1" -- "$tessera" train --config "$tmp/ok.toml" --set train.beta1=1.0
+expect_early warmup-over-steps "train.warmup .2. exceeds train.steps .1." -- "$tessera" train --config "$tmp/ok.toml" --set train.warmup=2
+expect_early stop-at-over-steps "train.stop_at .2. exceeds train.steps .1." -- "$tessera" train --config "$tmp/ok.toml" --set train.stop_at=2
+expect_early ckpt-dir-empty "checkpoint.dir is empty" -- "$tessera" train --config "$tmp/ok.toml" --set checkpoint.dir=
+
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all bad-input cases gave one clear line"

@@ -107,6 +107,15 @@ Status write_shard(const std::string& path, std::span<const uint16_t> tokens) {
   return io::write_file_atomic(path, pieces);
 }
 
+Status check_token_ids(std::span<const uint16_t> tokens, int vocab, const std::string& path) {
+  for (size_t i = 0; i < tokens.size(); i++)
+    if (tokens[i] >= vocab)
+      return Status::InvalidArgument(
+          fmt::format("{}: token id {} at token {} (byte offset {}) is outside the vocabulary [0, {})", path,
+                      tokens[i], i, kShardHeaderBytes + 2 * static_cast<int64_t>(i), vocab));
+  return Status::OK();
+}
+
 Result<int64_t> read_shard_token_count(const std::string& path) {
   ASSIGN_OR_RETURN(OpenShard shard, open_shard(path));
   return shard.count;

@@ -39,11 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 // Token ids outside the model's vocabulary almost always mean the shards were
 // prepared with another tokenizer; say so.
-Status with_vocab_hint(const Status& st, const std::string& data) {
-  if (st.ok()) return st;
-  if (st.message().find("outside the vocabulary") == std::string::npos) return st.With(data);
-  return Status::InvalidArgument(
-      fmt::format("{}: {} (does model.vocab match the tokenizer that prepared it?)", data, st.message()));
+Status with_vocab_hint(const Status& st) {
+  if (st.ok() || st.message().find("outside the vocabulary") == std::string::npos) return st;
+  return Status::InvalidArgument(st.message() + " (does model.vocab match the tokenizer that prepared it?)");
 }
 
 class MetricsLog {
@@ -334,11 +332,15 @@ Status Trainer::setup() {
   }
   RETURN_IF_ERROR(setup_checkpointer());
 
-  ASSIGN_OR_RETURN(data::TokenLoader train, data::TokenLoader::open(c_.train_data, c_.seq, c_.seed));
-  train_.emplace(std::move(train));
+  // Every token id is checked against the vocabulary here, once, so a bad
+  // one is reported with its shard and its place in it before training.
+  Result<data::TokenLoader> train = data::TokenLoader::open(c_.train_data, c_.seq, c_.seed, mc_.vocab);
+  RETURN_IF_ERROR(with_vocab_hint(train.status()));
+  train_.emplace(std::move(train).value());
   if (!c_.val_data.empty()) {
-    ASSIGN_OR_RETURN(data::TokenLoader val, data::TokenLoader::open(c_.val_data, c_.seq, c_.seed));
-    val_tokens_ = val.all_tokens();
+    Result<data::TokenLoader> val = data::TokenLoader::open(c_.val_data, c_.seq, c_.seed, mc_.vocab);
+    RETURN_IF_ERROR(with_vocab_hint(val.status()));
+    val_tokens_ = val->all_tokens();
   }
 
   const int B = c_.micro_batch, T = c_.seq, GA = c_.grad_accum;
@@ -413,7 +415,7 @@ Status Trainer::evaluate(int step) {
       in[i] = base[i];
       tg[i] = base[i + 1];
     }
-    RETURN_IF_ERROR(with_vocab_hint(model_->check_batch(in.data(), tg.data(), B, T), c_.val_data));
+    RETURN_IF_ERROR(with_vocab_hint(model_->check_batch(in.data(), tg.data(), B, T).With(c_.val_data)));
     float loss = 0.0f;
     RETURN_IF_ERROR(pipe_->forward_only(B, T, in.data(), tg.data(), &loss));
     if (reports_loss_) {
@@ -442,7 +444,7 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   auto fill = [&](int micro, int* inputs, int* targets) -> Status {
     const int64_t row0 = (int64_t{dp_->rank()} * GA + micro) * B;
     train_->fill(step, rows_per_step_, row0, B, inputs, targets);
-    return with_vocab_hint(model_->check_batch(inputs, targets, B, T), c_.train_data);
+    return with_vocab_hint(model_->check_batch(inputs, targets, B, T).With(c_.train_data));
   };
   auto before_backward = [&](int micro) {
     if (micro == 0) maybe_inject_fault(rank_, step);

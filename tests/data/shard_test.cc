@@ -164,5 +164,16 @@ TEST_F(ShardTest, MissingFile) {
   }
 }
 
+TEST(CheckTokenIds, NamesTheFileThePositionAndTheByteOffset) {
+  std::vector<uint16_t> tokens(2000, 7);
+  tokens[1500] = 300;
+  tokens[1700] = 400;  // only the first bad one is reported
+  Status st = check_token_ids(tokens, 256, "data/train_000003.bin");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "data/train_000003.bin: token id 300 at token 1500 (byte offset 4024) is outside the vocabulary [0, 256)");
+  EXPECT_TRUE(check_token_ids(tokens, 401, "x").ok());
+}
+
 }  // namespace
 }  // namespace tessera::data

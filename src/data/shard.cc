@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "io/file.h"         // io::open_regular_file
 #include "io/safetensors.h"  // io::write_file_atomic
 
 namespace tessera::data {
@@ -24,22 +25,7 @@ Status errno_status(const std::string& path, std::string_view what) {
   return Status::IOError(fmt::format("{}: {}: {}", path, what, std::strerror(errno)));
 }
 
-// Owns a file descriptor.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd& operator=(UniqueFd&&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using io::UniqueFd;
 
 // An open shard whose header has been checked against the file size.
 struct OpenShard {
@@ -63,12 +49,10 @@ Status pread_all(int fd, void* dst, size_t n, int64_t offset, const std::string&
 }
 
 Result<OpenShard> open_shard(const std::string& path) {
-  int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw_fd < 0) {
-    if (errno == ENOENT) return Status::NotFound(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    return errno_status(path, "cannot open");
-  }
-  OpenShard shard{UniqueFd(raw_fd)};  // owns the fd from here on
+  // A FIFO, a folder or a device is refused by name, without blocking.
+  ASSIGN_OR_RETURN(UniqueFd fd, io::open_regular_file(path));
+  const int raw_fd = fd.get();
+  OpenShard shard{std::move(fd)};  // owns the fd from here on
   struct stat info;
   if (::fstat(raw_fd, &info) != 0) return errno_status(path, "cannot stat");
   const int64_t file_bytes = info.st_size;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "io/safetensors.h"  // io::read_file
 #include "parallel/pipeline.h"
 
 namespace tessera {
@@ -228,10 +229,13 @@ Status validate(const TrainConfig& c, const std::string& where) {
 
 Result<TrainConfig> load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   TrainConfig c;
+  // Read through io::read_file: a FIFO or a folder is refused by name
+  // instead of blocking the parser.
+  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(path));
   // Debian's toml++ is built with exceptions: parse errors throw.
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
   } catch (const toml::parse_error& e) {
     return Status::InvalidArgument(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
                                                e.description()));

@@ -109,5 +109,26 @@ PY
 expect_early train-token-over-vocab "$tmp/vbad/bad_000000.bin: token id 250 at token 1500 \(byte offset 4024\) is outside the vocabulary \[0, 200\) \(does model.vocab match" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set model.vocab=200 --set "data.train=$tmp/vbad/bad_*.bin"
 expect_early val-token-over-vocab "$tmp/vbad/bad_000000.bin: token id 250 at token 1500 .* \(does model.vocab match" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set model.vocab=200 --set "data.val=$tmp/vbad/bad_*.bin"
 
+# --- Issue #18, item 3: only regular files are inputs. A FIFO with no writer used to
+# block open() forever (hence `timeout`: a hang fails as exit 124).
+mkfifo "$tmp/fifo"
+mkdir -p "$tmp/fifos" "$tmp/dirshard.bin"; mkfifo "$tmp/fifos/val_000000.bin"
+expect_error fifo-eval-weights "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" eval --weights "$tmp/fifo" --tokens "$ref/eval.bin"
+expect_error fifo-eval-tokens "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$tmp/fifo"
+expect_error device-eval-tokens "/dev/zero: is a character device, not a regular file" -- timeout 20 "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens /dev/zero
+expect_error fifo-sample-weights "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" sample --weights "$tmp/fifo" --tokens 1
+expect_error fifo-train-data "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "data.train=$tmp/fifo"
+expect_error fifo-val-glob "$tmp/fifos/val_000000.bin: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "data.val=$tmp/fifos/val_*.bin"
+expect_error folder-train-data "$tmp/dirshard.bin: is a folder, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "data.train=$tmp/dirshard.bin"
+expect_error fifo-init-from "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "model.init_from=$tmp/fifo"
+expect_error fifo-config "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/fifo"
+# serve prints its "listening" line first: the error is its last line.
+timeout 20 "$tessera" serve --model "$tmp/fifo" --port 0 >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -eq 1 ] && tail -1 "$tmp/err" | grep -q "$tmp/fifo: is a FIFO, not a regular file"; then
+  echo "ok   fifo-serve-model: $(tail -1 "$tmp/err")"
+else
+  echo "FAIL fifo-serve-model: exit $rc"; cat "$tmp/err"; failures=$((failures+1))
+fi
+
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all bad-input cases gave one clear line"

@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -97,6 +99,17 @@ TEST(TrainConfig, EmptyCheckpointDir) {
   auto c = load_train_config(write_config("ckdir.toml", kMinimal), {"checkpoint.dir="});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("checkpoint.dir is empty"), std::string::npos) << c.status().message();
+}
+
+// A FIFO as the config file is refused by name; reading it would block.
+TEST(TrainConfig, FifoConfigIsRefused) {
+  const std::string path = ::testing::TempDir() + "/config_fifo.toml";
+  std::filesystem::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  auto c = load_train_config(path, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("is a FIFO, not a regular file"), std::string::npos) << c.status().message();
+  std::filesystem::remove(path);
 }
 
 TEST(TrainConfig, EveryKeyIsDocumented) {

@@ -5,7 +5,9 @@
 // a writer comes (forever, in a job nobody watches), a device reads as an
 // endless or empty stream, a folder is a usage mistake. Each is refused by
 // name ("PATH: is a FIFO, not a regular file").
-
+//
+// Outputs are checked before a job starts, so a path that cannot be written
+// fails in the first second, not after the last training step.
 #pragma once
 
 #include <string>
@@ -56,5 +58,23 @@ Result<UniqueFd> open_regular_file(const std::string& path);
 // The same type check without keeping the file open, for readers that take
 // a path (toml++, std::ifstream). Same errors as open_regular_file.
 Status check_regular_file(const std::string& path);
+
+// Checks that files can be created in folder `dir`: creates it (and its
+// parents) if missing, then creates and removes a probe file in it.
+// InvalidArgument for an empty path or a path that exists and is not a
+// folder; IOError naming the folder and the reason (read-only file system,
+// permission, a parent that is a file) otherwise.
+Status check_writable_folder(const std::string& dir);
+
+// Checks that a file can be written at `path` the way the formats write it
+// (path.tmp, then a rename): its folder as check_writable_folder, and `path`
+// itself, if it exists, a regular file (not a folder, FIFO or device).
+Status check_writable_file(const std::string& path);
+
+// Checks a file that is opened and written in place (a log): creates its
+// folder if missing, then opens `path` for writing without truncating it
+// (creating it if missing) and without blocking; a FIFO without a reader or
+// a folder fails. A device such as /dev/stdout passes.
+Status check_openable_for_writing(const std::string& path);
 
 }  // namespace tessera::io

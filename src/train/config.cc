@@ -77,13 +77,14 @@ const std::vector<Key>& keys() {
       {"parallel.timeout", &TrainConfig::timeout_s,
        "seconds any collective may wait before the rank reports it and exits", 0.001},
       {"parallel.bucket_mb", &TrainConfig::bucket_mb, "gradient all-reduce bucket size in MB", 0.001},
-      {"checkpoint.dir", &TrainConfig::checkpoint_dir, "where the final weights (and later checkpoints) go"},
+      {"checkpoint.dir", &TrainConfig::checkpoint_dir,
+       "where the final weights (and later checkpoints) go; created and checked for writing at start-up"},
       {"checkpoint.every", &TrainConfig::checkpoint_every,
        "steps between sharded checkpoints in checkpoint.dir/step-N (0: final weights only)", 0},
       {"checkpoint.keep", &TrainConfig::checkpoint_keep, "published checkpoints kept (the newest)", 1},
       {"checkpoint.on_busy", &TrainConfig::checkpoint_on_busy,
        "a save due while the previous one is still writing: \"wait\" for it or \"skip\" this one"},
-      {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none)"},
+      {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none); opened at start-up"},
   };
   return k;
 }

@@ -130,5 +130,24 @@ else
   echo "FAIL fifo-serve-model: exit $rc"; cat "$tmp/err"; failures=$((failures+1))
 fi
 
+# --- Issue #18, item 2: outputs checked at start-up, before anything trains.
+# Each used to train every step and then die of an uncaught
+# std::filesystem::filesystem_error (exit 134), or to fail only at the end.
+echo x >"$tmp/afile"
+expect_early ckpt-dir-is-a-file "checkpoint.dir: $tmp/afile: is a regular file, not a folder" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/afile"
+expect_early ckpt-dir-uncreatable "checkpoint.dir: $tmp/afile/sub: cannot create the folder: Not a directory" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/afile/sub"
+# A folder that takes no new files, even for root.
+expect_early ckpt-dir-unwritable "checkpoint.dir: /proc/self: cannot create files in the folder" -- "$tessera" train --config "$tmp/ok.toml" --set checkpoint.dir=/proc/self
+if [ "$(id -u)" != 0 ]; then  # permission bits do not stop root
+  mkdir -p "$tmp/ro"; chmod 555 "$tmp/ro"
+  expect_early ckpt-dir-read-only "checkpoint.dir: $tmp/ro: cannot create files in the folder" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ro"
+  chmod 755 "$tmp/ro"
+fi
+expect_early metrics-uncreatable-folder "log.metrics: $tmp/afile: cannot create the folder" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "log.metrics=$tmp/afile/m.jsonl"
+expect_early metrics-is-a-folder "log.metrics: $tmp: cannot open for writing" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "log.metrics=$tmp"
+expect_error export-out-is-a-folder "out: $tmp: is a folder, not a regular file" -- "$tessera" export "$tmp/ck1" --out "$tmp"
+expect_error export-out-under-a-file "out: $tmp/afile: is a regular file, not a folder" -- "$tessera" export "$tmp/ck1" --out "$tmp/afile/x.safetensors"
+expect_error export-out-unwritable "out: /proc/self: cannot create files in the folder" -- "$tessera" export "$tmp/ck1" --out /proc/self/x.safetensors
+
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all bad-input cases gave one clear line"

@@ -85,5 +85,66 @@ TEST(UniqueFd, MoveTransfersOwnership) {
   EXPECT_EQ(b.get(), -1);
 }
 
+TEST(CheckWritableFolder, CreatesMissingFoldersAndLeavesNoProbe) {
+  const std::string dir = fresh_dir("create") + "/a/b/c";
+  ASSERT_TRUE(check_writable_folder(dir).ok());
+  EXPECT_TRUE(fs::is_directory(dir));
+  EXPECT_TRUE(fs::is_empty(dir));  // the probe file was removed
+  EXPECT_TRUE(check_writable_folder(dir).ok());  // and an existing one passes
+}
+
+TEST(CheckWritableFolder, PathOfAFileIsRefused) {
+  const std::string file = fresh_dir("file") + "/plain";
+  std::ofstream(file) << "x";
+  Status st = check_writable_folder(file);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(st.message(), file + ": is a regular file, not a folder"));
+}
+
+TEST(CheckWritableFolder, EmptyPathIsRefused) {
+  Status st = check_writable_folder("");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(st.message(), "empty path"));
+}
+
+TEST(CheckWritableFolder, UncreatableFolderIsRefused) {
+  const std::string file = fresh_dir("uncreatable") + "/plain";
+  std::ofstream(file) << "x";
+  Status st = check_writable_folder(file + "/sub");
+  EXPECT_EQ(st.code(), StatusCode::kIOError);
+  EXPECT_TRUE(contains(st.message(), file + "/sub: cannot create the folder"));
+}
+
+// A folder that exists but takes no new files (even for root: /proc/self).
+TEST(CheckWritableFolder, FolderThatTakesNoFilesIsRefused) {
+  Status st = check_writable_folder("/proc/self");
+  EXPECT_EQ(st.code(), StatusCode::kIOError);
+  EXPECT_TRUE(contains(st.message(), "/proc/self: cannot create files in the folder"));
+  if (::geteuid() != 0) {  // permission bits do not stop root
+    const std::string ro = fresh_dir("readonly");
+    ASSERT_EQ(::chmod(ro.c_str(), 0555), 0);
+    EXPECT_TRUE(contains(check_writable_folder(ro).message(), ro + ": cannot create files in the folder"));
+    ::chmod(ro.c_str(), 0755);
+  }
+}
+
+TEST(CheckWritableFile, FolderOrFifoTargetIsRefused) {
+  const std::string dir = fresh_dir("target");
+  EXPECT_TRUE(contains(check_writable_file(dir).message(), dir + ": is a folder, not a regular file"));
+  ASSERT_EQ(::mkfifo((dir + "/out.safetensors").c_str(), 0644), 0);
+  EXPECT_TRUE(contains(check_writable_file(dir + "/out.safetensors").message(), "is a FIFO, not a regular file"));
+  EXPECT_TRUE(check_writable_file(dir + "/new/model.safetensors").ok());
+  EXPECT_TRUE(fs::is_directory(dir + "/new"));
+}
+
+TEST(CheckOpenableForWriting, CreatesTheFolderAndRefusesAFolder) {
+  const std::string dir = fresh_dir("log");
+  EXPECT_TRUE(check_openable_for_writing(dir + "/logs/m.jsonl").ok());
+  EXPECT_TRUE(fs::exists(dir + "/logs/m.jsonl"));
+  EXPECT_TRUE(contains(check_openable_for_writing(dir).message(), dir + ": cannot open for writing"));
+  std::ofstream(dir + "/plain") << "x";
+  EXPECT_TRUE(contains(check_openable_for_writing(dir + "/plain/m.jsonl").message(), "cannot create the folder"));
+}
+
 }  // namespace
 }  // namespace tessera::io

@@ -1,9 +1,9 @@
 // tessera export (a checkpoint to the Hugging Face GPT-2 layout) and
 // tessera checkpoint verify.
 #include <cstdio>
-#include <filesystem>
 
 #include "ckpt/checkpoint.h"
+#include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "tools/commands.h"
 #include "train/checkpointing.h"
@@ -17,12 +17,13 @@ struct ExportArgs {
 };
 
 int run_export(const ExportArgs& a) {
+  // The target first: its folder created and writable, the file itself not
+  // a folder or a FIFO; before the model is read, not after.
+  if (Status st = io::check_writable_file(a.out); !st.ok()) return fail(st.With("--out"));
   auto ck = ckpt::Checkpoint::open(a.checkpoint);
   if (!ck.ok()) return fail(ck.status());
   auto model = load_whole_model(*ck);
   if (!model.ok()) return fail(model.status());
-  std::error_code ec;
-  if (auto dir = std::filesystem::path(a.out).parent_path(); !dir.empty()) std::filesystem::create_directories(dir, ec);
   Status st = save_hf(**model, a.out);
   if (!st.ok()) return fail(st);
   std::printf("exported %s (step %lld, %s) to %s (+ config.json)\n", ck->dir().c_str(),

@@ -25,6 +25,8 @@ int run_eval(const EvalArgs& a) {
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
   auto tokens = data::read_shard(a.tokens);
   if (!tokens.ok()) return fail(tokens.status());
+  // Every id against the vocabulary, named by its place in the file.
+  if (Status st = data::check_token_ids(tokens.value(), m.config().vocab, a.tokens); !st.ok()) return fail(st);
   int seq = a.seq > 0 ? a.seq : std::min(m.config().context, 1024);
   auto r = evaluate(m, tokens.value(), a.batch, seq, a.max_batches);
   if (!r.ok()) return fail(r.status().With(a.tokens));

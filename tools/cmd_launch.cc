@@ -97,7 +97,13 @@ int run_launch(const LaunchArgs& a) {
     cmd.insert(cmd.end(), {"--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", a.tcp_if, "--mca",
                            "oob_tcp_if_include", a.tcp_if});
   }
-  if (oversubscribed) {
+  if (a.netns) {
+    // Every namespace "host" runs its own daemon, which binds its ranks from
+    // core 0 without knowing of the others on this machine: --bind-to core
+    // put every rank on CPU 0. The kernel spreads unbound ranks instead.
+    if (oversubscribed) cmd.push_back("--oversubscribe");
+    cmd.insert(cmd.end(), {"--bind-to", "none"});
+  } else if (oversubscribed) {
     cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
   } else if (threads > 1) {
     cmd.insert(cmd.end(), {"--map-by", "slot:PE=" + std::to_string(threads), "--bind-to", "core"});

@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "data/tokenizer.h"
+#include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
 #include "serve/engine.h"
@@ -51,6 +52,10 @@ Result<std::unique_ptr<GPT>> load_model(const ServeArgs& a, Backend backend) {
     ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_whole_model(ck));
     if (backend == Backend::kCPU) return model;
     return Status::InvalidArgument("serving a checkpoint folder runs on the CPU; export it for --backend cuda");
+  }
+  if (std::filesystem::exists(a.model, ec) && !std::filesystem::is_regular_file(a.model, ec)) {
+    Status st = io::check_regular_file(a.model);  // names a FIFO or a device, without opening it
+    if (!st.ok()) return st.With("--model");
   }
   if (!std::filesystem::is_regular_file(a.model, ec))
     return Status::NotFound(

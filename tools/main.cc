@@ -1,4 +1,6 @@
 #include <cstdio>
+#include <filesystem>
+#include <new>
 #include <string>
 
 #include "tools/commands.h"
@@ -57,6 +59,15 @@ int main(int argc, char** argv) {
     // One line, not CLI11's two.
     std::fprintf(stderr, "tessera: error: %s (see --help)\n", e.what());
     return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    // The safety net (the commands run inside parse()): errors are Status
+    // values, but an allocation or a std::filesystem call that throws must
+    // still end as one line and exit 1, not std::terminate (exit 134).
+    std::fprintf(stderr, "tessera: error: out of memory (std::bad_alloc)\n");
+    return kExitError;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return kExitError;
   }
   return exit_code();
 }

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "ckpt/reshard.h"
+#include "io/file.h"
 #include "io/safetensors.h"
 
 namespace tessera::ckpt {
@@ -27,13 +28,10 @@ Status io_error(const std::string& file, std::string_view what) {
 
 class ReadFd {
  public:
+  // Regular files only: a FIFO in place of a piece is refused, not waited on.
   static Result<ReadFd> open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT) return Status::NotFound(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-      return io_error(path, "cannot open");
-    }
-    return ReadFd(fd, path);
+    ASSIGN_OR_RETURN(io::UniqueFd fd, io::open_regular_file(path));
+    return ReadFd(fd.release(), path);
   }
   ReadFd(ReadFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
   ~ReadFd() {

@@ -24,11 +24,13 @@ Result<std::vector<std::string>> expand_glob(const std::string& pattern) {
   return out;
 }
 
-Result<TokenLoader> TokenLoader::open(const std::string& pattern, int T, uint64_t seed) {
+Result<TokenLoader> TokenLoader::open(const std::string& pattern, int T, uint64_t seed, int vocab) {
   TokenLoader l;
   ASSIGN_OR_RETURN(l.files_, expand_glob(pattern));
   for (const std::string& f : l.files_) {
     ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, read_shard(f));
+    // Every id now, with the file's name, not when its batch is drawn.
+    if (vocab > 0) RETURN_IF_ERROR(check_token_ids(tokens, vocab, f));
     l.tokens_.insert(l.tokens_.end(), tokens.begin(), tokens.end());
   }
   l.T_ = T;

@@ -20,8 +20,10 @@ namespace tessera::data {
 class TokenLoader {
  public:
   // pattern: a path or a glob; shards are taken in sorted path order. Errors:
-  // nothing matches, a shard is invalid, or fewer than T+1 tokens in all.
-  static Result<TokenLoader> open(const std::string& pattern, int T, uint64_t seed);
+  // nothing matches, a shard is invalid (or not a regular file), a token id
+  // is >= vocab (when vocab > 0; the error names the shard and the token's
+  // place in it: check_token_ids), or fewer than T+1 tokens in all.
+  static Result<TokenLoader> open(const std::string& pattern, int T, uint64_t seed, int vocab = 0);
 
   // Fills inputs and targets (B,T) with rows [row0, row0+B) of the global
   // batch of `step`, which has rows_per_step rows.

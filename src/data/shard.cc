@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "io/file.h"         // io::open_regular_file
 #include "io/safetensors.h"  // io::write_file_atomic
 
 namespace tessera::data {
@@ -24,22 +25,7 @@ Status errno_status(const std::string& path, std::string_view what) {
   return Status::IOError(fmt::format("{}: {}: {}", path, what, std::strerror(errno)));
 }
 
-// Owns a file descriptor.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  UniqueFd& operator=(UniqueFd&&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using io::UniqueFd;
 
 // An open shard whose header has been checked against the file size.
 struct OpenShard {
@@ -63,12 +49,10 @@ Status pread_all(int fd, void* dst, size_t n, int64_t offset, const std::string&
 }
 
 Result<OpenShard> open_shard(const std::string& path) {
-  int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw_fd < 0) {
-    if (errno == ENOENT) return Status::NotFound(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    return errno_status(path, "cannot open");
-  }
-  OpenShard shard{UniqueFd(raw_fd)};  // owns the fd from here on
+  // A FIFO, a folder or a device is refused by name, without blocking.
+  ASSIGN_OR_RETURN(UniqueFd fd, io::open_regular_file(path));
+  const int raw_fd = fd.get();
+  OpenShard shard{std::move(fd)};  // owns the fd from here on
   struct stat info;
   if (::fstat(raw_fd, &info) != 0) return errno_status(path, "cannot stat");
   const int64_t file_bytes = info.st_size;
@@ -105,6 +89,15 @@ Status write_shard(const std::string& path, std::span<const uint16_t> tokens) {
   header[2] = static_cast<int32_t>(tokens.size());
   const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(header)), std::as_bytes(tokens)};
   return io::write_file_atomic(path, pieces);
+}
+
+Status check_token_ids(std::span<const uint16_t> tokens, int vocab, const std::string& path) {
+  for (size_t i = 0; i < tokens.size(); i++)
+    if (tokens[i] >= vocab)
+      return Status::InvalidArgument(
+          fmt::format("{}: token id {} at token {} (byte offset {}) is outside the vocabulary [0, {})", path,
+                      tokens[i], i, kShardHeaderBytes + 2 * static_cast<int64_t>(i), vocab));
+  return Status::OK();
 }
 
 Result<int64_t> read_shard_token_count(const std::string& path) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/file.h"
 #include "tensor/dtype.h"
 
 namespace tessera::io {
@@ -56,27 +57,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 Status errno_status(const std::string& file, std::string_view what) {
   return Status::IOError(fmt::format("{}: {}: {}", file, what, std::strerror(errno)));
 }
-
-// Owns a file descriptor.
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now, so the caller can see the error (NFS reports some on close).
-  int close() {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 Status write_all(int fd, std::span<const std::byte> bytes, const std::string& file) {
   while (!bytes.empty()) {
@@ -378,14 +358,9 @@ Status write_file_atomic(const std::string& path, std::span<const std::span<cons
 }
 
 Result<std::vector<std::byte>> read_file(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    if (errno == ENOENT) return Status::NotFound(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    return errno_status(path, "cannot open");
-  }
+  ASSIGN_OR_RETURN(UniqueFd fd, open_regular_file(path));
   struct stat info;
   if (::fstat(fd.get(), &info) != 0) return errno_status(path, "cannot stat");
-  if (!S_ISREG(info.st_mode)) return Status::IOError(fmt::format("{}: not a regular file", path));
   std::vector<std::byte> bytes(static_cast<size_t>(info.st_size));
   size_t done = 0;
   while (done < bytes.size()) {

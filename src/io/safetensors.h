@@ -112,7 +112,9 @@ class SafetensorsWriter {
 // one, never a torn one. On error the .tmp file is removed and the Status
 // names the file and strerror.
 Status write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces);
-// The whole file. NotFound if it does not exist, IOError otherwise.
+// The whole file. NotFound if it does not exist; InvalidArgument if it is not
+// a regular file (a FIFO, a folder, a device: see io/file.h), without
+// blocking; IOError otherwise.
 Result<std::vector<std::byte>> read_file(const std::string& path);
 
 }  // namespace tessera::io

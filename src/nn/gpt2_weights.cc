@@ -3,9 +3,7 @@
 #include "nn/gpt2_weights.h"
 
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -98,11 +96,10 @@ std::string hf_config_path(const std::string& weights_path) {
 }
 
 Result<GPTConfig> read_hf_config(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(fmt::format("{}: cannot open", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  // io::read_file: a FIFO or a folder named config.json is refused, not read forever.
+  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(path));
+  nlohmann::json j = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                                           nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption(fmt::format("{}: not a JSON object", path));
   GPTConfig c;
   struct Field {

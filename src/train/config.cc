@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "io/safetensors.h"  // io::read_file
 #include "parallel/pipeline.h"
 
 namespace tessera {
@@ -46,17 +47,20 @@ const std::vector<Key>& keys() {
       {"train.grad_accum", &TrainConfig::grad_accum, "micro-steps per optimizer step", 1},
       {"train.steps", &TrainConfig::steps, "optimizer steps", 1},
       {"train.stop_at", &TrainConfig::stop_at,
-       "stop after this step, with a checkpoint if checkpoint.every > 0, to --resume later (0: run all steps)", 0},
+       "stop after this step, with a checkpoint if checkpoint.every > 0, to --resume later (0: run all steps); at "
+       "most train.steps",
+       0},
       {"train.lr", at<float>([](TrainConfig& c) -> float& { return c.opt.lr; }), "peak learning rate", 0},
       {"train.min_lr", at<float>([](TrainConfig& c) -> float& { return c.opt.min_lr; }),
        "learning rate at the end of the cosine decay", 0},
-      {"train.warmup", at<int>([](TrainConfig& c) -> int& { return c.opt.warmup; }), "linear warmup steps", 0},
+      {"train.warmup", at<int>([](TrainConfig& c) -> int& { return c.opt.warmup; }),
+       "linear warmup steps, at most train.steps", 0},
       {"train.weight_decay", at<float>([](TrainConfig& c) -> float& { return c.opt.weight_decay; }),
        "AdamW decoupled weight decay (2-D weights only)", 0},
       {"train.grad_clip", at<float>([](TrainConfig& c) -> float& { return c.opt.grad_clip; }),
        "maximum global gradient norm (0: no clipping)", 0},
-      {"train.beta1", at<float>([](TrainConfig& c) -> float& { return c.opt.beta1; }), "AdamW beta1", 0},
-      {"train.beta2", at<float>([](TrainConfig& c) -> float& { return c.opt.beta2; }), "AdamW beta2", 0},
+      {"train.beta1", at<float>([](TrainConfig& c) -> float& { return c.opt.beta1; }), "AdamW beta1, in [0, 1)", 0},
+      {"train.beta2", at<float>([](TrainConfig& c) -> float& { return c.opt.beta2; }), "AdamW beta2, in [0, 1)", 0},
       {"train.seed", &TrainConfig::seed, "seed for initialisation and data order", 0},
       {"train.dtype", &TrainConfig::dtype, "\"fp32\" or \"bf16\" (bf16 matmul inputs; fp32 master weights)"},
       {"train.device", &TrainConfig::device,
@@ -73,13 +77,14 @@ const std::vector<Key>& keys() {
       {"parallel.timeout", &TrainConfig::timeout_s,
        "seconds any collective may wait before the rank reports it and exits", 0.001},
       {"parallel.bucket_mb", &TrainConfig::bucket_mb, "gradient all-reduce bucket size in MB", 0.001},
-      {"checkpoint.dir", &TrainConfig::checkpoint_dir, "where the final weights (and later checkpoints) go"},
+      {"checkpoint.dir", &TrainConfig::checkpoint_dir,
+       "where the final weights (and later checkpoints) go; created and checked for writing at start-up"},
       {"checkpoint.every", &TrainConfig::checkpoint_every,
        "steps between sharded checkpoints in checkpoint.dir/step-N (0: final weights only)", 0},
       {"checkpoint.keep", &TrainConfig::checkpoint_keep, "published checkpoints kept (the newest)", 1},
       {"checkpoint.on_busy", &TrainConfig::checkpoint_on_busy,
        "a save due while the previous one is still writing: \"wait\" for it or \"skip\" this one"},
-      {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none)"},
+      {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none); opened at start-up"},
   };
   return k;
 }
@@ -206,6 +211,18 @@ Status validate(const TrainConfig& c, const std::string& where) {
   if (c.zero != 0 && c.zero != 1) return bad(fmt::format("parallel.zero must be 0 or 1, got {}", c.zero));
   if (c.train_data.empty()) return bad("data.train is required");
   if (c.opt.min_lr > c.opt.lr) return bad("train.min_lr must not exceed train.lr");
+  // Adam's moment decays: 1 would never forget, above 1 diverges.
+  if (!(c.opt.beta1 >= 0.0f && c.opt.beta1 < 1.0f))
+    return bad(fmt::format("train.beta1 must be in [0, 1), got {}", c.opt.beta1));
+  if (!(c.opt.beta2 >= 0.0f && c.opt.beta2 < 1.0f))
+    return bad(fmt::format("train.beta2 must be in [0, 1), got {}", c.opt.beta2));
+  if (c.opt.warmup > c.steps)
+    return bad(fmt::format("train.warmup ({}) exceeds train.steps ({}): the learning rate would never reach train.lr",
+                           c.opt.warmup, c.steps));
+  if (c.stop_at > c.steps)
+    return bad(fmt::format("train.stop_at ({}) exceeds train.steps ({}); 0 runs all steps", c.stop_at, c.steps));
+  if (c.checkpoint_dir.empty())
+    return bad("checkpoint.dir is empty; it names the folder for the checkpoints and the final weights");
   return Status::OK();
 }
 
@@ -213,10 +230,13 @@ Status validate(const TrainConfig& c, const std::string& where) {
 
 Result<TrainConfig> load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   TrainConfig c;
+  // Read through io::read_file: a FIFO or a folder is refused by name
+  // instead of blocking the parser.
+  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(path));
   // Debian's toml++ is built with exceptions: parse errors throw.
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
   } catch (const toml::parse_error& e) {
     return Status::InvalidArgument(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
                                                e.description()));

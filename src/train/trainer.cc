@@ -26,6 +26,7 @@
 #include "parallel/pipeline.h"
 #include "kernels/cpu/matmul_peak.h"
 #include "runtime/cuda_device.h"
+#include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
@@ -39,18 +40,26 @@ using Clock = std::chrono::steady_clock;
 
 // Token ids outside the model's vocabulary almost always mean the shards were
 // prepared with another tokenizer; say so.
-Status with_vocab_hint(const Status& st, const std::string& data) {
-  if (st.ok()) return st;
-  if (st.message().find("outside the vocabulary") == std::string::npos) return st.With(data);
-  return Status::InvalidArgument(
-      fmt::format("{}: {} (does model.vocab match the tokenizer that prepared it?)", data, st.message()));
+Status with_vocab_hint(const Status& st) {
+  if (st.ok() || st.message().find("outside the vocabulary") == std::string::npos) return st;
+  return Status::InvalidArgument(st.message() + " (does model.vocab match the tokenizer that prepared it?)");
+}
+
+// Rank 0's outputs, checked before anything is allocated or trained:
+// checkpoint.dir (the checkpoints and the final weights) must be a folder
+// that exists or can be created and in which files can be created, and the
+// log.metrics file must open for writing. Errors name the key and the path.
+Status check_outputs(const TrainConfig& c) {
+  RETURN_IF_ERROR(io::check_writable_folder(c.checkpoint_dir).With("checkpoint.dir"));
+  if (!c.metrics.empty()) RETURN_IF_ERROR(io::check_openable_for_writing(c.metrics).With("log.metrics"));
+  return Status::OK();
 }
 
 class MetricsLog {
  public:
   Status open(const std::string& path) {
     if (path.empty()) return Status::OK();
-    if (auto dir = std::filesystem::path(path).parent_path(); !dir.empty()) std::filesystem::create_directories(dir);
+    RETURN_IF_ERROR(io::check_openable_for_writing(path));  // creates the folder
     f_ = std::fopen(path.c_str(), "w");
     if (!f_) return Status::IOError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
     return Status::OK();
@@ -116,6 +125,8 @@ class Trainer {
   // usable CUDA device"), so one rank's failure is every rank's error
   // instead of a wait at the next collective.
   Status agree(const Status& mine, const char* what);
+  // Rank 0 checks the outputs (check_outputs); its verdict is every rank's.
+  Status agree_on_outputs();
   Status setup_checkpointer();
   Result<StepStats> step(int step);
   Status evaluate(int step);
@@ -230,6 +241,19 @@ Status Trainer::agree(const Status& mine, const char* what) {
   return Status::OK();
 }
 
+Status Trainer::agree_on_outputs() {
+  // A bad path is a user error: rank 0 reports it and every rank gets an
+  // InvalidArgument, so the job ends cleanly (no abort, no hang in a peer
+  // waiting at the next collective).
+  Status mine = rank_ == 0 ? check_outputs(c_) : Status::OK();
+  if (!mine.ok()) mine = Status::InvalidArgument(mine.message());
+  int32_t ok = mine.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+  RETURN_IF_ERROR(mine);
+  if (!ok) return Status::InvalidArgument("rank 0 refused an output path (see its error)");
+  return Status::OK();
+}
+
 // The whole model's shape, then this rank's shard of it, its data
 // parallelism and its optimizer.
 Status Trainer::setup_model() {
@@ -307,6 +331,7 @@ Status Trainer::setup() {
         "parallel.dp x tp x pp = {} x {} x {} = {} but {} rank(s) are running; launch with "
         "`tessera launch -n {} -- train ...` or set parallel.dp",
         c_.dp, c_.tp, c_.pp, c_.dp * c_.tp * c_.pp, world_.size(), c_.dp * c_.tp * c_.pp));
+  RETURN_IF_ERROR(agree_on_outputs());
   ASSIGN_OR_RETURN(mesh_, comm::Mesh::create(world_, {c_.dp, c_.tp, c_.pp}));
   dp_ = &mesh_->dp();
   coord_ = mesh_->coord();
@@ -334,11 +359,15 @@ Status Trainer::setup() {
   }
   RETURN_IF_ERROR(setup_checkpointer());
 
-  ASSIGN_OR_RETURN(data::TokenLoader train, data::TokenLoader::open(c_.train_data, c_.seq, c_.seed));
-  train_.emplace(std::move(train));
+  // Every token id is checked against the vocabulary here, once, so a bad
+  // one is reported with its shard and its place in it before training.
+  Result<data::TokenLoader> train = data::TokenLoader::open(c_.train_data, c_.seq, c_.seed, mc_.vocab);
+  RETURN_IF_ERROR(with_vocab_hint(train.status()));
+  train_.emplace(std::move(train).value());
   if (!c_.val_data.empty()) {
-    ASSIGN_OR_RETURN(data::TokenLoader val, data::TokenLoader::open(c_.val_data, c_.seq, c_.seed));
-    val_tokens_ = val.all_tokens();
+    Result<data::TokenLoader> val = data::TokenLoader::open(c_.val_data, c_.seq, c_.seed, mc_.vocab);
+    RETURN_IF_ERROR(with_vocab_hint(val.status()));
+    val_tokens_ = val->all_tokens();
   }
 
   const int B = c_.micro_batch, T = c_.seq, GA = c_.grad_accum;
@@ -413,7 +442,7 @@ Status Trainer::evaluate(int step) {
       in[i] = base[i];
       tg[i] = base[i + 1];
     }
-    RETURN_IF_ERROR(with_vocab_hint(model_->check_batch(in.data(), tg.data(), B, T), c_.val_data));
+    RETURN_IF_ERROR(with_vocab_hint(model_->check_batch(in.data(), tg.data(), B, T).With(c_.val_data)));
     float loss = 0.0f;
     RETURN_IF_ERROR(pipe_->forward_only(B, T, in.data(), tg.data(), &loss));
     if (reports_loss_) {
@@ -442,7 +471,7 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   auto fill = [&](int micro, int* inputs, int* targets) -> Status {
     const int64_t row0 = (int64_t{dp_->rank()} * GA + micro) * B;
     train_->fill(step, rows_per_step_, row0, B, inputs, targets);
-    return with_vocab_hint(model_->check_batch(inputs, targets, B, T), c_.train_data);
+    return with_vocab_hint(model_->check_batch(inputs, targets, B, T).With(c_.train_data));
   };
   auto before_backward = [&](int micro) {
     if (micro == 0) maybe_inject_fault(rank_, step);
@@ -599,7 +628,11 @@ Status Trainer::save_final_weights() {
     RETURN_IF_ERROR(gather_whole(*model_, *mesh_, stage_layers_, full.get()));
   }
   if (rank_ == 0) {
-    std::filesystem::create_directories(c_.checkpoint_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(c_.checkpoint_dir, ec);  // checked at start-up; gone since?
+    if (ec)
+      return Status::IOError(fmt::format("checkpoint.dir: {}: cannot create the folder: {}", c_.checkpoint_dir,
+                                         ec.message()));
     RETURN_IF_ERROR(save_hf(sharded_ ? *full : *model_, final_weights_path()));
     say("saved %s (+ config.json)\n", final_weights_path().c_str());
   }

@@ -69,5 +69,85 @@ expect_error model-too-big "the parameters of L=8 NH=1 C=65536 .*out of memory" 
 printf '[model]\nlayers = \n' >"$tmp/broken.toml"
 expect_error config-syntax "broken.toml:2" -- "$tessera" train --config "$tmp/broken.toml"
 
+# --- Issue #18, item 1's safety net: a std::filesystem exception or std::bad_alloc
+# that escapes a command is one line and exit 1, not terminate (exit 134).
+# A model path longer than NAME_MAX makes std::filesystem::is_directory throw.
+expect_error filesystem-exception "filesystem error.*File name too long" -- "$tessera" serve --model "$tmp/$(printf 'a%.0s' {1..300})" --port 0
+# An 8 GB (sparse) weights file read whole under a 2 GB address-space limit.
+# Sanitizer builds cannot run under such a limit.
+if ! ldd "$tessera" 2>/dev/null | grep -qE 'libasan|libtsan'; then
+  truncate -s 8G "$tmp/huge.safetensors"
+  expect_error bad-alloc "out of memory" -- bash -c 'ulimit -v 2000000 && exec "$@"' _ "$tessera" eval --weights "$tmp/huge.safetensors" --tokens "$ref/eval.bin"
+  rm -f "$tmp/huge.safetensors"
+fi
+
+# --- Issue #18, item 8: values that cannot train, refused when the config is
+# read. Nothing may reach stdout (no model line, no step) before a refusal.
+expect_early() {  # NAME PATTERN -- command...: expect_error, and an empty stdout
+  expect_error "$@"
+  if [ -s "$tmp/out" ]; then echo "FAIL $1: it started before refusing:"; head -3 "$tmp/out"; failures=$((failures+1)); fi
+}
+expect_early beta2 "train.beta2 must be in \[0, 1\), got 2" -- "$tessera" train --config "$tmp/ok.toml" --set train.beta2=2.0
+expect_early beta1 "train.beta1 must be in \[0, 1\), got 1" -- "$tessera" train --config "$tmp/ok.toml" --set train.beta1=1.0
+expect_early warmup-over-steps "train.warmup .2. exceeds train.steps .1." -- "$tessera" train --config "$tmp/ok.toml" --set train.warmup=2
+expect_early stop-at-over-steps "train.stop_at .2. exceeds train.steps .1." -- "$tessera" train --config "$tmp/ok.toml" --set train.stop_at=2
+expect_early ckpt-dir-empty "checkpoint.dir is empty" -- "$tessera" train --config "$tmp/ok.toml" --set checkpoint.dir=
+
+# --- Issue #18, item 8: a token id >= vocab late in a shard (token 1500 of
+# 2000: one step may never draw it) is reported when the shard is opened,
+# naming the shard file, not the glob, with its place in the file; for
+# data.val as for data.train.
+mkdir -p "$tmp/vbad"
+python3 - "$tmp/vbad/bad_000000.bin" <<'PY'
+import struct, sys
+tokens = [97] * 2000
+tokens[1500] = 250
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+    f.write(struct.pack("<%dH" % len(tokens), *tokens))
+PY
+expect_early train-token-over-vocab "$tmp/vbad/bad_000000.bin: token id 250 at token 1500 \(byte offset 4024\) is outside the vocabulary \[0, 200\) \(does model.vocab match" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set model.vocab=200 --set "data.train=$tmp/vbad/bad_*.bin"
+expect_early val-token-over-vocab "$tmp/vbad/bad_000000.bin: token id 250 at token 1500 .* \(does model.vocab match" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set model.vocab=200 --set "data.val=$tmp/vbad/bad_*.bin"
+
+# --- Issue #18, item 3: only regular files are inputs. A FIFO with no writer used to
+# block open() forever (hence `timeout`: a hang fails as exit 124).
+mkfifo "$tmp/fifo"
+mkdir -p "$tmp/fifos" "$tmp/dirshard.bin"; mkfifo "$tmp/fifos/val_000000.bin"
+expect_error fifo-eval-weights "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" eval --weights "$tmp/fifo" --tokens "$ref/eval.bin"
+expect_error fifo-eval-tokens "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens "$tmp/fifo"
+expect_error device-eval-tokens "/dev/zero: is a character device, not a regular file" -- timeout 20 "$tessera" eval --weights "$ref/gpt2_tiny.safetensors" --tokens /dev/zero
+expect_error fifo-sample-weights "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" sample --weights "$tmp/fifo" --tokens 1
+expect_error fifo-train-data "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "data.train=$tmp/fifo"
+expect_error fifo-val-glob "$tmp/fifos/val_000000.bin: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "data.val=$tmp/fifos/val_*.bin"
+expect_error folder-train-data "$tmp/dirshard.bin: is a folder, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "data.train=$tmp/dirshard.bin"
+expect_error fifo-init-from "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "model.init_from=$tmp/fifo"
+expect_error fifo-config "$tmp/fifo: is a FIFO, not a regular file" -- timeout 20 "$tessera" train --config "$tmp/fifo"
+# serve prints its "listening" line first: the error is its last line.
+timeout 20 "$tessera" serve --model "$tmp/fifo" --port 0 >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -eq 1 ] && tail -1 "$tmp/err" | grep -q "$tmp/fifo: is a FIFO, not a regular file"; then
+  echo "ok   fifo-serve-model: $(tail -1 "$tmp/err")"
+else
+  echo "FAIL fifo-serve-model: exit $rc"; cat "$tmp/err"; failures=$((failures+1))
+fi
+
+# --- Issue #18, item 2: outputs checked at start-up, before anything trains.
+# Each used to train every step and then die of an uncaught
+# std::filesystem::filesystem_error (exit 134), or to fail only at the end.
+echo x >"$tmp/afile"
+expect_early ckpt-dir-is-a-file "checkpoint.dir: $tmp/afile: is a regular file, not a folder" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/afile"
+expect_early ckpt-dir-uncreatable "checkpoint.dir: $tmp/afile/sub: cannot create the folder: Not a directory" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/afile/sub"
+# A folder that takes no new files, even for root.
+expect_early ckpt-dir-unwritable "checkpoint.dir: /proc/self: cannot create files in the folder" -- "$tessera" train --config "$tmp/ok.toml" --set checkpoint.dir=/proc/self
+if [ "$(id -u)" != 0 ]; then  # permission bits do not stop root
+  mkdir -p "$tmp/ro"; chmod 555 "$tmp/ro"
+  expect_early ckpt-dir-read-only "checkpoint.dir: $tmp/ro: cannot create files in the folder" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ro"
+  chmod 755 "$tmp/ro"
+fi
+expect_early metrics-uncreatable-folder "log.metrics: $tmp/afile: cannot create the folder" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "log.metrics=$tmp/afile/m.jsonl"
+expect_early metrics-is-a-folder "log.metrics: $tmp: cannot open for writing" -- "$tessera" train --config "$tmp/ok.toml" --set "checkpoint.dir=$tmp/ck_ok" --set "log.metrics=$tmp"
+expect_error export-out-is-a-folder "out: $tmp: is a folder, not a regular file" -- "$tessera" export "$tmp/ck1" --out "$tmp"
+expect_error export-out-under-a-file "out: $tmp/afile: is a regular file, not a folder" -- "$tessera" export "$tmp/ck1" --out "$tmp/afile/x.safetensors"
+expect_error export-out-unwritable "out: /proc/self: cannot create files in the folder" -- "$tessera" export "$tmp/ck1" --out /proc/self/x.safetensors
+
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all bad-input cases gave one clear line"

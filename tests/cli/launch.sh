@@ -15,6 +15,10 @@ check "more ranks than cores oversubscribe" "--oversubscribe --bind-to none .*OM
 out=$("$tessera" launch -n 2 --hosts h1:1,h2:1 --netns --tcp-if 10.99.0.0/24 --dry-run -- train 2>&1)
 check "--netns runs mpirun in the first host with the agent" "ip netns exec h1 env TESSERA_HOST=h1 mpirun --mca plm_rsh_agent .*netns-agent.sh" "$out"
 check "--tcp-if pins btl and oob" "btl_tcp_if_include 10.99.0.0/24 .*oob_tcp_if_include 10.99.0.0/24" "$out"
+# Each namespace host's daemon binds from core 0: with --bind-to core every
+# rank landed on CPU 0 (issue #18). Unbound, the kernel spreads them.
+check "--netns does not bind ranks to cores" "--bind-to none" "$out"
+if echo "$out" | grep -q -- "--bind-to core"; then echo "FAIL --netns passes --bind-to core: $out"; status=1; fi
 
 # Errors: one line, non-zero.
 err=$("$tessera" launch -n 2 --netns --dry-run -- train 2>&1); rc=$?

@@ -93,5 +93,24 @@ TEST(TokenLoader, Errors) {
   EXPECT_NE(tiny.status().message().find("fewer than one sequence"), std::string::npos);
 }
 
+// A token id >= vocab late in the second shard is found when the shards
+// are opened, named by that shard's file (not the glob) and its place in
+// the file, not when (or if) its batch is drawn.
+TEST(TokenLoader, TokenOutsideVocabularyNamesItsShardWhenOpened) {
+  const std::string dir = ::testing::TempDir() + "/vocab_check";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::vector<uint16_t> good(100, 5), bad(3000, 5);
+  bad[2999] = 256;
+  ASSERT_TRUE(write_shard(dir + "/train_0.bin", good).ok());
+  ASSERT_TRUE(write_shard(dir + "/train_1.bin", bad).ok());
+  auto l = TokenLoader::open(dir + "/train_*.bin", 8, 1, 256);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().message(), dir + "/train_1.bin: token id 256 at token 2999 (byte offset 7022) is outside the "
+                                        "vocabulary [0, 256)");
+  EXPECT_TRUE(TokenLoader::open(dir + "/train_*.bin", 8, 1, 257).ok());
+  EXPECT_TRUE(TokenLoader::open(dir + "/train_*.bin", 8, 1).ok());  // vocab 0: not checked
+}
+
 }  // namespace
 }  // namespace tessera::data

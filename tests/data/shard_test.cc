@@ -1,5 +1,6 @@
 #include "data/shard.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -162,6 +163,29 @@ TEST_F(ShardTest, MissingFile) {
     EXPECT_EQ(st.code(), StatusCode::kNotFound);
     EXPECT_TRUE(contains(st.message(), p));
   }
+}
+
+// A FIFO (or a folder) where a shard is expected is refused by name; a plain
+// open() of a FIFO with no writer would block forever.
+TEST_F(ShardTest, FifoAndFolderAreRefusedByName) {
+  const std::string fifo = path("fifo.bin");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const Status& st : {read_shard(fifo).status(), read_shard_token_count(fifo).status()})
+    EXPECT_TRUE(contains(st.message(), fifo + ": is a FIFO, not a regular file"));
+  const std::string dir = path("dir.bin");
+  fs::create_directories(dir);
+  EXPECT_TRUE(contains(read_shard(dir).status().message(), dir + ": is a folder, not a regular file"));
+}
+
+TEST(CheckTokenIds, NamesTheFileThePositionAndTheByteOffset) {
+  std::vector<uint16_t> tokens(2000, 7);
+  tokens[1500] = 300;
+  tokens[1700] = 400;  // only the first bad one is reported
+  Status st = check_token_ids(tokens, 256, "data/train_000003.bin");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "data/train_000003.bin: token id 300 at token 1500 (byte offset 4024) is outside the vocabulary [0, 256)");
+  EXPECT_TRUE(check_token_ids(tokens, 401, "x").ok());
 }
 
 }  // namespace

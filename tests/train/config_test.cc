@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -62,6 +64,52 @@ TEST(TrainConfig, SeqBeyondContextAndHeadsNotDividingDim) {
   c = load_train_config(write_config("h.toml", kMinimal), {"model.heads=3"});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("divisible"), std::string::npos);
+}
+
+// Values that cannot train are refused when the config is read, with the
+// key named, not accepted and run (issue #18, item 8).
+TEST(TrainConfig, BetasOutsideZeroToOne) {
+  for (const char* set : {"train.beta2=2.0", "train.beta2=1", "train.beta1=1.0"}) {
+    auto c = load_train_config(write_config("betas.toml", kMinimal), {set});
+    ASSERT_FALSE(c.ok()) << set;
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    EXPECT_NE(c.status().message().find(key + " must be in [0, 1)"), std::string::npos) << c.status().message();
+  }
+  auto c = load_train_config(write_config("betas.toml", kMinimal), {"train.beta1=0", "train.beta2=0.999"});
+  EXPECT_TRUE(c.ok()) << c.status().message();
+}
+
+TEST(TrainConfig, WarmupBeyondSteps) {
+  auto c = load_train_config(write_config("warmup.toml", kMinimal), {"train.steps=10", "train.warmup=11"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("train.warmup (11) exceeds train.steps (10)"), std::string::npos)
+      << c.status().message();
+  EXPECT_TRUE(load_train_config(write_config("warmup.toml", kMinimal), {"train.steps=10", "train.warmup=10"}).ok());
+}
+
+TEST(TrainConfig, StopAtBeyondSteps) {
+  auto c = load_train_config(write_config("stop.toml", kMinimal), {"train.steps=10", "train.stop_at=11"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("train.stop_at (11) exceeds train.steps (10)"), std::string::npos)
+      << c.status().message();
+  EXPECT_TRUE(load_train_config(write_config("stop.toml", kMinimal), {"train.steps=10", "train.stop_at=10"}).ok());
+}
+
+TEST(TrainConfig, EmptyCheckpointDir) {
+  auto c = load_train_config(write_config("ckdir.toml", kMinimal), {"checkpoint.dir="});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("checkpoint.dir is empty"), std::string::npos) << c.status().message();
+}
+
+// A FIFO as the config file is refused by name; reading it would block.
+TEST(TrainConfig, FifoConfigIsRefused) {
+  const std::string path = ::testing::TempDir() + "/config_fifo.toml";
+  std::filesystem::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  auto c = load_train_config(path, {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("is a FIFO, not a regular file"), std::string::npos) << c.status().message();
+  std::filesystem::remove(path);
 }
 
 TEST(TrainConfig, EveryKeyIsDocumented) {

@@ -71,8 +71,12 @@ TEST(ServeServer, LoadingThenServingThenDraining) {
                     "application/json");
     if (r) streamed = r->body;
   });
-  for (int i = 0; i < 2000 && engine->get()->stats().running == 0; i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Until the stream has begun (5 tokens came from the first request; a
+  // loaded machine may take seconds to get here, a quiet one may already
+  // have finished the stream: both are fine).
+  obs::Counter& generated = reg.counter("tessera_generation_tokens_total", "");
+  for (int i = 0; i < 30000 && generated.value() <= 5; i++) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GT(generated.value(), 5) << "the streamed request never started";
   EXPECT_TRUE(server.shutdown());
   client.join();
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed.substr(0, 300);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <variant>
 
@@ -80,6 +81,11 @@ const std::vector<Key>& keys() {
       {"checkpoint.on_busy", &TrainConfig::checkpoint_on_busy,
        "a save due while the previous one is still writing: \"wait\" for it or \"skip\" this one"},
       {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none)"},
+      {"log.metrics_port", &TrainConfig::metrics_port,
+       "Prometheus GET /metrics on this port + the rank's local rank (0: off; --metrics-port sets it)", 0},
+      {"log.metrics_host", &TrainConfig::metrics_host,
+       "address the /metrics port binds (\"0.0.0.0\": every interface, for a Prometheus on another machine)"},
+      {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
   };
   return k;
 }
@@ -206,6 +212,7 @@ Status validate(const TrainConfig& c, const std::string& where) {
   if (c.zero != 0 && c.zero != 1) return bad(fmt::format("parallel.zero must be 0 or 1, got {}", c.zero));
   if (c.train_data.empty()) return bad("data.train is required");
   if (c.opt.min_lr > c.opt.lr) return bad("train.min_lr must not exceed train.lr");
+  if (c.metrics_port > 65535) return bad(fmt::format("log.metrics_port must be at most 65535, got {}", c.metrics_port));
   return Status::OK();
 }
 
@@ -252,6 +259,7 @@ Result<TrainConfig> load_train_config(const std::string& path, const std::vector
     RETURN_IF_ERROR(assign(c, *k, *v.get("v"), "--set"));
   }
   c.opt.steps = c.steps;
+  if (c.job.empty()) c.job = std::filesystem::path(path).stem().string();
   RETURN_IF_ERROR(validate(c, path));
   return c;
 }

@@ -18,6 +18,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;
+  int metrics_port = -1;  // -1: log.metrics_port decides
 };
 
 int run_train(const TrainArgs& a) {
@@ -32,6 +33,7 @@ int run_train(const TrainArgs& a) {
   auto c = load_train_config(a.config, a.overrides);
   if (!c.ok()) return fail(c.status());
   c->resume = a.resume;
+  if (a.metrics_port >= 0) c->metrics_port = a.metrics_port;
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   auto world = comm::world_communicator(opts);
@@ -78,6 +80,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", a->resume,
                   "continue from a checkpoint: 'latest' (in checkpoint.dir) or a checkpoint folder; any dp x tp x pp "
                   "layout of the same model");
+  cmd->add_option("--metrics-port", a->metrics_port,
+                  "serve Prometheus GET /metrics on this port (each rank on it + its local rank; 0: off); sets "
+                  "log.metrics_port")
+      ->check(CLI::Range(0, 65535));
   cmd->callback([a] { exit_code() = run_train(*a); });
 }
 

@@ -69,9 +69,25 @@ Labels::Labels(std::initializer_list<std::pair<std::string, std::string>> kv) {
   for (const auto& [k, v] : kv_) CHECK(valid_name(k) && k != "le");
 }
 
+Labels Labels::merge(const Labels& base, const Labels& over) {
+  Labels out = over;
+  for (const auto& p : base.kv_) {
+    auto it = std::lower_bound(out.kv_.begin(), out.kv_.end(), p.first,
+                               [](const auto& q, const std::string& k) { return q.first < k; });
+    if (it == out.kv_.end() || it->first != p.first) out.kv_.insert(it, p);
+  }
+  return out;
+}
+
 void Counter::add(double x) {
   CHECK(x >= 0.0);
   atomic_add(v_, x);
+}
+
+void Counter::advance_to(double total) {
+  double cur = v_.load(std::memory_order_relaxed);
+  while (cur < total && !v_.compare_exchange_weak(cur, total, std::memory_order_relaxed)) {
+  }
 }
 
 void Gauge::add(double x) { atomic_add(v_, x); }
@@ -143,16 +159,24 @@ Histogram& Registry::histogram(const std::string& name, const std::string& help,
   return *series;
 }
 
+void Registry::set_const_labels(const Labels& labels) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const_labels_ = labels;
+}
+
 std::string Registry::render_prometheus() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   for (const auto& [name, f] : families_) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, escape(f.help, false), name, type_name(f.type));
-    for (const auto& [labels, c] : f.counters)
-      out += fmt::format("{}{} {}\n", name, label_text(labels), format_metric_value(c->value()));
-    for (const auto& [labels, g] : f.gauges)
-      out += fmt::format("{}{} {}\n", name, label_text(labels), format_metric_value(g->value()));
-    for (const auto& [labels, h] : f.histograms) {
+    for (const auto& [own, c] : f.counters)
+      out += fmt::format("{}{} {}\n", name, label_text(Labels::merge(const_labels_, own)),
+                         format_metric_value(c->value()));
+    for (const auto& [own, g] : f.gauges)
+      out += fmt::format("{}{} {}\n", name, label_text(Labels::merge(const_labels_, own)),
+                         format_metric_value(g->value()));
+    for (const auto& [own, h] : f.histograms) {
+      const Labels labels = Labels::merge(const_labels_, own);
       const Histogram::Snapshot s = h->snapshot();
       uint64_t cumulative = 0;
       for (size_t i = 0; i <= s.bounds.size(); i++) {

@@ -1,5 +1,5 @@
 // A small metrics registry: counters, gauges and histograms with labels,
-// shared by the trainer (and later the server and the Prometheus exporter),
+// shared by the trainer, the server and the Prometheus exporter (obs/http),
 // and its rendering in the Prometheus text exposition format (version 0.0.4).
 //
 // A metric family (name, help, type) holds one series per label set; labels
@@ -31,6 +31,8 @@ class Labels {
   Labels(std::initializer_list<std::pair<std::string, std::string>> kv);
   const std::vector<std::pair<std::string, std::string>>& pairs() const { return kv_; }
   bool empty() const { return kv_.empty(); }
+  // Both sets; where a key is in both, over's value wins.
+  static Labels merge(const Labels& base, const Labels& over);
   auto operator<=>(const Labels&) const = default;
 
  private:
@@ -41,6 +43,10 @@ class Labels {
 class Counter {
  public:
   void add(double x = 1.0);
+  // For a counter that mirrors a total kept elsewhere (the kernel's CPU
+  // time of the process): raises the value to `total`; a smaller total
+  // leaves it as it is, so concurrent callers never make it go down.
+  void advance_to(double total);
   double value() const { return v_.load(std::memory_order_relaxed); }
 
  private:
@@ -99,6 +105,12 @@ class Registry {
   //   # TYPE name counter|gauge|histogram
   //   name{k="v"} value
   //   name_bucket{k="v",le="0.5"} n ... name_bucket{le="+Inf"} n, name_sum, name_count
+  // Every series rendered also carries these labels (a series' own label
+  // of the same key wins): who is speaking, e.g. a training rank's
+  // {rank, dp, tp, pp, host, job}. They are not part of a series' identity:
+  // counter("x", "", {}) is still the series that renders as x{rank="0",...}.
+  void set_const_labels(const Labels& labels);
+
   std::string render_prometheus() const;
 
  private:
@@ -114,6 +126,7 @@ class Registry {
 
   mutable std::mutex mu_;
   std::map<std::string, Family> families_;
+  Labels const_labels_;
 };
 
 // A sample value as Prometheus writes it: "+Inf", "-Inf", "NaN", or the

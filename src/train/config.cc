@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <variant>
 
@@ -85,6 +86,11 @@ const std::vector<Key>& keys() {
       {"checkpoint.on_busy", &TrainConfig::checkpoint_on_busy,
        "a save due while the previous one is still writing: \"wait\" for it or \"skip\" this one"},
       {"log.metrics", &TrainConfig::metrics, "JSON-lines metrics file (empty: none); opened at start-up"},
+      {"log.metrics_port", &TrainConfig::metrics_port,
+       "Prometheus GET /metrics on this port + the rank's local rank (0: off; --metrics-port sets it)", 0},
+      {"log.metrics_host", &TrainConfig::metrics_host,
+       "address the /metrics port binds (\"0.0.0.0\": every interface, for a Prometheus on another machine)"},
+      {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
   };
   return k;
 }
@@ -223,6 +229,7 @@ Status validate(const TrainConfig& c, const std::string& where) {
     return bad(fmt::format("train.stop_at ({}) exceeds train.steps ({}); 0 runs all steps", c.stop_at, c.steps));
   if (c.checkpoint_dir.empty())
     return bad("checkpoint.dir is empty; it names the folder for the checkpoints and the final weights");
+  if (c.metrics_port > 65535) return bad(fmt::format("log.metrics_port must be at most 65535, got {}", c.metrics_port));
   return Status::OK();
 }
 
@@ -272,6 +279,7 @@ Result<TrainConfig> load_train_config(const std::string& path, const std::vector
     RETURN_IF_ERROR(assign(c, *k, *v.get("v"), "--set"));
   }
   c.opt.steps = c.steps;
+  if (c.job.empty()) c.job = std::filesystem::path(path).stem().string();
   RETURN_IF_ERROR(validate(c, path));
   return c;
 }

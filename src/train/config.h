@@ -38,6 +38,11 @@ struct TrainConfig {
   std::string checkpoint_on_busy = "wait";  // a save due while the last is still writing: "wait" or "skip"
   std::string resume;  // `tessera train --resume`: "latest" (checkpoint.dir) or a checkpoint folder
   std::string metrics;  // JSON-lines path; empty: none
+  // Prometheus /metrics of each rank on metrics_host, port metrics_port +
+  // the rank's local rank (its index among the job's ranks on its host); 0: off.
+  int metrics_port = 0;
+  std::string metrics_host = "127.0.0.1";
+  std::string job;  // the `job` label of every series; load_train_config: the config file's stem when empty
 };
 
 // Parses a TOML file and then "section.key=value" overrides. Errors name the

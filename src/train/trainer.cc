@@ -31,12 +31,20 @@
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
+#include "train/monitoring.h"
 
 namespace tessera {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The checkpoint series, registered in setup_metrics() and updated later.
+constexpr const char* kCheckpointBytesHelp = "Bytes of checkpoint shards this rank wrote (published saves)";
+constexpr const char* kCheckpointWriteHelp =
+    "Time this rank's checkpoint writer took for a published save's shard (hash, write, fsync)";
+constexpr const char* kCheckpointStallHelp = "Training time this rank spent stalled by checkpoints";
+std::vector<double> checkpoint_write_buckets() { return obs::exponential_buckets(0.001, 2, 20); }
 
 // Token ids outside the model's vocabulary almost always mean the shards were
 // prepared with another tokenizer; say so.
@@ -180,11 +188,16 @@ class Trainer {
     obs::Gauge* bubble_s;
     obs::Gauge* p2p_s;
     obs::Gauge* compute_s;
+    obs::Counter* checkpoint_stall_s;  // with a checkpointer
   };
   void setup_metrics();
+  void add_stall(double seconds);
   obs::Registry own_registry_;  // when the caller passes none
   obs::Registry& registry_;
   StepMetrics step_metrics_{};
+  // GET /metrics of registry_ (log.metrics_port); declared after it, so it
+  // stops before the registry goes.
+  std::unique_ptr<obs::MetricsExporter> exporter_;
   int start_step_ = 0;
   bool already_finished_ = false;  // resumed at or past train.steps
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
@@ -335,6 +348,14 @@ Status Trainer::setup() {
   ASSIGN_OR_RETURN(mesh_, comm::Mesh::create(world_, {c_.dp, c_.tp, c_.pp}));
   dp_ = &mesh_->dp();
   coord_ = mesh_->coord();
+  // The exporter starts before the model is built, so a port in use is
+  // reported before anything slow, and a scrape during setup already
+  // names the rank.
+  registry_.set_const_labels(rank_labels(c_, rank_, coord_));
+  ASSIGN_OR_RETURN(exporter_, start_metrics_exporter(c_, world_, registry_));
+  if (exporter_)
+    say("metrics: http://%s:%d/metrics%s\n", exporter_->host().c_str(), exporter_->port(),
+        world_.size() > 1 ? " (rank 0; each rank on this port + its local rank)" : "");
   RETURN_IF_ERROR(setup_device());
   RETURN_IF_ERROR(setup_model());
 
@@ -420,6 +441,20 @@ void Trainer::setup_metrics() {
   step_metrics_.bubble_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "bubble"}});
   step_metrics_.p2p_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "p2p"}});
   step_metrics_.compute_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "compute"}});
+  if (checkpointer_) {  // the checkpoint series exist (at 0) from the start
+    registry_.counter("tessera_train_checkpoints_total", "Checkpoints published");
+    registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed");
+    registry_.counter("tessera_train_checkpoint_bytes_total", kCheckpointBytesHelp);
+    registry_.histogram("tessera_train_checkpoint_write_seconds", kCheckpointWriteHelp, checkpoint_write_buckets());
+    step_metrics_.checkpoint_stall_s =
+        &registry_.counter("tessera_train_checkpoint_stall_seconds_total", kCheckpointStallHelp);
+  }
+}
+
+// Training time this rank spent in the checkpointer.
+void Trainer::add_stall(double seconds) {
+  stall_s_ += seconds;
+  step_metrics_.checkpoint_stall_s->add(seconds);
 }
 
 // Validation batches are dealt round-robin to the dp replicas, run through
@@ -556,8 +591,10 @@ void Trainer::log(const StepStats& s) {
 void Trainer::report_save(const ckpt::PollResult& r) {
   if (r.state == ckpt::SaveState::kPublished) {
     registry_.counter("tessera_train_checkpoints_total", "Checkpoints published").add(1);
-    registry_.gauge("tessera_train_checkpoint_stall_seconds", "Training time stalled by checkpoints so far")
-        .set(stall_s_);
+    registry_.counter("tessera_train_checkpoint_bytes_total", kCheckpointBytesHelp)
+        .add(static_cast<double>(r.stats.bytes_rank));
+    registry_.histogram("tessera_train_checkpoint_write_seconds", kCheckpointWriteHelp, checkpoint_write_buckets())
+        .observe(r.stats.write_s);
     say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s; checkpoints have "
         "stalled training %.1f ms so far (%.3f%%)%s%s\n",
         static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
@@ -588,12 +625,12 @@ Status Trainer::save(int step, bool stop, bool last) {
     const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
     const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
     ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, pieces, state));
-    stall_s_ += std::chrono::duration<double>(Clock::now() - ts).count();
+    add_stall(std::chrono::duration<double>(Clock::now() - ts).count());
     if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step);
   }
   auto tp = Clock::now();
   ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, last));
-  if (!last) stall_s_ += std::chrono::duration<double>(Clock::now() - tp).count();  // waiting at the end is not a stall
+  if (!last) add_stall(std::chrono::duration<double>(Clock::now() - tp).count());  // waiting at the end is not a stall
   report_save(r);
   return Status::OK();
 }

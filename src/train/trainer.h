@@ -1,5 +1,6 @@
 // The training loop behind `tessera train`: model, data, optimizer, periodic
-// validation, progress lines, JSON-lines metrics, and the final weights.
+// validation, progress lines, JSON-lines and Prometheus metrics, and the
+// final weights.
 #pragma once
 
 #include <cstdio>
@@ -22,8 +23,10 @@ struct TrainSummary {
 // mpirun), laid out as c.dp x c.tp x c.pp. Rank 0 prints progress to `out`,
 // writes the metrics and saves the weights. Every rank records its figures
 // (tessera_train_*: steps, tokens, loss, learning rate, norm, step times,
-// memory, checkpoints) into `metrics` when given (a registry shared with an
-// exporter; it must outlive the call), else into a registry of its own.
+// memory, checkpoints) into `metrics` when given (it must outlive the call),
+// else into a registry of its own, and sets the registry's constant labels
+// to the rank's (train/monitoring.h). With c.metrics_port > 0 each rank
+// serves that registry at GET /metrics while the call runs.
 Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
                                   obs::Registry* metrics = nullptr);
 

@@ -100,6 +100,33 @@ TEST(Metrics, ConcurrentUpdatesLoseNothing) {
   EXPECT_EQ(h.snapshot().counts[2], 40000u);  // 2 < 3 <= 4
 }
 
+TEST(Metrics, ConstLabelsAreOnEverySeriesAndASeriesOwnLabelWins) {
+  Registry r;
+  r.set_const_labels({{"rank", "1"}, {"job", "j"}});
+  r.counter("c_total", "C").add(2);
+  r.gauge("g", "G", {{"kind", "params"}, {"job", "mine"}}).set(3);
+  r.histogram("h", "H", {1}).observe(0.5);
+  EXPECT_EQ(r.render_prometheus(),
+            "# HELP c_total C\n# TYPE c_total counter\nc_total{job=\"j\",rank=\"1\"} 2\n"
+            "# HELP g G\n# TYPE g gauge\ng{job=\"mine\",kind=\"params\",rank=\"1\"} 3\n"
+            "# HELP h H\n# TYPE h histogram\nh_bucket{job=\"j\",rank=\"1\",le=\"1\"} 1\n"
+            "h_bucket{job=\"j\",rank=\"1\",le=\"+Inf\"} 1\nh_sum{job=\"j\",rank=\"1\"} 0.5\n"
+            "h_count{job=\"j\",rank=\"1\"} 1\n");
+  // Not part of a series' identity: the unlabelled lookup is the same series.
+  EXPECT_EQ(r.counter("c_total", "C").value(), 2);
+}
+
+TEST(Metrics, CounterAdvanceToNeverGoesDown) {
+  Counter c;
+  c.advance_to(5);
+  EXPECT_EQ(c.value(), 5);
+  c.advance_to(3);
+  EXPECT_EQ(c.value(), 5);
+  c.add(1);
+  c.advance_to(5.5);
+  EXPECT_EQ(c.value(), 6);
+}
+
 TEST(Metrics, ExponentialBuckets) {
   EXPECT_EQ(exponential_buckets(1, 2, 4), (std::vector<double>{1, 2, 4, 8}));
 }

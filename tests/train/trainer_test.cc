@@ -1,9 +1,10 @@
-// run_training records its per-step figures into the caller's metrics
-// registry, and the JSONL metrics file keeps its keys.
+// run_training records its per-step figures, labelled with the rank, into the
+// caller's metrics registry, and the JSONL metrics file keeps its keys.
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -29,7 +30,9 @@ TEST(Trainer, RecordsStepsIntoTheGivenRegistryAndKeepsTheJsonlKeys) {
   c.metrics = dir + "/metrics.jsonl";
   auto world = comm::self_communicator();
   obs::Registry registry;
+  setenv("TESSERA_HOST", "testhost", 1);  // the host label
   Result<TrainSummary> r = run_training(c, *world, nullptr, &registry);
+  unsetenv("TESSERA_HOST");
   ASSERT_TRUE(r.ok()) << r.status().message();
 
   EXPECT_EQ(registry.counter("tessera_train_steps_total", "").value(), 3);
@@ -37,8 +40,15 @@ TEST(Trainer, RecordsStepsIntoTheGivenRegistryAndKeepsTheJsonlKeys) {
   EXPECT_EQ(registry.gauge("tessera_train_loss", "").value(), r->last_train_loss);
   const std::string text = registry.render_prometheus();
   EXPECT_NE(text.find("# TYPE tessera_train_step_seconds histogram\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("tessera_train_step_seconds_count 3\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("tessera_train_memory_bytes{kind=\"params\"} "), std::string::npos) << text;
+  // Every series carries the rank's labels.
+  EXPECT_NE(text.find("tessera_train_step_seconds_count{dp=\"0\",host=\"testhost\",job=\"tessera\",pp=\"0\","
+                      "rank=\"0\",tp=\"0\"} 3\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("tessera_train_memory_bytes{dp=\"0\",host=\"testhost\",job=\"tessera\",kind=\"params\","
+                      "pp=\"0\",rank=\"0\",tp=\"0\"} "),
+            std::string::npos)
+      << text;
 
   std::ifstream in(c.metrics);
   std::string line, last;

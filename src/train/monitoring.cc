@@ -1,0 +1,63 @@
+#include "train/monitoring.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/mpi/local_device.h"
+
+namespace tessera {
+
+namespace {
+
+std::string host_name() {
+  if (const char* h = std::getenv("TESSERA_HOST"); h && *h) return h;
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+obs::Labels rank_labels(const TrainConfig& c, int rank, const comm::MeshCoord& coord) {
+  return obs::Labels{{"rank", std::to_string(rank)},
+                     {"dp", std::to_string(coord.dp)},
+                     {"tp", std::to_string(coord.tp)},
+                     {"pp", std::to_string(coord.pp)},
+                     {"host", host_name()},
+                     {"job", c.job.empty() ? "tessera" : c.job}};
+}
+
+Result<std::unique_ptr<obs::MetricsExporter>> start_metrics_exporter(const TrainConfig& c, comm::Communicator& world,
+                                                                     obs::Registry& registry) {
+  if (c.metrics_port == 0) return std::unique_ptr<obs::MetricsExporter>();
+  // Ranks on one host take consecutive ports; each host starts at the same
+  // one, so a Prometheus config lists host:P ... host:P+ranks_per_host-1.
+  ASSIGN_OR_RETURN(comm::LocalRank local, comm::local_rank());
+  const int port = c.metrics_port + local.rank;
+  auto exporter = std::make_unique<obs::MetricsExporter>(registry);
+  Status st = port <= 65535 ? exporter->start(c.metrics_host, port)
+                            : Status::InvalidArgument(fmt::format("log.metrics_port {} + local rank {} is beyond 65535",
+                                                                  c.metrics_port, local.rank));
+  // failed[r]: the port rank r could not serve on, or 0.
+  std::vector<int32_t> failed(static_cast<size_t>(world.size()), 0);
+  if (!st.ok()) failed[static_cast<size_t>(world.rank())] = port;
+  RETURN_IF_ERROR(world.all_reduce(failed.data(), failed.data(), world.size(), comm::ElemType::kI32));
+  for (int r = 0; r < world.size(); r++) {
+    if (failed[static_cast<size_t>(r)] == 0) continue;
+    const std::string who = world.size() > 1 ? fmt::format("rank {}: ", r) : "";
+    if (failed[static_cast<size_t>(r)] > 65535)
+      return Status::InvalidArgument(fmt::format("{}log.metrics_port {} + its local rank is beyond 65535", who,
+                                                 c.metrics_port));
+    return Status::InvalidArgument(fmt::format(
+        "{}cannot serve metrics on {}:{} (the port is in use, or the address is not one of this host's); choose another "
+        "--metrics-port (log.metrics_port; rank r uses it + its local rank) or 0 for none",
+        who, c.metrics_host, failed[static_cast<size_t>(r)]));
+  }
+  return exporter;
+}
+
+}  // namespace tessera

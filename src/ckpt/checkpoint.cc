@@ -106,6 +106,11 @@ Result<Checkpoint> Checkpoint::open(const std::string& path) {
   std::optional<int64_t> folder_step = parse_step_dir_name(folder);
   if (folder_step && *folder_step != m->step)
     return Status::Corruption(fmt::format("{}: says step {} but lies in folder {}", manifest_path, m->step, folder));
+  // Last: a manifest that reads well but was changed (a model dimension, a
+  // piece's checksum, a piece dropped) fails its own checksum.
+  if (Status st = check_manifest_checksum(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+      !st.ok())
+    return st.With(manifest_path);
   Checkpoint c;
   c.dir_ = normal.string();
   c.manifest_ = std::move(m).value();
@@ -182,6 +187,15 @@ Status Checkpoint::verify() const {
     if (got != s.xxh64)
       return Status::Corruption(
           fmt::format("{}: xxh64 is {}, manifest says {} (corrupted)", path, hex64(got), hex64(s.xxh64)));
+    // Every piece's own checksum too (what a resume reads).
+    for (const PieceRecord& p : s.pieces) {
+      std::vector<char> piece(p.bytes);
+      RETURN_IF_ERROR(fd.pread_all(piece.data(), p.bytes, p.offset, "data"));
+      const uint64_t h = XXH64(piece.data(), piece.size(), 0);
+      if (h != p.xxh64)
+        return Status::Corruption(fmt::format("{}: piece '{}' xxh64 is {}, manifest says {} (corrupted)", path,
+                                              p.name, hex64(h), hex64(p.xxh64)));
+    }
   }
   return Status::OK();
 }

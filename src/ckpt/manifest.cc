@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 
+#include <xxhash.h>
+
 namespace tessera::ckpt {
 namespace {
 
@@ -147,8 +149,31 @@ json shard_to_json(const ShardRecord& s) {
 json manifest_to_json(const Manifest& m) {
   json shards = json::array();
   for (const ShardRecord& s : m.shards) shards.push_back(shard_to_json(s));
-  return {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step}, {"world_size", m.world_size},
-          {"config", m.config},    {"layout", m.layout},        {"shards", std::move(shards)}};
+  json j = {{"format", kFormatName}, {"version", kFormatVersion}, {"step", m.step}, {"world_size", m.world_size},
+            {"config", m.config},    {"layout", m.layout},        {"shards", std::move(shards)}};
+  j["manifest_xxh64"] = hex64(manifest_content_xxh64(j));
+  return j;
+}
+
+uint64_t manifest_content_xxh64(json j) {
+  j.erase("manifest_xxh64");
+  const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return XXH64(text.data(), text.size(), 0);
+}
+
+Status check_manifest_checksum(std::string_view text) {
+  const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corruption("not a JSON object");
+  auto it = j.find("manifest_xxh64");
+  if (it == j.end()) return Status::OK();
+  Fields f{j, "manifest"};
+  ASSIGN_OR_RETURN(uint64_t want, f.hash("manifest_xxh64"));
+  const uint64_t got = manifest_content_xxh64(j);
+  if (got != want)
+    return Status::Corruption(fmt::format(
+        "its contents hash to {} but \"manifest_xxh64\" says {}: the manifest was edited or corrupted", hex64(got),
+        hex64(want)));
+  return Status::OK();
 }
 
 Result<ShardRecord> shard_from_json(const json& j) {

@@ -50,7 +50,16 @@ struct Manifest {
 };
 
 nlohmann::json shard_to_json(const ShardRecord& s);
+// With "manifest_xxh64": the XXH64 (seed 0) of the compact dump of every
+// other field (nlohmann's dump: keys sorted, no spaces), so an edit of the
+// config, the piece list or any checksum is caught (check_manifest_checksum).
 nlohmann::json manifest_to_json(const Manifest& m);
+// A manifest's self-check, run by Checkpoint::open after the structural
+// checks: Corruption when "manifest_xxh64" does not match the rest. A
+// manifest without the field (written before it existed) passes.
+Status check_manifest_checksum(std::string_view text);
+// XXH64 of a manifest object's compact dump without "manifest_xxh64".
+uint64_t manifest_content_xxh64(nlohmann::json j);
 // Every check of docs/formats/checkpoint.md; errors are one line (Corruption)
 // without the file name, which the caller prefixes.
 Result<ShardRecord> shard_from_json(const nlohmann::json& j);

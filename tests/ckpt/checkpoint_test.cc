@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -488,6 +489,49 @@ TEST_F(CheckpointTest, MissingOrGarbledManifestIsReported) {
   st = Checkpoint::open(root()).status();
   EXPECT_EQ(st.code(), StatusCode::kCorruption);
   EXPECT_TRUE(contains(st.message(), (dir_ / "latest").string()));
+}
+
+// The manifest checks itself: a one-bit change that still reads well (a
+// model dimension, a piece's checksum, a piece dropped) is refused at open;
+// verify recomputes every piece's checksum.
+TEST_F(CheckpointTest, ManifestChecksumCatchesEditsThatReadWell) {
+  save_whole(Shape{4, 4});
+  const fs::path manifest = step_dir(10) / "manifest.json";
+  const std::string good = read_text(manifest);
+  const nlohmann::json j = nlohmann::json::parse(good);
+  ASSERT_TRUE(j.contains("manifest_xxh64"));
+  auto open_with = [&](const nlohmann::json& k) {
+    std::ofstream(manifest, std::ios::trunc) << k.dump(1);
+    return Checkpoint::open(root()).status();
+  };
+  for (auto edit : std::vector<std::function<void(nlohmann::json&)>>{
+           [](nlohmann::json& k) { k["config"]["dim"] = 120; },
+           [](nlohmann::json& k) { k["shards"][0]["pieces"][0]["xxh64"] = "0000000000000001"; },
+           [](nlohmann::json& k) { k["shards"][0]["pieces"] = nlohmann::json::array(); },
+       }) {
+    nlohmann::json k = j;
+    edit(k);
+    const Status st = open_with(k);
+    EXPECT_EQ(st.code(), StatusCode::kCorruption);
+    EXPECT_TRUE(contains(st.message(), "edited or corrupted")) << st.message();
+    EXPECT_TRUE(contains(st.message(), manifest.string())) << st.message();
+  }
+  // A manifest written before the checksum existed still opens.
+  nlohmann::json old = j;
+  old.erase("manifest_xxh64");
+  EXPECT_TRUE(open_with(old).ok());
+  // A wrong piece checksum under a consistent manifest: verify finds it.
+  nlohmann::json k = j;
+  k["shards"][0]["pieces"][0]["xxh64"] = "0000000000000001";
+  k["manifest_xxh64"] = hex64(manifest_content_xxh64(k));
+  ASSERT_TRUE(open_with(k).ok());
+  Result<Checkpoint> ck = Checkpoint::open(root());
+  ASSERT_TRUE(ck.ok());
+  const Status st = ck->verify();
+  EXPECT_EQ(st.code(), StatusCode::kCorruption);
+  EXPECT_TRUE(contains(st.message(), "piece 'w' xxh64 is")) << st.message();
+  std::ofstream(manifest, std::ios::trunc) << good;
+  EXPECT_TRUE(Checkpoint::open(root())->verify().ok());
 }
 
 // ---- failing writes ----

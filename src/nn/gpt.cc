@@ -898,33 +898,18 @@ struct GPT::Int8Weights {
 };
 
 Status GPT::quantize_int8() {
-  if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole())
-    return Status::InvalidArgument(
-        "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
-  auto q = std::make_shared<Int8Weights>();
-  const int C = config_.channels;
   const ParamPtrs p = param_ptrs();
-  auto add = [&](const float* w, int OC, int K) {
-    Int8Weights::Matrix m;
-    m.w.resize(static_cast<size_t>(OC) * K);
-    m.scale.resize(OC);
-    cpu::quantize_weights_int8(m.w.data(), m.scale.data(), w, OC, K);
-    q->m.push_back(std::move(m));
-  };
-  try {
-    for (int l = 0; l < local_layers_; l++) {
-      const LayerParams w = layer_params(l);
-      add(w.qkvw, 3 * C, C);
-      add(w.attprojw, C, C);
-      add(w.fcw, 4 * C, C);
-      add(w.fcprojw, C, 4 * C);
+  // The fp32 source of each INT8 matrix, in load_int8's order.
+  return load_int8([&](int k, int OC, int C, int8_t* w, float* scale) {
+    const float* src = p[kWte];
+    if (k < 4 * local_layers_) {
+      const LayerParams l = layer_params(k / 4);
+      const float* per_layer[4] = {l.qkvw, l.attprojw, l.fcw, l.fcprojw};
+      src = per_layer[k % 4];
     }
-    add(p[kWte], config_.padded_vocab(), C);
-  } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted("not enough memory for the INT8 weights");
-  }
-  int8_ = std::move(q);
-  return Status::OK();
+    cpu::quantize_weights_int8(w, scale, src, OC, C);
+    return Status::OK();
+  });
 }
 
 Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill) {
@@ -938,8 +923,12 @@ Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_
     const int OC = k == 4 * local_layers_ ? config_.padded_vocab() : shapes[k % 4][0];
     const int K = k == 4 * local_layers_ ? C : shapes[k % 4][1];
     Int8Weights::Matrix m;
-    m.w.resize(static_cast<size_t>(OC) * K);
-    m.scale.resize(OC);
+    try {
+      m.w.resize(static_cast<size_t>(OC) * K);
+      m.scale.resize(OC);
+    } catch (const std::bad_alloc&) {
+      return Status::ResourceExhausted("not enough memory for the INT8 weights");
+    }
     RETURN_IF_ERROR(fill(k, OC, K, m.w.data(), m.scale.data()));
     q->m.push_back(std::move(m));
   }

@@ -22,5 +22,11 @@ fi
 # OpenMPI 4.1's orted sometimes segfaults in hwloc_shmem_topology_write when
 # several daemons share one machine (2 in 20 launches here); not mapping the
 # shared topology (vmhole none) avoids it. mpirun's own -mca flags still win.
+# Every namespace host has the machine's hostname and /tmp, so two daemons
+# would race to create one session folder /tmp/ompi.HOSTNAME.UID/jf.N and one
+# loses with "mkdir: File exists" (seen in CI); each host gets its own base.
+tmpbase=${OMPI_MCA_orte_tmpdir_base:-/tmp/tessera-netns/$host}
+mkdir -p "$tmpbase"
 exec ip netns exec "$host" env TESSERA_HOST="$host" \
-  OMPI_MCA_rtc_hwloc_vmhole="${OMPI_MCA_rtc_hwloc_vmhole:-none}" sh -c "$*"
+  OMPI_MCA_rtc_hwloc_vmhole="${OMPI_MCA_rtc_hwloc_vmhole:-none}" \
+  OMPI_MCA_orte_tmpdir_base="$tmpbase" sh -c "$*"

@@ -41,6 +41,7 @@ struct ServeArgs {
   double queue_timeout_s = 60;
   double drain_timeout_s = 30;
   size_t max_body_bytes = 1 << 20;
+  bool fault_injection = false;
 };
 
 // A safetensors file (config.json beside it) or a checkpoint folder
@@ -88,6 +89,7 @@ int run_serve(const ServeArgs& a) {
   so.backend = a.backend;
   so.max_body_bytes = a.max_body_bytes;
   so.drain_timeout_s = a.drain_timeout_s;
+  so.fault_injection = a.fault_injection;
   so.model_name = !a.served_name.empty() ? a.served_name
                   : std::filesystem::is_directory(a.model) ? std::filesystem::path(a.model).filename().string()
                                                           : std::filesystem::path(a.model).stem().string();
@@ -213,6 +215,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", a->drain_timeout_s, "seconds SIGTERM waits for running requests")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1e6));
+  cmd->add_flag("--fault-injection", a->fault_injection,
+               "enable POST /admin/fault from loopback: hang, error, device_error, none (failover drills)");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--threads", a->threads, "OpenMP threads for the model (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 4096));

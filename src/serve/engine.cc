@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -152,6 +153,7 @@ Result<uint64_t> Engine::submit(std::vector<int> prompt, const SamplingParams& p
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_ || stop_) return Status::Unavailable("the server is shutting down");
+    if (!fault_.ok()) return Status::Unavailable(fmt::format("device error: {}", fault_.message()));
     // Requests that will be admitted at the next step do not count as waiting.
     const int free_places = opts_.max_seqs - running_count_;
     if (queued_ - free_places >= opts_.max_queue)
@@ -185,6 +187,19 @@ bool Engine::drain(double timeout_s) {
     idle_.wait(lock, [&] { return active_ == 0; });
   }
   return done;
+}
+
+Status Engine::fault() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_;
+}
+
+void Engine::set_fault(Status st) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fault_ = std::move(st);
+  }
+  wake_.notify_one();
 }
 
 EngineStats Engine::stats() const {
@@ -361,6 +376,20 @@ void Engine::sample(Seq& s, const float* logits) {
 
 void Engine::step() {
   take_inbox();
+  Status fault;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fault = fault_;
+  }
+  if (!fault.ok()) {
+    const Status st = Status::Unavailable(fmt::format("device error: {}", fault.message()));
+    for (auto& s : running_) finish(*s, FinishReason::kError, st);
+    for (auto& s : waiting_) finish(*s, FinishReason::kError, st);
+    running_.clear();
+    waiting_.clear();
+    update_gauges();
+    return;
+  }
   // Refuse requests that waited too long; drop finished ones.
   const Clock::time_point now = Clock::now();
   for (auto& s : waiting_) {
@@ -458,7 +487,10 @@ void Engine::step() {
   const TokenBatch b{batch_tokens_, batch_seq_, batch_pos_};
   Status st = model_->forward_tokens(b, *cache_, logit_rows_, logits_.data());
   if (!st.ok()) {
-    // The model failed (a device error): every sequence in the batch ends.
+    // The model failed (a device error): every sequence ends, and the
+    // engine refuses work until cleared (the server's /health says why).
+    std::fprintf(stderr, "serve: device error: %s; refusing new requests\n", st.ToString().c_str());
+    set_fault(st);
     for (auto& s : running_) finish(*s, FinishReason::kError, st);
     running_.clear();
     update_gauges();

@@ -140,6 +140,12 @@ class Engine {
   // whether everything finished in time.
   bool drain(double timeout_s);
   bool draining() const { return draining_.load(); }
+  // A device fault: once the model fails a step (a CUDA or NCCL error), the
+  // engine ends every queued and running request with that status and
+  // refuses new ones (Unavailable naming it) until set_fault(OK). The server
+  // reports it on /health. set_fault(error) injects one (fault drills).
+  Status fault() const;
+  void set_fault(Status st);
 
   EngineStats stats() const;
   const GPT& model() const { return *model_; }
@@ -176,6 +182,7 @@ class Engine {
   int active_ = 0;   // accepted and not yet finished
   uint64_t next_id_ = 1;
   bool stop_ = false;
+  Status fault_;
   std::atomic<bool> draining_{false};
   EngineStats stats_;
 

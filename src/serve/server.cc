@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <ctime>
 #include <random>
 
@@ -16,6 +17,7 @@ using json = nlohmann::json;
 namespace {
 
 enum class Phase { kLoading, kReady, kDraining };
+enum class Fault { kNone, kHang, kError, kDeviceError };
 
 // What a streamed or waited-on request shares between its HTTP thread and
 // the engine's callbacks.
@@ -78,6 +80,7 @@ struct Server::Handlers {
   ServerOptions opts;
   obs::Registry& registry;
   std::atomic<Phase> phase{Phase::kLoading};
+  std::atomic<Fault> fault{Fault::kNone};  // injected (/admin/fault)
   Engine* engine = nullptr;
   const data::Tokenizer* tok = nullptr;
   std::time_t started = std::time(nullptr);
@@ -133,10 +136,25 @@ struct Server::Handlers {
     return false;
   }
 
-  // 503 while loading or draining; otherwise true.
+  // While a hang is injected: waits until it is cleared.
+  void hang_while_injected() const {
+    while (fault.load() == Fault::kHang) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  // 503 while loading or draining or after a device error; 500 while an
+  // error is injected; otherwise true.
   bool serving(httplib::Response& res) {
     const Phase p = phase.load();
-    if (p == Phase::kReady) return true;
+    if (p == Phase::kReady) {
+      if (fault.load() == Fault::kError) {
+        send_error(res, api_error(500, "internal error (injected fault)", "server_error"));
+        return false;
+      }
+      const Status device = engine->fault();
+      if (device.ok()) return true;
+      send_error(res, error_of(Status::Unavailable(fmt::format("device error: {}", device.message()))));
+      return false;
+    }
     ApiError e;
     e.http = 503;
     e.type = "service_unavailable";
@@ -148,7 +166,11 @@ struct Server::Handlers {
   void health(httplib::Response& res) {
     const Phase p = phase.load();
     json j;
-    if (p == Phase::kReady) {
+    const Status device = p == Phase::kReady ? engine->fault() : Status::OK();
+    if (!device.ok()) {
+      j = {{"status", "device_error"}, {"reason", device.message()}, {"model", opts.model_name}};
+      res.status = 503;
+    } else if (p == Phase::kReady) {
       const EngineStats s = engine->stats();
       j = {{"status", "ok"},          {"model", opts.model_name}, {"backend", opts.backend},
            {"running", s.running},    {"waiting", s.waiting},     {"kv_blocks_used", s.kv_used_blocks},
@@ -159,6 +181,41 @@ struct Server::Handlers {
       res.status = 503;
     }
     res.set_content(dump(j), "application/json");
+  }
+
+  // POST /admin/fault {"fault": "none"|"hang"|"error"|"device_error"}.
+  void inject(const httplib::Request& req, httplib::Response& res) {
+    const std::string& a = req.remote_addr;
+    if (a != "127.0.0.1" && a != "::1" && a.rfind("::ffff:127.", 0) != 0) {
+      send_error(res, api_error(403, "/admin/fault answers loopback clients only", "permission_error"));
+      return;
+    }
+    if (phase.load() != Phase::kReady) {
+      serving(res);
+      return;
+    }
+    const json body = json::parse(req.body, nullptr, false);
+    const std::string name = body.is_object() && body.contains("fault") && body["fault"].is_string()
+                                 ? body["fault"].get<std::string>()
+                                 : "";
+    Fault f;
+    if (name == "none") {
+      f = Fault::kNone;
+    } else if (name == "hang") {
+      f = Fault::kHang;
+    } else if (name == "error") {
+      f = Fault::kError;
+    } else if (name == "device_error") {
+      f = Fault::kDeviceError;
+    } else {
+      send_error(res, api_error(400, "the body must be {\"fault\": \"none\"|\"hang\"|\"error\"|\"device_error\"}",
+                                "invalid_request_error", "fault"));
+      return;
+    }
+    fault = f == Fault::kDeviceError ? Fault::kNone : f;
+    engine->set_fault(f == Fault::kDeviceError ? Status::Internal("injected device error (fault drill)") : Status::OK());
+    std::fprintf(stderr, "serve: injected fault: %s\n", name.c_str());
+    res.set_content(dump(json{{"fault", name}}), "application/json");
   }
 
   void models(const httplib::Request& req, httplib::Response& res) {
@@ -276,6 +333,9 @@ struct Server::Handlers {
     }
     std::unique_lock<std::mutex> lock(call->mu);
     call->cv.wait(lock, [&] { return call->done; });
+    lock.unlock();
+    hang_while_injected();
+    lock.lock();
     const RequestResult result = call->result;
     if (result.reason == FinishReason::kError || result.reason == FinishReason::kCancelled) {
       lock.unlock();
@@ -366,6 +426,19 @@ struct Server::Handlers {
         [this, call, chunk, sent, started, chat, want_logprobs, include_usage, id, created](size_t,
                                                                                             httplib::DataSink& sink) {
           std::string out;
+          if (fault.load() == Fault::kHang) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            return true;
+          }
+          if (fault.load() == Fault::kError) {
+            // A worker failing mid-stream: an error event, then the end.
+            const ApiError e = api_error(500, "internal error (injected fault)", "server_error");
+            out = "data: " + dump(e.body()) + "\n\ndata: [DONE]\n\n";
+            errors(e.http).add(1);
+            if (!sink.write(out.data(), out.size())) return false;
+            sink.done();
+            return true;
+          }
           if (chat && !*started) {
             out += chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}});
           }
@@ -503,8 +576,12 @@ Status Server::start(int threads_hint) {
       return refuse(415, fmt::format("Content-Encoding '{}' is not taken: send the body uncompressed", ce));
     if (req.method == "POST" && !req.has_header("Content-Length"))
       return refuse(411, "a POST needs a Content-Length header");
+    if (req.path != "/admin/fault") h->hang_while_injected();
     return httplib::Server::HandlerResponse::Unhandled;
   });
+  if (opts_.fault_injection) {
+    s.Post("/admin/fault", [h](const httplib::Request& req, httplib::Response& res) { h->inject(req, res); });
+  }
   s.Get("/health", [h](const httplib::Request&, httplib::Response& res) { h->health(res); });
   s.Get("/metrics", [h](const httplib::Request&, httplib::Response& res) {
     res.set_content(h->registry.render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");

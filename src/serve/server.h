@@ -3,6 +3,17 @@
 //
 //   POST /v1/completions, /v1/chat/completions  (stream: server-sent events)
 //   GET  /v1/models, /health, /metrics
+//   POST /admin/fault  (with fault_injection, from loopback only)
+//
+// Faults: a device error in the engine (Engine::fault) turns /health into
+// 503 {"status": "device_error", "reason": ...} and new requests into 503s.
+// With fault_injection, POST /admin/fault {"fault": F} makes the worker
+//   hang:         every request but /admin waits, /health too, and streams
+//                 stop writing, until the fault is cleared;
+//   error:        every /v1 request, and every stream at its next chunk,
+//                 fails with 500 (/health still says ok);
+//   device_error: as a real device error (Engine::set_fault);
+//   none:         clears any of them.
 //
 // Life cycle: start() binds and listens at once, so /health answers 503
 // ("loading") while the caller loads the model; set_engine() makes it ready.
@@ -45,6 +56,7 @@ struct ServerOptions {
   size_t max_body_bytes = 1 << 20;
   int http_threads = 0;            // 0: from the engine's limits
   double drain_timeout_s = 30;
+  bool fault_injection = false;    // POST /admin/fault from loopback (drills, tests)
   ApiLimits limits;
 };
 

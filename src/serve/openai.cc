@@ -106,6 +106,49 @@ std::optional<ApiError> get_content(const json& m, const std::string& where, std
   return std::nullopt;
 }
 
+// A non-empty array of token ids (no more than limits allow).
+std::optional<ApiError> get_token_ids(const json& a, const std::string& field, const ApiLimits& limits,
+                                      std::vector<int>* out) {
+  if (!a.is_array()) return wrong_type(field, "an array of token ids", a);
+  if (a.size() > static_cast<size_t>(limits.max_prompt_ids))
+    return bad(field, fmt::format("'{}' has {} token ids, more than the {} allowed", field, a.size(),
+                                  limits.max_prompt_ids));
+  for (size_t i = 0; i < a.size(); i++) {
+    const json& t = a[i];
+    if (!t.is_number_integer())
+      return bad(field, fmt::format("'{}' must hold token ids (integers); element {} is {}", field, i, type_name(t)));
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<int>::max())
+      return bad(field, fmt::format("token id {} at {} is negative or too large", id, i));
+    out->push_back(static_cast<int>(id));
+  }
+  if (out->empty()) return bad(field, fmt::format("'{}' must not be an empty array", field));
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_resume(const json& body, const ApiLimits& limits, CompletionRequest* r) {
+  auto it = body.find("resume");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return wrong_type("resume", "an object", *it);
+  CompletionRequest::Resume rs;
+  auto ids = it->find("token_ids");
+  if (ids == it->end()) return bad("resume.token_ids", "'resume.token_ids' is required");
+  if (auto e = get_token_ids(*ids, "resume.token_ids", limits, &rs.token_ids)) return e;
+  std::optional<int64_t> i64;
+  auto named = [](ApiError e, const char* f) {
+    e.param = f;
+    return e;
+  };
+  if (auto e = get_int(*it, "generated", 0, static_cast<int64_t>(rs.token_ids.size()) - 1, &i64))
+    return named(*e, "resume.generated");
+  rs.generated = static_cast<int>(i64.value_or(0));
+  i64.reset();
+  if (auto e = get_int(*it, "sent_bytes", 0, int64_t{1} << 40, &i64)) return named(*e, "resume.sent_bytes");
+  rs.sent_bytes = static_cast<size_t>(i64.value_or(0));
+  r->resume = std::move(rs);
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_completion_request(const json& body, bool chat, const ApiLimits& limits,
@@ -148,23 +191,10 @@ std::optional<ApiError> parse_completion_request(const json& body, bool chat, co
     if (p->is_string()) {
       r.prompt_text = p->get<std::string>();
     } else if (p->is_array()) {
-      if (p->size() > static_cast<size_t>(limits.max_prompt_ids))
-        return bad("prompt", fmt::format("'prompt' has {} token ids, more than the {} allowed", p->size(),
-                                         limits.max_prompt_ids));
       if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()))
         return bad("prompt", "a batch of prompts is not served: send one prompt per request");
       r.prompt_is_text = false;
-      for (size_t i = 0; i < p->size(); i++) {
-        const json& t = (*p)[i];
-        if (!t.is_number_integer())
-          return bad("prompt", fmt::format("'prompt' as an array must hold token ids (integers); element {} is {}",
-                                           i, type_name(t)));
-        const int64_t id = t.get<int64_t>();
-        if (id < 0 || id > std::numeric_limits<int>::max())
-          return bad("prompt", fmt::format("token id {} at {} is negative or too large", id, i));
-        r.prompt_ids.push_back(static_cast<int>(id));
-      }
-      if (r.prompt_ids.empty()) return bad("prompt", "'prompt' must not be an empty array");
+      if (auto e = get_token_ids(*p, "prompt", limits, &r.prompt_ids)) return e;
     } else {
       return wrong_type("prompt", "a string or an array of token ids", *p);
     }
@@ -208,6 +238,10 @@ std::optional<ApiError> parse_completion_request(const json& body, bool chat, co
   flag.reset();
   if (auto e = get_bool(body, "ignore_eos", &flag)) return e;
   r.sampling.ignore_eos = flag.value_or(false);
+  if (auto e = get_resume(body, limits, &r)) return e;
+  flag.reset();
+  if (auto e = get_bool(body, "return_token_ids", &flag)) return e;
+  r.return_token_ids = flag.value_or(false);
   flag.reset();
   if (auto e = get_bool(body, "echo", &flag)) return e;
   if (flag.value_or(false)) return bad("echo", "'echo' is not served");
@@ -289,17 +323,18 @@ std::string chat_prompt(const std::vector<ChatMessage>& messages) {
 std::optional<ApiError> resolve_prompt(CompletionRequest* req, const data::Tokenizer& tok, const GPTConfig& model,
                                        std::vector<int>* ids) {
   ids->clear();
-  if (req->chat || req->prompt_is_text) {
+  if (req->resume || !(req->chat || req->prompt_is_text)) {
+    *ids = req->resume ? req->resume->token_ids : req->prompt_ids;
+    for (size_t i = 0; i < ids->size(); i++) {
+      if ((*ids)[i] >= model.vocab)
+        return bad(req->resume ? "resume.token_ids" : "prompt",
+                   fmt::format("token id {} at {} is outside the model's vocabulary [0, {})", (*ids)[i], i,
+                               model.vocab));
+    }
+  } else {
     const std::string text = req->chat ? chat_prompt(req->messages) : req->prompt_text;
     for (uint16_t t : tok.encode(text)) ids->push_back(t);
     if (ids->empty()) ids->push_back(tok.eot());  // an empty prompt starts a new document
-  } else {
-    *ids = req->prompt_ids;
-    for (size_t i = 0; i < ids->size(); i++) {
-      if ((*ids)[i] >= model.vocab)
-        return bad("prompt", fmt::format("token id {} at {} is outside the model's vocabulary [0, {})", (*ids)[i], i,
-                                         model.vocab));
-    }
   }
   const int P = static_cast<int>(ids->size());
   const std::string field = req->chat ? "messages" : "prompt";

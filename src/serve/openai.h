@@ -47,6 +47,22 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage
+  // vLLM's extension: choices carry "token_ids" (the tokens generated; per
+  // chunk when streamed) and "prompt_token_ids" (in the first chunk). The
+  // router (router.h) continues a stream from them on another worker.
+  bool return_token_ids = false;
+  // Tessera's extension for the router: continue a sequence another worker
+  // began. "resume": {"token_ids": [prompt then generated ids], "generated":
+  // n, "sent_bytes": b} runs token_ids as the prompt (instead of "prompt" or
+  // the chat template); the text of its last n ids goes through the stop
+  // strings and UTF-8 hold-back as if generated here, and the first b bytes
+  // of it (what the client already has) are not sent again.
+  struct Resume {
+    std::vector<int> token_ids;
+    int generated = 0;
+    size_t sent_bytes = 0;
+  };
+  std::optional<Resume> resume;
 };
 
 // What the server allows; limits beyond the model's own.

@@ -33,7 +33,16 @@ struct Call {
   };
   std::vector<Piece> pieces;  // one per generated token
   std::string tail;           // text released at the end
+  std::string carry;          // a resumed sequence's text not yet sent: goes before the first piece
+  size_t skip = 0;            // bytes of text the client already has (resumed): not sent again
   bool admitted = false;
+
+  // Text released by the assembler, less what the client already has.
+  std::string unseen(std::string t) {
+    const size_t n = std::min(skip, t.size());
+    skip -= n;
+    return t.substr(n);
+  }
   bool done = false;
   RequestResult result;
 };
@@ -283,6 +292,14 @@ struct Server::Handlers {
     }
     auto call = std::make_shared<Call>(r.stop);
     const data::Tokenizer* t = tok;
+    if (r.resume) {
+      // The text of the ids generated elsewhere passes through the stop
+      // strings and the hold-back; what the client has not seen is sent first.
+      bool stopped = false;
+      call->skip = r.resume->sent_bytes;
+      for (size_t i = ids.size() - static_cast<size_t>(r.resume->generated); i < ids.size(); i++)
+        call->carry += call->unseen(call->text.add(token_bytes(*t, ids[i]), &stopped));
+    }
     RequestSink sink;
     sink.on_admitted = [call] {
       std::lock_guard<std::mutex> lock(call->mu);
@@ -292,18 +309,22 @@ struct Server::Handlers {
     sink.on_token = [call, t](const TokenEvent& ev) {
       std::lock_guard<std::mutex> lock(call->mu);
       bool stopped = false;
-      std::string piece = call->text.add(token_bytes(*t, ev.token), &stopped);
+      std::string piece = call->carry + call->unseen(call->text.add(token_bytes(*t, ev.token), &stopped));
+      call->carry.clear();
       call->pieces.push_back({std::move(piece), ev, ev.last || stopped});
       call->cv.notify_all();
       return !stopped;
     };
     sink.on_finish = [call](const RequestResult& result) {
       std::lock_guard<std::mutex> lock(call->mu);
-      call->tail = call->text.finish();
+      call->tail = call->carry + call->unseen(call->text.finish());
+      call->carry.clear();
       call->result = result;
       call->done = true;
       call->cv.notify_all();
     };
+    std::vector<int> prompt_ids;
+    if (r.return_token_ids) prompt_ids = ids;
     Result<uint64_t> sub = engine->submit(std::move(ids), r.sampling, std::move(sink));
     if (!sub.ok()) {
       send_error(res, error_of(sub.status()));
@@ -328,7 +349,7 @@ struct Server::Handlers {
     }
     if (r.stream) {
       stream_count.h = nullptr;  // the releaser ends it now
-      stream(res, r, call, engine_id, id, created);
+      stream(res, r, call, engine_id, id, created, std::move(prompt_ids));
       return;
     }
     std::unique_lock<std::mutex> lock(call->mu);
@@ -343,7 +364,11 @@ struct Server::Handlers {
       return;
     }
     std::string text;
-    for (const Call::Piece& p : call->pieces) text += p.text;
+    std::vector<int> token_ids;
+    for (const Call::Piece& p : call->pieces) {
+      text += p.text;
+      token_ids.push_back(p.ev.token);
+    }
     text += call->tail;
     json logprobs = r.sampling.logprobs >= 0 ? logprobs_json(call->pieces, chat) : json(nullptr);
     lock.unlock();
@@ -353,6 +378,10 @@ struct Server::Handlers {
       choice["message"] = {{"role", "assistant"}, {"content", text}};
     } else {
       choice["text"] = text;
+    }
+    if (r.return_token_ids) {
+      choice["prompt_token_ids"] = prompt_ids;
+      choice["token_ids"] = token_ids;
     }
     json out = {{"id", id},
                 {"object", chat ? "chat.completion" : "text_completion"},
@@ -404,8 +433,9 @@ struct Server::Handlers {
   }
 
   void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call, uint64_t engine_id,
-              const std::string& id, int64_t created) {
+              const std::string& id, int64_t created, std::vector<int> prompt_ids) {
     const bool chat = r.chat;
+    const bool token_ids = r.return_token_ids;
     const bool want_logprobs = r.sampling.logprobs >= 0;
     const bool include_usage = r.include_usage;
     auto chunk = [this, chat, id, created, include_usage](json choice) {
@@ -420,11 +450,12 @@ struct Server::Handlers {
     // Provider state: how many pieces were sent; whether the role chunk went.
     auto sent = std::make_shared<size_t>(0);
     auto started = std::make_shared<bool>(false);
+    auto prompt_ids_pending = std::make_shared<bool>(token_ids);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, call, chunk, sent, started, chat, want_logprobs, include_usage, id, created](size_t,
-                                                                                            httplib::DataSink& sink) {
+        [this, call, chunk, sent, started, chat, want_logprobs, include_usage, id, created, token_ids,
+         prompt_ids_pending, prompt_ids = std::move(prompt_ids)](size_t, httplib::DataSink& sink) {
           std::string out;
           if (fault.load() == Fault::kHang) {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -439,8 +470,16 @@ struct Server::Handlers {
             sink.done();
             return true;
           }
+          // The prompt's ids go with the first chunk (chat: the role's).
+          bool& ids_pending = *prompt_ids_pending;
           if (chat && !*started) {
-            out += chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}});
+            json c = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
+            if (ids_pending) {
+              c["prompt_token_ids"] = prompt_ids;
+              c["token_ids"] = json::array();
+              ids_pending = false;
+            }
+            out += chunk(c);
           }
           *started = true;
           std::vector<Call::Piece> fresh;
@@ -481,6 +520,11 @@ struct Server::Handlers {
               choice["text"] = text;
             }
             choice["logprobs"] = want_logprobs ? logprobs_json({p}, chat) : json(nullptr);
+            if (token_ids) {
+              if (ids_pending) choice["prompt_token_ids"] = prompt_ids;
+              ids_pending = false;
+              choice["token_ids"] = {p.ev.token};
+            }
             out += chunk(choice);
           }
           if (done) {
@@ -492,6 +536,11 @@ struct Server::Handlers {
                   choice["delta"] = tail.empty() ? json::object() : json{{"content", tail}};
                 } else {
                   choice["text"] = tail;
+                }
+                if (token_ids) {
+                  if (ids_pending) choice["prompt_token_ids"] = prompt_ids;
+                  ids_pending = false;
+                  choice["token_ids"] = json::array();
                 }
                 out += chunk(choice);
               }

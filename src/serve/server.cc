@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include "serve/http.h"
+
 namespace tessera::serve {
 
 using json = nlohmann::json;
@@ -67,17 +69,6 @@ ApiError error_of(const Status& st) {
     case 503: e.type = "service_unavailable"; break;
     default: e.type = "server_error"; break;
   }
-  return e;
-}
-
-ApiError api_error(int http, std::string message, std::string type = "invalid_request_error",
-                   std::string param = "", std::string code = "") {
-  ApiError e;
-  e.http = http;
-  e.message = std::move(message);
-  e.type = std::move(type);
-  e.param = std::move(param);
-  e.code = std::move(code);
   return e;
 }
 
@@ -587,47 +578,16 @@ Server::~Server() {
 Status Server::start(int threads_hint) {
   Handlers* h = handlers_.get();
   httplib::Server& s = *http_;
-  // Threads are made up front; past kMaxThreads a request waits in
-  // cpp-httplib's queue for one (docs/serving.md).
+  // Threads: see server.h; past kMaxThreads a request waits for one.
   constexpr int kMaxThreads = 512;
-  const int threads =
-      opts_.http_threads > 0 ? opts_.http_threads : std::clamp(threads_hint + 8, 8, kMaxThreads);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  s.set_payload_max_length(opts_.max_body_bytes);
-  s.set_read_timeout(10, 0);
-  s.set_write_timeout(10, 0);
-  s.set_keep_alive_timeout(5);
-  // Each SSE chunk is one small write: without this, Nagle holds it until the
-  // client's delayed ACK (40 ms on Linux).
-  s.set_tcp_nodelay(true);
-  // SO_REUSEADDR (a restarted server rebinds at once) but not cpp-httplib's
-  // default SO_REUSEPORT, with which a second server on the same port would
-  // bind too and share the connections instead of being refused.
-  s.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-
-  // Before any body is read: cpp-httplib enforces the body limit only on a
-  // Content-Length and would inflate a compressed body past it, so a POST
-  // must say its length, and neither transfer nor content encodings are
-  // taken (HTTP/1.1 clients send JSON with Content-Length).
-  s.set_pre_routing_handler([h](const httplib::Request& req, httplib::Response& res) {
-    const auto refuse = [&](int status, std::string message) {
-      h->send_error(res, api_error(status, std::move(message)));
-      res.set_header("Connection", "close");
-      return httplib::Server::HandlerResponse::Handled;
-    };
-    if (req.has_header("Transfer-Encoding"))
-      return refuse(411, "chunked or encoded request bodies are not taken: send the body with Content-Length");
-    const std::string ce = req.get_header_value("Content-Encoding");
-    if (!ce.empty() && ce != "identity")
-      return refuse(415, fmt::format("Content-Encoding '{}' is not taken: send the body uncompressed", ce));
-    if (req.method == "POST" && !req.has_header("Content-Length"))
-      return refuse(411, "a POST needs a Content-Length header");
-    if (req.path != "/admin/fault") h->hang_while_injected();
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+  HttpOptions ho;
+  ho.threads = opts_.http_threads > 0 ? opts_.http_threads : std::clamp(threads_hint + 8, 8, kMaxThreads);
+  ho.max_body_bytes = opts_.max_body_bytes;
+  configure_http(
+      s, ho, [h](httplib::Response& res, const ApiError& e) { h->send_error(res, e); },
+      [h](const std::string& path) {
+        if (path != "/admin/fault") h->hang_while_injected();
+      });
   if (opts_.fault_injection) {
     s.Post("/admin/fault", [h](const httplib::Request& req, httplib::Response& res) { h->inject(req, res); });
   }
@@ -640,46 +600,8 @@ Status Server::start(int threads_hint) {
          [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, false); });
   s.Post("/v1/chat/completions",
          [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, true); });
-  // Errors cpp-httplib answers itself (no route, body too large, bad
-  // request line) get OpenAI's error shape too.
-  s.set_error_handler(httplib::Server::HandlerWithResponse([h](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.http = res.status;
-    switch (res.status) {
-      case 404: e.message = fmt::format("no such endpoint: {} {}", req.method, req.path); break;
-      case 413:
-        e.message = fmt::format("the request body is larger than the {} bytes allowed", h->opts.max_body_bytes);
-        break;
-      default: e.message = fmt::format("HTTP {}", res.status); break;
-    }
-    h->send_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  s.set_exception_handler([h](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    h->send_error(res, api_error(500, fmt::format("internal error: {}", what), "server_error"));
-  });
-
-  if (opts_.port == 0) {
-    port_ = s.bind_to_any_port(opts_.host);
-    if (port_ <= 0) return Status::Unavailable(fmt::format("cannot bind {} on any port", opts_.host));
-  } else {
-    if (!s.bind_to_port(opts_.host, opts_.port))
-      return Status::Unavailable(fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)",
-                                             opts_.host, opts_.port));
-    port_ = opts_.port;
-  }
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
-  // cpp-httplib's stop() does nothing before the listen loop runs: wait for
-  // it, so that a shutdown() right after start() is not lost.
-  for (int i = 0; i < 10000 && !http_->is_running(); i++) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ASSIGN_OR_RETURN(port_, bind_http(s, opts_.host, opts_.port));
+  listener_ = listen_http(s);
   return Status::OK();
 }
 

@@ -1,0 +1,127 @@
+#include "serve/http.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+namespace tessera::serve {
+
+ApiError api_error(int http, std::string message, std::string type, std::string param, std::string code) {
+  ApiError e;
+  e.http = http;
+  e.message = std::move(message);
+  e.type = std::move(type);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,
+                    std::function<void(const std::string& path)> pre_route) {
+  // Threads are made up front; past them a connection waits in
+  // cpp-httplib's queue for one (docs/serving.md).
+  const size_t threads = static_cast<size_t>(std::max(opts.threads, 1));
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.set_payload_max_length(opts.max_body_bytes);
+  s.set_read_timeout(10, 0);
+  s.set_write_timeout(10, 0);
+  s.set_keep_alive_timeout(5);
+  // Each SSE chunk is one small write: without this, Nagle holds it until the
+  // client's delayed ACK (40 ms on Linux).
+  s.set_tcp_nodelay(true);
+  // SO_REUSEADDR (a restarted server rebinds at once) but not cpp-httplib's
+  // default SO_REUSEPORT, with which a second server on the same port would
+  // bind too and share the connections instead of being refused.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+
+  // Before any body is read: cpp-httplib enforces the body limit only on a
+  // Content-Length and would inflate a compressed body past it, so a POST
+  // must say its length, and neither transfer nor content encodings are
+  // taken (HTTP/1.1 clients send JSON with Content-Length).
+  s.set_pre_routing_handler([send_error, pre_route](const httplib::Request& req, httplib::Response& res) {
+    const auto refuse = [&](int status, std::string message) {
+      send_error(res, api_error(status, std::move(message)));
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (req.has_header("Transfer-Encoding"))
+      return refuse(411, "chunked or encoded request bodies are not taken: send the body with Content-Length");
+    const std::string ce = req.get_header_value("Content-Encoding");
+    if (!ce.empty() && ce != "identity")
+      return refuse(415, fmt::format("Content-Encoding '{}' is not taken: send the body uncompressed", ce));
+    if (req.method == "POST" && !req.has_header("Content-Length"))
+      return refuse(411, "a POST needs a Content-Length header");
+    if (pre_route) pre_route(req.path);
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Errors cpp-httplib answers itself (no route, body too large, bad
+  // request line) get OpenAI's error shape too.
+  const size_t max_body = opts.max_body_bytes;
+  s.set_error_handler(httplib::Server::HandlerWithResponse(
+      [send_error, max_body](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError e;
+        e.http = res.status;
+        switch (res.status) {
+          case 404: e.message = fmt::format("no such endpoint: {} {}", req.method, req.path); break;
+          case 413: e.message = fmt::format("the request body is larger than the {} bytes allowed", max_body); break;
+          default: e.message = fmt::format("HTTP {}", res.status); break;
+        }
+        send_error(res, e);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  s.set_exception_handler([send_error](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, api_error(500, fmt::format("internal error: {}", what), "server_error"));
+  });
+}
+
+bool SseReader::feed(const char* data, size_t n, const std::function<bool(std::string_view payload)>& on_data) {
+  buf_.append(data, n);
+  size_t start = 0;
+  bool go_on = true;
+  for (size_t nl; go_on && (nl = buf_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::string_view line(buf_.data() + start, nl - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.substr(0, 5) != "data:") continue;
+    std::string_view payload = line.substr(5);
+    if (!payload.empty() && payload.front() == ' ') payload.remove_prefix(1);
+    go_on = on_data(payload);
+  }
+  buf_.erase(0, start);
+  return go_on;
+}
+
+Result<int> bind_http(httplib::Server& s, const std::string& host, int port) {
+  if (port == 0) {
+    const int p = s.bind_to_any_port(host);
+    if (p <= 0) return Status::Unavailable(fmt::format("cannot bind {} on any port", host));
+    return p;
+  }
+  if (!s.bind_to_port(host, port))
+    return Status::Unavailable(
+        fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)", host, port));
+  return port;
+}
+
+std::thread listen_http(httplib::Server& s) {
+  std::thread t([&s] { s.listen_after_bind(); });
+  // cpp-httplib's stop() does nothing before the listen loop runs: wait for
+  // it, so that a shutdown right after the start is not lost.
+  for (int i = 0; i < 10000 && !s.is_running(); i++) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return t;
+}
+
+}  // namespace tessera::serve

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The failover drill (tests/cli/route_drill.py) with real processes: a router
+# in front of a primary worker ("gpu" tier, fp32) and an INT8 CPU worker,
+# under a steady load of streamed and non-streamed requests; the primary is
+# killed (SIGKILL, then restarted), stopped (SIGSTOP, then SIGCONT), made to
+# answer 500s, and made to report a device error. No request may fail, every
+# stream must be whole, the switch must show in /health and the metrics, and
+# traffic must come back to the primary once it has healed.
+set -euo pipefail
+tessera=$1; tests=$2
+tmp=$(mktemp -d)
+source "$tests/cli/serve_common.inc"
+
+serve_model "$tmp/m"
+OMP_NUM_THREADS=1 python3 "$tests/cli/route_drill.py" --tessera "$tessera" --model "$tmp/m/run/model.safetensors" \
+  --gpu-args "--threads 1" --cpu-args "--dtype int8 --threads 1" --threads 3 --phase 1.0 --logdir "$tmp/logs"

@@ -304,14 +304,17 @@ def main():
                  "p50_s": {"before": percentile(before, 0.5), "during": percentile(during, 0.5),
                            "after": percentile(after, 0.5)},
                  "p99_s": {"before": percentile(before, 0.99), "during": percentile(during, 0.99),
-                           "after": percentile(after, 0.99)}}
+                           "after": percentile(after, 0.99)},
+                 "max_s": {"before": max(before, default=0), "during": max(during, default=0),
+                           "after": max(after, default=0)}}
             results.append(r)
             print(f"{fault:13s} switch {r['switch_s']:.2f} s, first cpu answer "
                   f"{'-' if first_cpu is None else f'{first_cpu - t_fault:.2f} s'}, failback {r['failback_s']:.2f} s "
                   f"after healing; {len(during)} requests during, {retries:.0f} retried; p50/p99 before "
                   f"{r['p50_s']['before']*1e3:.0f}/{r['p99_s']['before']*1e3:.0f} ms, during "
                   f"{r['p50_s']['during']*1e3:.0f}/{r['p99_s']['during']*1e3:.0f} ms, after "
-                  f"{r['p50_s']['after']*1e3:.0f}/{r['p99_s']['after']*1e3:.0f} ms; reason: {h['reason']}",
+                  f"{r['p50_s']['after']*1e3:.0f}/{r['p99_s']['after']*1e3:.0f} ms; slowest during "
+                  f"{r['max_s']['during']*1e3:.0f} ms; reason: {h['reason']}",
                   flush=True)
             if not during:
                 failures.append(f"{fault}: no request ran during the fault")

@@ -29,6 +29,20 @@ constexpr size_t kMaxErrorBody = 64 << 10;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// j[key] when it is a boolean (a client's null or other type: false; the
+// worker judges the request).
+bool flag_at(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+// j[key] when it is a string, else "".
+std::string string_at(const json& j, const char* key) {
+  if (!j.is_object()) return "";
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct Address {
@@ -259,9 +273,7 @@ struct Router::State {
       return;
     }
     const json j = json::parse(r->body, nullptr, false);
-    auto field = [&](const char* k) {
-      return j.is_object() && j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string();
-    };
+    auto field = [&](const char* k) { return string_at(j, k); };
     if (r->status == 200) {
       health_passed(w, field("model"));
       return;
@@ -377,10 +389,7 @@ namespace {
 // The label and reason a worker is taken out for, from its error answer.
 std::pair<std::string, std::string> failure_of(int status, const std::string& body) {
   const json j = json::parse(body, nullptr, false);
-  std::string message;
-  if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
-      j["error"]["message"].is_string())
-    message = j["error"]["message"].get<std::string>();
+  const std::string message = j.is_object() && j.contains("error") ? string_at(j["error"], "message") : "";
   const bool device = message.rfind("device error", 0) == 0;
   return {device ? "device_error" : "http_5xx",
           message.empty() ? fmt::format("HTTP {}", status) : fmt::format("HTTP {}: {}", status, message)};
@@ -630,7 +639,7 @@ Status Router::start() {
       st->idle.notify_all();
     });
     const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
-    const bool stream = body.value("stream", false);
+    const bool stream = flag_at(body, "stream");
     auto served = [&](Worker& w) {
       std::lock_guard<std::mutex> lock(s.mu);
       return w.served_model;
@@ -705,9 +714,9 @@ Status Router::start() {
     ClientAsk ask;
     ask.chat = chat;
     ask.model = model;
-    ask.token_ids = body.value("return_token_ids", false);
+    ask.token_ids = flag_at(body, "return_token_ids");
     if (auto so = body.find("stream_options"); so != body.end() && so->is_object())
-      ask.include_usage = so->value("include_usage", false) == true;
+      ask.include_usage = flag_at(*so, "include_usage");
     std::thread([st, relay, ask, body, path, t0, counted]() mutable {
       State& s = *st;
       StreamProgress p;
@@ -784,7 +793,7 @@ Status Router::start() {
                 }
                 if (c.contains("error")) {
                   error_event = true;
-                  error_message = c["error"].is_object() ? c["error"].value("message", "") : "";
+                  error_message = string_at(c["error"], "message");
                   return false;
                 }
                 if (std::string b = relay_chunk(std::move(c), ask, p); !b.empty()) relay->emit(std::move(b));

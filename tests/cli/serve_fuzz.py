@@ -660,22 +660,26 @@ def unframed_post(port, key):
         s.close()
 
 
-def final_checks(port, key, model):
-    """None, or what is wrong with the server after the fuzz loop."""
+def final_checks(port, key, model, router=False):
+    """None, or what is wrong with the server (or router) after the fuzz loop."""
     deadline = time.time() + 10
     while True:
         h = simple(port, key, "GET", "/health")
         if h.status != 200:
             return f"GET /health: HTTP {h.status} {clip(h.body)}"
         s = json.loads(h.body)
-        if s.get("running") == 0 and s.get("waiting") == 0 and s.get("kv_blocks_used") == 0:
+        if router and s.get("requests_running") == 0 and all(
+                w["up"] and w["requests_running"] == 0 for t in s["tiers"] for w in t["workers"]):
+            break
+        if not router and s.get("running") == 0 and s.get("waiting") == 0 and s.get("kv_blocks_used") == 0:
             break
         if time.time() > deadline:
             return f"the server is not idle 10 s after the loop (leaked requests or KV blocks?): {s}"
         time.sleep(0.1)
     m = simple(port, key, "GET", "/metrics")
     for line in m.body.decode().splitlines():
-        if line.startswith("tessera_request_errors_total") and 'code="5' in line and not line.endswith(" 0"):
+        if (line.startswith("tessera_request_errors_total") or line.startswith("tessera_route_requests_total")) \
+                and 'code="5' in line and not line.endswith(" 0"):
             return f"/metrics counts server errors: {line}"
     r = simple(port, key, "POST", "/v1/completions",
                json.dumps({"model": model, "prompt": "The ", "max_tokens": 8, "temperature": 0}).encode())
@@ -696,6 +700,7 @@ def main():
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--budget", type=float, default=40, help="seconds; the loop stops early past it")
     ap.add_argument("--case", type=int, default=None, help="replay only this case")
+    ap.add_argument("--router", action="store_true", help="the port is a `tessera route` (its /health and metrics)")
     a = ap.parse_args()
 
     gen = Gen(random.Random(a.seed), a.port, a.key, a.model, a.max_body)
@@ -727,7 +732,7 @@ def main():
     took = time.time() - start
     print(f"serve_fuzz: seed {a.seed}, {ran} cases in {took:.1f} s; kinds {dict(sorted(kinds.items()))}")
     print(f"serve_fuzz: answers {dict(sorted(statuses.items()))}")
-    if problem := final_checks(a.port, a.key, a.model):
+    if problem := final_checks(a.port, a.key, a.model, a.router):
         print(f"FAIL serve_fuzz seed {a.seed}: after the loop: {problem}")
         return 1
     print("serve_fuzz: the server is idle, counts no 5xx, and still completes")

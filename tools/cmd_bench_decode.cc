@@ -89,7 +89,11 @@ int run_decode_bench(const DecodeArgs& a) {
   GPT model(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
   model.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
   model.init_weights(1234);
-  if (a.dtype == "int8") CHECK_OK(model.quantize_int8());
+  if (a.dtype == "int8") {
+    // As tessera serve --dtype int8: the fp32 matmul weights are given back.
+    CHECK_OK(model.quantize_int8());
+    CHECK_OK(model.release_fp32_matmul_weights().status());
+  }
   const int64_t rss_model = rss_bytes();
   // Bytes a decode step reads: the matmul weights (int8 when quantized).
   const int64_t weight_bytes =

@@ -139,6 +139,12 @@ int run_serve(const ServeArgs& a) {
   if (a.dtype == "int8" && !m.int8()) {
     if (Status st = m.quantize_int8(); !st.ok()) return fail_loading(st);
   }
+  // The INT8 forward reads none of the fp32 matmul weights: their memory
+  // goes back to the system.
+  if (m.int8()) {
+    auto released = m.release_fp32_matmul_weights();
+    if (!released.ok()) return fail_loading(released.status());
+  }
   const GPTConfig cfg = m.config();
 
   const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";

@@ -1,11 +1,15 @@
 #include "nn/gpt.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -910,6 +914,25 @@ Status GPT::quantize_int8() {
     cpu::quantize_weights_int8(w, scale, src, OC, C);
     return Status::OK();
   });
+}
+
+Result<int64_t> GPT::release_fp32_matmul_weights() {
+  if (!int8_) return Status::InvalidArgument("the fp32 matmul weights are needed until the model is INT8");
+  const long page = sysconf(_SC_PAGESIZE);
+  int64_t released = 0;
+  for (int id : {kQkvW, kAttProjW, kFcW, kFcProjW}) {
+    const Tensor t = params_.tensor(id);
+    // The whole pages inside the tensor (its neighbours keep theirs).
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+    const uintptr_t first = (begin + page - 1) / page * page;
+    const uintptr_t last = (begin + t.nbytes()) / page * page;
+    if (last <= first) continue;
+    if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0)
+      return Status::Internal(fmt::format("madvise(MADV_DONTNEED) of the fp32 weights: {}", std::strerror(errno)));
+    released += static_cast<int64_t>(last - first);
+  }
+  fp32_released_ = true;
+  return released;
 }
 
 Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill) {

@@ -207,6 +207,15 @@ class GPT {
   // InvalidArgument otherwise. Adds about a quarter of the fp32 weights.
   Status quantize_int8();
   bool int8() const { return int8_ != nullptr; }
+  // After quantize_int8 or load_int8: gives the pages of the fp32 weights of
+  // the per-layer matmuls (qkv, attention projection, MLP: about 70% of
+  // GPT-2's fp32 weights) back to the system (madvise MADV_DONTNEED), for a
+  // server that only runs the INT8 forward. Biases, layernorms and the
+  // embeddings (the tied output layer's fp32 copy) stay. From then on the
+  // fp32 matmul weights read as zeros: no export, eval or fp32 forward.
+  // Returns the bytes given back; InvalidArgument before quantizing.
+  Result<int64_t> release_fp32_matmul_weights();
+  bool fp32_matmul_weights_released() const { return fp32_released_; }
   // Bytes of the INT8 weights and their scales (0 before quantize_int8()).
   int64_t int8_bytes() const;
   // The INT8 matrices by index: 4*l + {qkv, attproj, fc, fcproj} for layer
@@ -364,6 +373,7 @@ class GPT {
   // output layer; null until quantized.
   struct Int8Weights;
   std::shared_ptr<const Int8Weights> int8_;
+  bool fp32_released_ = false;
   // out (N,OC) = inp @ W^T + bias, in int8 when quantized (index: 4*l + k
   // for layer l's k-th matmul, 4*L for the head), else ops_.matmul_forward.
   void linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C, int OC) const;

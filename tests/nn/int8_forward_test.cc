@@ -12,6 +12,7 @@
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
 #include "nn/sampler.h"
+#include "obs/process.h"
 #include "test_util.h"
 
 namespace tessera {
@@ -83,6 +84,34 @@ TEST(Int8Forward, FileRoundTrip) {
   EXPECT_NE(f->find("lm_head.weight_scale"), nullptr);
   // An INT8 file cannot become a training model.
   EXPECT_FALSE(load_gpt2(path, nullptr, Backend::kCPU, ModelUse::kTraining).ok());
+}
+
+// Giving the fp32 matmul weights back changes no logit of the INT8 model
+// and shrinks the resident memory by about their size.
+TEST(Int8Forward, ReleasingFp32MatmulWeightsKeepsTheLogitsAndFreesMemory) {
+  GPTConfig c;
+  c.layers = 4;
+  c.heads = 4;
+  c.channels = 256;
+  c.vocab = 512;
+  c.context = 64;
+  GPT m(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  m.init_weights(7);
+  EXPECT_EQ(m.release_fp32_matmul_weights().status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m.quantize_int8().ok());
+  std::vector<int> tokens(40);
+  for (int i = 0; i < 40; i++) tokens[i] = (i * 11 + 5) % c.vocab;
+  const std::vector<float> before = all_logits(m, tokens);
+  const double rss0 = obs::read_process_stats().value().resident_bytes;
+  auto released = m.release_fp32_matmul_weights();
+  ASSERT_TRUE(released.ok()) << released.status().message();
+  const double rss1 = obs::read_process_stats().value().resident_bytes;
+  const int64_t matmul_bytes = int64_t{12} * c.channels * c.channels * c.layers * 4;  // (3+1+4+4) C^2 per layer
+  EXPECT_GE(*released, matmul_bytes * 9 / 10);
+  EXPECT_LE(*released, matmul_bytes);
+  EXPECT_GE(rss0 - rss1, 0.9 * static_cast<double>(*released)) << "resident " << rss0 << " -> " << rss1;
+  EXPECT_TRUE(m.fp32_matmul_weights_released());
+  EXPECT_EQ(all_logits(m, tokens), before);
 }
 
 TEST(Int8Forward, RefusesTrainingModels) {

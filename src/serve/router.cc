@@ -119,6 +119,7 @@ struct Worker {
   bool ever_up = false;
   std::string reason = "not checked yet";
   int missed = 0;  // health deadlines missed in a row
+  int strikes = 0; // taken out since its last request answered (circuit breaker)
   std::optional<Clock::time_point> passing_since;
   int inflight = 0;
   std::set<Attempt*> attempts;
@@ -219,6 +220,7 @@ struct Router::State {
     w.reason = reason;
     if (!w.up) return;
     w.up = false;
+    w.strikes++;
     w.up_gauge->set(0);
     std::fprintf(stderr, "route: worker %s (%s) out: %s\n", w.url.c_str(), w.tier_name.c_str(), reason.c_str());
     for (Attempt* a : w.attempts) a->abort();
@@ -233,9 +235,13 @@ struct Router::State {
     const Clock::time_point now = Clock::now();
     if (!w.passing_since) w.passing_since = now;
     const double held = std::chrono::duration<double>(now - *w.passing_since).count();
-    // The first time at once; after a failure, only once it has held.
-    if (w.ever_up && held < opts.hold_down_s) {
-      w.reason = fmt::format("recovering: healthy for {:.1f} of {:.1f} s", held, opts.hold_down_s);
+    // The first time at once; after a failure, only once it has held: the
+    // hold-down doubles with each time out since the worker last answered a
+    // request (a worker whose /health is fine but whose requests fail is let
+    // back less and less often), up to 32x.
+    const double hold = opts.hold_down_s * static_cast<double>(1 << std::clamp(w.strikes - 1, 0, 5));
+    if (w.ever_up && held < hold) {
+      w.reason = fmt::format("recovering: healthy for {:.1f} of {:.1f} s", held, hold);
       return;
     }
     const bool again = w.ever_up;
@@ -246,6 +252,12 @@ struct Router::State {
     update_active_locked("recovered",
                          fmt::format("{} worker {} is {}", w.tier_name, w.url, again ? "healthy again" : "up"));
     changed.notify_all();
+  }
+
+  // A request answered: the circuit breaker's count starts again.
+  void succeeded(Worker& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    w.strikes = 0;
   }
 
   void check(Worker& w) {
@@ -677,6 +689,7 @@ Status Router::start() {
           res.set_header("X-Tessera-Tier", w->tier_name);
           res.set_content(dump(j), "application/json");
           s.requests(200).add(1);
+          s.succeeded(*w);
           observe(*w);
           return;
         }
@@ -805,6 +818,7 @@ Status Router::start() {
         if (p.done) {
           relay->emit("data: [DONE]\n\n", true);
           s.requests(200).add(1);
+          s.succeeded(*w);
           s.latency[w->tier]->observe(seconds_since(t0));
           return;
         }

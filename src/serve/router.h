@@ -13,7 +13,10 @@
 // health_failures deadlines missed in a row (a hung worker). Taking a worker
 // out aborts its requests in flight (they are retried, below). A worker out
 // comes back after its health checks pass for hold_down_s without a break,
-// so a flapping worker does not pull traffic back and forth (failback).
+// so a flapping worker does not pull traffic back and forth (failback); the
+// hold-down doubles (up to 32x) each time the worker is taken out again
+// before it answers a request (a circuit breaker: a worker whose /health is
+// fine but whose requests fail is tried less and less often).
 //
 // Retries: a request whose worker fails is sent to the next worker up (in
 // its tier, else the next tier), up to max_attempts times:

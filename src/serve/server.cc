@@ -81,6 +81,7 @@ struct Server::Handlers {
   obs::Registry& registry;
   std::atomic<Phase> phase{Phase::kLoading};
   std::atomic<Fault> fault{Fault::kNone};  // injected (/admin/fault)
+  std::atomic<size_t> fault_after{0};      // kError: tokens a stream sends before failing
   Engine* engine = nullptr;
   const data::Tokenizer* tok = nullptr;
   std::time_t started = std::time(nullptr);
@@ -146,7 +147,7 @@ struct Server::Handlers {
   bool serving(httplib::Response& res) {
     const Phase p = phase.load();
     if (p == Phase::kReady) {
-      if (fault.load() == Fault::kError) {
+      if (fault.load() == Fault::kError && fault_after.load() == 0) {
         send_error(res, api_error(500, "internal error (injected fault)", "server_error"));
         return false;
       }
@@ -183,7 +184,8 @@ struct Server::Handlers {
     res.set_content(dump(j), "application/json");
   }
 
-  // POST /admin/fault {"fault": "none"|"hang"|"error"|"device_error"}.
+  // POST /admin/fault {"fault": "none"|"hang"|"error"|"device_error"}, and
+  // for "error" optionally "after_tokens": N.
   void inject(const httplib::Request& req, httplib::Response& res) {
     const std::string& a = req.remote_addr;
     if (a != "127.0.0.1" && a != "::1" && a.rfind("::ffff:127.", 0) != 0) {
@@ -212,6 +214,16 @@ struct Server::Handlers {
                                 "invalid_request_error", "fault"));
       return;
     }
+    size_t after = 0;
+    if (auto it = body.is_object() ? body.find("after_tokens") : body.end(); it != body.end()) {
+      if (f != Fault::kError || !it->is_number_unsigned()) {
+        send_error(res, api_error(400, "'after_tokens' is a number >= 0, for \"error\" only", "invalid_request_error",
+                                  "after_tokens"));
+        return;
+      }
+      after = it->get<size_t>();
+    }
+    fault_after = after;
     fault = f == Fault::kDeviceError ? Fault::kNone : f;
     engine->set_fault(f == Fault::kDeviceError ? Status::Internal("injected device error (fault drill)") : Status::OK());
     std::fprintf(stderr, "serve: injected fault: %s\n", name.c_str());
@@ -240,6 +252,10 @@ struct Server::Handlers {
     CompletionRequest r;
     if (auto e = parse_completion_request(body, chat, opts.limits, &r)) {
       send_error(res, *e);
+      return;
+    }
+    if (fault.load() == Fault::kError && !r.stream) {
+      send_error(res, api_error(500, "internal error (injected fault)", "server_error"));
       return;
     }
     if (!r.model.empty() && r.model != opts.model_name) {
@@ -452,7 +468,8 @@ struct Server::Handlers {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
             return true;
           }
-          if (fault.load() == Fault::kError) {
+          const bool failing = fault.load() == Fault::kError;
+          if (failing && *sent >= fault_after.load()) {
             // A worker failing mid-stream: an error event, then the end.
             const ApiError e = api_error(500, "internal error (injected fault)", "server_error");
             out = "data: " + dump(e.body()) + "\n\ndata: [DONE]\n\n";
@@ -481,13 +498,19 @@ struct Server::Handlers {
             std::unique_lock<std::mutex> lock(call->mu);
             call->cv.wait_for(lock, std::chrono::milliseconds(100),
                               [&] { return call->pieces.size() > *sent || call->done; });
-            fresh.assign(call->pieces.begin() + static_cast<std::ptrdiff_t>(*sent), call->pieces.end());
-            *sent = call->pieces.size();
+            // An error injected after N tokens: the stream sends N, then
+            // fails at the next call.
+            size_t end = call->pieces.size();
+            const bool cut = failing && end > fault_after.load();
+            if (cut) end = fault_after.load();
+            fresh.assign(call->pieces.begin() + static_cast<std::ptrdiff_t>(*sent),
+                         call->pieces.begin() + static_cast<std::ptrdiff_t>(end));
+            *sent = end;
             // The last token's chunk carries the finish reason (one chunk
             // per token): its end follows within the same engine step.
-            if (!fresh.empty() && fresh.back().last)
+            if (!cut && !fresh.empty() && fresh.back().last)
               call->cv.wait_for(lock, std::chrono::seconds(1), [&] { return call->done; });
-            done = call->done;
+            done = call->done && !cut;
             if (done) {
               result = call->result;
               tail = call->tail;

@@ -11,7 +11,9 @@
 //   hang:         every request but /admin waits, /health too, and streams
 //                 stop writing, until the fault is cleared;
 //   error:        every /v1 request, and every stream at its next chunk,
-//                 fails with 500 (/health still says ok);
+//                 fails with 500 (/health still says ok); with
+//                 "after_tokens": N, streams are taken and each fails after
+//                 sending N tokens (a mid-stream failure, for tests);
 //   device_error: as a real device error (Engine::set_fault);
 //   none:         clears any of them.
 //

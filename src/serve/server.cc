@@ -72,14 +72,32 @@ ApiError api_error(int http, std::string message, std::string type = "invalid_re
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+class SingleModel : public ModelCatalog {
+ public:
+  explicit SingleModel(std::shared_ptr<ServedModel> m) : model_(std::move(m)) {}
+  Result<std::shared_ptr<ServedModel>> find(const std::string& requested) override {
+    if (requested.empty() || requested == model_->id) return model_;
+    return Status::NotFound(
+        fmt::format("the model '{}' does not exist; this server serves '{}'", requested, model_->id));
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<ServedModel>>> listed() override { return {{model_->id, model_}}; }
+  bool drain(double timeout_s) override { return model_->engine->drain(timeout_s); }
+
+ private:
+  std::shared_ptr<ServedModel> model_;
+};
+
 }  // namespace
+
+std::shared_ptr<ModelCatalog> single_model_catalog(std::shared_ptr<ServedModel> model) {
+  return std::make_shared<SingleModel>(std::move(model));
+}
 
 struct Server::Handlers {
   ServerOptions opts;
   obs::Registry& registry;
   std::atomic<Phase> phase{Phase::kLoading};
-  Engine* engine = nullptr;
-  const data::Tokenizer* tok = nullptr;
+  std::shared_ptr<ModelCatalog> catalog;
   std::time_t started = std::time(nullptr);
 
   std::mutex mu;
@@ -149,7 +167,7 @@ struct Server::Handlers {
     const Phase p = phase.load();
     json j;
     if (p == Phase::kReady) {
-      const EngineStats s = engine->stats();
+      const EngineStats s = catalog->find("").value()->engine->stats();
       j = {{"status", "ok"},          {"model", opts.model_name}, {"backend", opts.backend},
            {"running", s.running},    {"waiting", s.waiting},     {"kv_blocks_used", s.kv_used_blocks},
            {"kv_blocks", s.kv_blocks}};
@@ -163,12 +181,15 @@ struct Server::Handlers {
 
   void models(const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res) || !serving(res)) return;
-    json m = {{"id", opts.model_name},
-              {"object", "model"},
-              {"created", static_cast<int64_t>(started)},
-              {"owned_by", "tessera"},
-              {"max_model_len", engine->model().config().context}};
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    json data = json::array();
+    for (const auto& [id, served] : catalog->listed()) {
+      data.push_back({{"id", id},
+                      {"object", "model"},
+                      {"created", static_cast<int64_t>(started)},
+                      {"owned_by", "tessera"},
+                      {"max_model_len", served->engine->model().config().context}});
+    }
+    res.set_content(dump(json{{"object", "list"}, {"data", data}}), "application/json");
   }
 
   void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -185,15 +206,17 @@ struct Server::Handlers {
       send_error(res, *e);
       return;
     }
-    if (!r.model.empty() && r.model != opts.model_name) {
-      send_error(res, api_error(404,
-                                fmt::format("the model '{}' does not exist; this server serves '{}'", r.model,
-                                            opts.model_name),
-                                "invalid_request_error", "model", "model_not_found"));
+    // Held until the response is written (the stream's provider keeps it).
+    Result<std::shared_ptr<ServedModel>> found = catalog->find(r.model);
+    if (!found.ok()) {
+      send_error(res, api_error(404, found.status().message(), "invalid_request_error", "model", "model_not_found"));
       return;
     }
+    const std::shared_ptr<ServedModel> served = *found;
+    Engine* engine = served->engine;
+    const data::Tokenizer& tok = *served->tokenizer;
     std::vector<int> ids;
-    if (auto e = resolve_prompt(&r, *tok, engine->model().config(), &ids)) {
+    if (auto e = resolve_prompt(&r, tok, engine->model().config(), &ids)) {
       send_error(res, *e);
       return;
     }
@@ -225,7 +248,7 @@ struct Server::Handlers {
       stream_count.h = this;
     }
     auto call = std::make_shared<Call>(r.stop);
-    const data::Tokenizer* t = tok;
+    const data::Tokenizer* t = &tok;
     RequestSink sink;
     sink.on_admitted = [call] {
       std::lock_guard<std::mutex> lock(call->mu);
@@ -271,7 +294,7 @@ struct Server::Handlers {
     }
     if (r.stream) {
       stream_count.h = nullptr;  // the releaser ends it now
-      stream(res, r, call, engine_id, id, created);
+      stream(res, r, call, served, engine_id, id, created);
       return;
     }
     std::unique_lock<std::mutex> lock(call->mu);
@@ -285,7 +308,7 @@ struct Server::Handlers {
     std::string text;
     for (const Call::Piece& p : call->pieces) text += p.text;
     text += call->tail;
-    json logprobs = r.sampling.logprobs >= 0 ? logprobs_json(call->pieces, chat) : json(nullptr);
+    json logprobs = r.sampling.logprobs >= 0 ? logprobs_json(tok, call->pieces, chat) : json(nullptr);
     lock.unlock();
 
     json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(result.reason)}};
@@ -297,7 +320,7 @@ struct Server::Handlers {
     json out = {{"id", id},
                 {"object", chat ? "chat.completion" : "text_completion"},
                 {"created", created},
-                {"model", opts.model_name},
+                {"model", served->id},
                 {"choices", json::array({choice})},
                 {"usage", usage(result)}};
     res.set_content(dump(out), "application/json");
@@ -310,19 +333,19 @@ struct Server::Handlers {
             {"total_tokens", r.prompt_tokens + r.completion_tokens}};
   }
 
-  json token_string(int id) const { return sanitize_utf8(token_bytes(*tok, id)); }
+  static json token_string(const data::Tokenizer& tok, int id) { return sanitize_utf8(token_bytes(tok, id)); }
 
   // Completions: {tokens, token_logprobs, top_logprobs, text_offset};
   // chat: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
-  json logprobs_json(const std::vector<Call::Piece>& pieces, bool chat) const {
+  static json logprobs_json(const data::Tokenizer& tok, const std::vector<Call::Piece>& pieces, bool chat) {
     if (chat) {
       json content = json::array();
       for (const Call::Piece& p : pieces) {
         json top = json::array();
-        for (const auto& [tid, lp] : p.ev.top) top.push_back({{"token", token_string(tid)}, {"logprob", lp}});
+        for (const auto& [tid, lp] : p.ev.top) top.push_back({{"token", token_string(tok, tid)}, {"logprob", lp}});
         std::vector<int> bytes;
-        for (char c : token_bytes(*tok, p.ev.token)) bytes.push_back(static_cast<unsigned char>(c));
-        content.push_back({{"token", token_string(p.ev.token)},
+        for (char c : token_bytes(tok, p.ev.token)) bytes.push_back(static_cast<unsigned char>(c));
+        content.push_back({{"token", token_string(tok, p.ev.token)},
                            {"logprob", p.ev.logprob},
                            {"bytes", bytes},
                            {"top_logprobs", top}});
@@ -332,10 +355,10 @@ struct Server::Handlers {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     size_t offset = 0;
     for (const Call::Piece& p : pieces) {
-      tokens.push_back(token_string(p.ev.token));
+      tokens.push_back(token_string(tok, p.ev.token));
       lps.push_back(p.ev.logprob);
       json top = json::object();
-      for (const auto& [tid, lp] : p.ev.top) top[token_string(tid).get<std::string>()] = lp;
+      for (const auto& [tid, lp] : p.ev.top) top[token_string(tok, tid).get<std::string>()] = lp;
       tops.push_back(top);
       offsets.push_back(offset);
       offset += tokens.back().get_ref<const std::string&>().size();
@@ -343,16 +366,16 @@ struct Server::Handlers {
     return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call, uint64_t engine_id,
-              const std::string& id, int64_t created) {
+  void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call,
+              std::shared_ptr<ServedModel> served, uint64_t engine_id, const std::string& id, int64_t created) {
     const bool chat = r.chat;
     const bool want_logprobs = r.sampling.logprobs >= 0;
     const bool include_usage = r.include_usage;
-    auto chunk = [this, chat, id, created, include_usage](json choice) {
+    auto chunk = [chat, id, created, include_usage, model_id = served->id](json choice) {
       json c = {{"id", id},
                 {"object", chat ? "chat.completion.chunk" : "text_completion"},
                 {"created", created},
-                {"model", opts.model_name},
+                {"model", model_id},
                 {"choices", json::array({std::move(choice)})}};
       if (include_usage) c["usage"] = nullptr;
       return "data: " + dump(c) + "\n\n";
@@ -363,8 +386,8 @@ struct Server::Handlers {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, call, chunk, sent, started, chat, want_logprobs, include_usage, id, created](size_t,
-                                                                                            httplib::DataSink& sink) {
+        [this, call, served, chunk, sent, started, chat, want_logprobs, include_usage, id, created](
+            size_t, httplib::DataSink& sink) {
           std::string out;
           if (chat && !*started) {
             out += chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}});
@@ -407,7 +430,7 @@ struct Server::Handlers {
             } else {
               choice["text"] = text;
             }
-            choice["logprobs"] = want_logprobs ? logprobs_json({p}, chat) : json(nullptr);
+            choice["logprobs"] = want_logprobs ? logprobs_json(*served->tokenizer, {p}, chat) : json(nullptr);
             out += chunk(choice);
           }
           if (done) {
@@ -426,7 +449,7 @@ struct Server::Handlers {
                 json u = {{"id", id},
                           {"object", chat ? "chat.completion.chunk" : "text_completion"},
                           {"created", created},
-                          {"model", opts.model_name},
+                          {"model", served->id},
                           {"choices", json::array()},
                           {"usage", usage(result)}};
                 out += "data: " + dump(u) + "\n\n";
@@ -444,10 +467,10 @@ struct Server::Handlers {
           if (done) sink.done();
           return true;
         },
-        [this, call, engine_id](bool success) {
+        [this, call, served, engine_id](bool success) {
           // Called once the stream ended, written or not: a client that went
           // away frees its sequence at the engine's next step.
-          if (!success) engine->cancel(engine_id);
+          if (!success) served->engine->cancel(engine_id);
           stream_ended();
         });
   }
@@ -558,8 +581,15 @@ Status Server::start(int threads_hint) {
 }
 
 void Server::set_engine(Engine* engine, const data::Tokenizer* tokenizer) {
-  handlers_->engine = engine;
-  handlers_->tok = tokenizer;
+  auto model = std::make_shared<ServedModel>();
+  model->id = opts_.model_name;
+  model->engine = engine;
+  model->tokenizer = tokenizer;
+  set_models(single_model_catalog(std::move(model)));
+}
+
+void Server::set_models(std::shared_ptr<ModelCatalog> catalog) {
+  handlers_->catalog = std::move(catalog);
   handlers_->phase = Phase::kReady;
 }
 
@@ -568,7 +598,7 @@ bool Server::shutdown() {
   const bool was_ready = h.phase.exchange(Phase::kDraining) == Phase::kReady;
   bool drained = true;
   if (was_ready) {
-    drained = h.engine->drain(opts_.drain_timeout_s);
+    drained = h.catalog->drain(opts_.drain_timeout_s);
     // The engine is idle; let the streams write their last chunks.
     std::unique_lock<std::mutex> lock(h.mu);
     drained = h.streams_done.wait_for(lock, std::chrono::seconds(10), [&] { return h.streams == 0; }) && drained;

@@ -33,7 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-class Registry : public ::testing::Test {
+class ModelRegistryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::temp_directory_path() /
@@ -83,7 +83,7 @@ class Registry : public ::testing::Test {
   std::unique_ptr<ModelRegistry> reg_;
 };
 
-TEST_F(Registry, PublishListPromoteRemove) {
+TEST_F(ModelRegistryTest, PublishListPromoteRemove) {
   EXPECT_EQ(add("tiny"), 1);
   EXPECT_EQ(add("tiny", 2), 2);
   EXPECT_EQ(listed("tiny"), (std::vector<int>{1, 2}));
@@ -115,7 +115,7 @@ TEST_F(Registry, PublishListPromoteRemove) {
   EXPECT_EQ(add("tiny"), 3);
 }
 
-TEST_F(Registry, UnknownNameAndVersionAreNotFound) {
+TEST_F(ModelRegistryTest, UnknownNameAndVersionAreNotFound) {
   add("tiny");
   EXPECT_EQ(reg_->versions("nope").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(reg_->manifest("tiny", 9).status().code(), StatusCode::kNotFound);
@@ -124,7 +124,7 @@ TEST_F(Registry, UnknownNameAndVersionAreNotFound) {
   EXPECT_EQ(ModelRegistry::open((root_ / "missing").string()).status().code(), StatusCode::kNotFound);
 }
 
-TEST_F(Registry, TempFolderOfAKilledAddIsNeverListedAndIsCleanedByTheNextAdd) {
+TEST_F(ModelRegistryTest, TempFolderOfAKilledAddIsNeverListedAndIsCleanedByTheNextAdd) {
   add("tiny");
   // What an add killed before its rename leaves: its pid is gone.
   const fs::path stale = root_ / "tiny" / ".tmp-2147483646-0";
@@ -135,7 +135,7 @@ TEST_F(Registry, TempFolderOfAKilledAddIsNeverListedAndIsCleanedByTheNextAdd) {
   EXPECT_FALSE(fs::exists(stale));
 }
 
-TEST_F(Registry, StagedVersionThatIsNotPublishedIsRemoved) {
+TEST_F(ModelRegistryTest, StagedVersionThatIsNotPublishedIsRemoved) {
   std::string dir;
   {
     auto staged = reg_->stage("tiny");
@@ -147,7 +147,7 @@ TEST_F(Registry, StagedVersionThatIsNotPublishedIsRemoved) {
   EXPECT_TRUE(listed("tiny").empty());
 }
 
-TEST_F(Registry, CorruptByteIsRefusedNamingTheFile) {
+TEST_F(ModelRegistryTest, CorruptByteIsRefusedNamingTheFile) {
   add("tiny");
   flip_byte(root_ / "tiny" / "1" / kRegistryFp32File, 200);
   auto m = reg_->manifest("tiny", 1);
@@ -160,7 +160,7 @@ TEST_F(Registry, CorruptByteIsRefusedNamingTheFile) {
   EXPECT_TRUE(reg_->verify(*m, {kRegistryConfigFile}).ok());
 }
 
-TEST_F(Registry, TruncatedAndMissingFilesAreRefused) {
+TEST_F(ModelRegistryTest, TruncatedAndMissingFilesAreRefused) {
   add("tiny");
   fs::resize_file(root_ / "tiny" / "1" / kRegistryFp32File, 100);
   auto m = reg_->manifest("tiny", 1);
@@ -172,7 +172,7 @@ TEST_F(Registry, TruncatedAndMissingFilesAreRefused) {
   EXPECT_NE(st.message().find("model.safetensors: missing"), std::string::npos) << st.message();
 }
 
-TEST_F(Registry, VersionWithoutManifestIsIncomplete) {
+TEST_F(ModelRegistryTest, VersionWithoutManifestIsIncomplete) {
   add("tiny");
   fs::create_directories(root_ / "tiny" / "7");
   auto vs = reg_->versions("tiny");
@@ -186,7 +186,7 @@ TEST_F(Registry, VersionWithoutManifestIsIncomplete) {
   EXPECT_EQ(add("tiny"), 8);
 }
 
-TEST_F(Registry, EditedManifestIsRefused) {
+TEST_F(ModelRegistryTest, EditedManifestIsRefused) {
   add("tiny");
   const fs::path p = root_ / "tiny" / "1" / kRegistryManifestFile;
   std::ifstream in(p);
@@ -201,7 +201,7 @@ TEST_F(Registry, EditedManifestIsRefused) {
   EXPECT_NE(st.message().find("manifest.json: its contents hash to"), std::string::npos) << st.message();
 }
 
-TEST_F(Registry, NamesAndRefs) {
+TEST_F(ModelRegistryTest, NamesAndRefs) {
   EXPECT_TRUE(check_model_name("gpt2-small.v2_x").ok());
   for (const char* bad : {"", ".hidden", "a/b", "a:b", "-x", "a b"})
     EXPECT_EQ(check_model_name(bad).code(), StatusCode::kInvalidArgument) << bad;
@@ -217,7 +217,7 @@ TEST_F(Registry, NamesAndRefs) {
 
 // A real server over a RegistryCatalog: requests keep succeeding while
 // version 2 is promoted; later ones report it; version 1 is then unloaded.
-TEST_F(Registry, HotPromoteSwapsTheServedVersion) {
+TEST_F(ModelRegistryTest, HotPromoteSwapsTheServedVersion) {
   add("tiny", 1);
   add("tiny", 2);
   ASSERT_TRUE(reg_->promote("tiny", 1).ok());
@@ -316,7 +316,7 @@ TEST_F(Registry, HotPromoteSwapsTheServedVersion) {
 
 // A corrupt version promoted while serving is refused in one log line
 // naming the file; the current version keeps serving.
-TEST_F(Registry, CorruptPromotedVersionIsRefusedWhileServing) {
+TEST_F(ModelRegistryTest, CorruptPromotedVersionIsRefusedWhileServing) {
   add("tiny", 1);
   add("tiny", 2);
   ASSERT_TRUE(reg_->promote("tiny", 1).ok());

@@ -221,19 +221,19 @@ void add_registry_commands(CLI::App& app) {
 
   CLI::App* show = reg->add_subcommand("show", "Print a version's manifest and verify its checksums");
   show->add_option("name", a->name, "NAME (the promoted version) or NAME:VERSION")->required();
-  show->add_option("version", a->version, "the version")->check(CLI::PositiveNumber);
+  show->add_option("version", a->version, "the version")->check(CLI::Range(1, 1000000000));
   add_root_option(show, *a);
   show->callback([a] { exit_code() = run_show(*a); });
 
   CLI::App* promote = reg->add_subcommand("promote", "Make a version the one served under the model's name");
   promote->add_option("name", a->name, "NAME or NAME:VERSION")->required();
-  promote->add_option("version", a->version, "the version")->check(CLI::PositiveNumber);
+  promote->add_option("version", a->version, "the version")->check(CLI::Range(1, 1000000000));
   add_root_option(promote, *a);
   promote->callback([a] { exit_code() = run_promote(*a); });
 
   CLI::App* rm = reg->add_subcommand("rm", "Remove a version (not the promoted one)");
   rm->add_option("name", a->name, "NAME or NAME:VERSION")->required();
-  rm->add_option("version", a->version, "the version")->check(CLI::PositiveNumber);
+  rm->add_option("version", a->version, "the version")->check(CLI::Range(1, 1000000000));
   add_root_option(rm, *a);
   rm->callback([a] { exit_code() = run_rm(*a); });
 }

@@ -237,7 +237,8 @@ Result<std::vector<std::string>> ModelRegistry::names() const {
   std::error_code ec;
   for (fs::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
-    if (!check_model_name(n).ok() || !it->is_directory()) continue;
+    std::error_code e2;  // an entry removed meanwhile is skipped, not thrown
+    if (!check_model_name(n).ok() || !it->is_directory(e2)) continue;
     out.push_back(n);
   }
   if (ec) return Status::IOError(fmt::format("registry {}: cannot list: {}", root_, ec.message()));
@@ -254,8 +255,8 @@ Result<std::vector<VersionInfo>> ModelRegistry::versions(std::string_view name) 
   std::vector<VersionInfo> out;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::optional<int> v = parse_version(it->path().filename().string());
-    if (!v || !it->is_directory()) continue;  // temporary and removed folders, the pointer
     std::error_code e2;
+    if (!v || !it->is_directory(e2)) continue;  // temporary and removed folders, the pointer
     out.push_back({*v, fs::is_regular_file(it->path() / kRegistryManifestFile, e2)});
   }
   if (ec) return Status::IOError(fmt::format("{}: cannot list: {}", dir, ec.message()));
@@ -361,7 +362,8 @@ Result<int> ModelRegistry::publish(StagedVersion& staged, VersionManifest m) con
   for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string n = it->path().filename().string();
     if (n == kRegistryManifestFile) continue;
-    if (!it->is_regular_file() || n[0] == '.')
+    std::error_code e2;
+    if (!it->is_regular_file(e2) || n[0] == '.')
       return Status::InvalidArgument(fmt::format("{}: only plain files go into a version", it->path().string()));
     // The writers (save_hf, write_file_atomic) fsync each file; hash what is on disk.
     ASSIGN_OR_RETURN(io::FileDigest d, io::file_xxh64(it->path().string()));

@@ -143,12 +143,22 @@ client() {
 for c in 1 2 3 4; do client $c & done
 clients=$(jobs -p | tail -4)
 sleep 1.5
+# A long stream running across the swap finishes on the version it started on.
+curl -sN -H 'Content-Type: application/json' \
+  --data-binary '{"model":"hot","prompt":"the ","max_tokens":200,"ignore_eos":true,"stream":true}' \
+  "$url/v1/completions" >"$tmp/stream" &
+stream_pid=$!
+for _ in $(seq 1 100); do grep -q '^data: {' "$tmp/stream" 2>/dev/null && break; sleep 0.05; done
 "$tessera" registry promote hot 2 "${R[@]}" >/dev/null
 for i in $(seq 1 100); do grep -q 'hot:2 now serves new requests' "$tmp/srv.log" && break; sleep 0.1; done
 grep -q 'hot:2 now serves new requests' "$tmp/srv.log" || { echo "no swap:"; cat "$tmp/srv.log"; exit 1; }
 sleep 1.5
 touch "$tmp/stop"
 wait $clients
+wait $stream_pid
+[ "$(tail -n 2 "$tmp/stream" | head -n 1)" = "data: [DONE]" ] && grep -q '"finish_reason":"length"' "$tmp/stream" &&
+  grep -q '"model":"hot:1"' "$tmp/stream" && ! grep -q '"model":"hot:2"' "$tmp/stream" ||
+  { echo "the stream across the swap did not finish on hot:1:"; tail -c 400 "$tmp/stream"; exit 1; }
 cat "$tmp"/c?.log >"$tmp/all.log"
 total=$(wc -l <"$tmp/all.log")
 failed=$(grep -vc '^200 ' "$tmp/all.log" || true)
@@ -164,4 +174,4 @@ code=$(curl -s -o "$tmp/body" -w '%{http_code}' -H 'Content-Type: application/js
   --data-binary '{"model":"hot:1","prompt":"a","max_tokens":2}' "$url/v1/completions")
 [ "$code" = 404 ] || { echo "hot:1 after the swap: HTTP $code"; exit 1; }
 serve_stop srv
-echo "hot promote under load: $total requests, none failed; later ones from hot:2; hot:1 unloaded"
+echo "hot promote under load: $total requests and a stream across the swap, none failed; later ones from hot:2; hot:1 unloaded"

@@ -1,5 +1,6 @@
-// tessera serve: an OpenAI-compatible HTTP server over one model
-// (src/serve/; docs/serving.md). Binds first, so /health answers 503 while
+// tessera serve: an OpenAI-compatible HTTP server over one model, or over
+// the promoted version of a model in a registry (--registry; swapped while
+// serving when another is promoted) (src/serve/; docs/serving.md). Binds first, so /health answers 503 while
 // the model loads; SIGTERM or SIGINT drains (running requests finish, new
 // ones get 503) and exits 0.
 #include <pthread.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -21,6 +23,8 @@
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
 #include "serve/engine.h"
+#include "serve/registry.h"
+#include "serve/registry_catalog.h"
 #include "serve/server.h"
 #include "tools/commands.h"
 #include "train/checkpointing.h"
@@ -30,7 +34,7 @@ namespace tessera::tools {
 namespace {
 
 struct ServeArgs {
-  std::string model, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
+  std::string model, registry, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
   int port = 8000;
   int max_seqs = 32;
   int max_queue = 256;
@@ -46,22 +50,70 @@ struct ServeArgs {
 
 // A safetensors file (config.json beside it) or a checkpoint folder
 // (step-N, or a checkpoint.dir whose latest is followed).
-Result<std::unique_ptr<GPT>> load_model(const ServeArgs& a, Backend backend) {
+Result<std::unique_ptr<GPT>> load_model(const std::string& path, Backend backend) {
   std::error_code ec;
-  if (std::filesystem::is_directory(a.model, ec)) {
-    ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(a.model));
+  if (std::filesystem::is_directory(path, ec)) {
+    ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
     ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_whole_model(ck));
     if (backend == Backend::kCPU) return model;
     return Status::InvalidArgument("serving a checkpoint folder runs on the CPU; export it for --backend cuda");
   }
-  if (std::filesystem::exists(a.model, ec) && !std::filesystem::is_regular_file(a.model, ec)) {
-    Status st = io::check_regular_file(a.model);  // names a FIFO or a device, without opening it
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    Status st = io::check_regular_file(path);  // names a FIFO or a device, without opening it
     if (!st.ok()) return st.With("--model");
   }
-  if (!std::filesystem::is_regular_file(a.model, ec))
+  if (!std::filesystem::is_regular_file(path, ec))
     return Status::NotFound(
-        fmt::format("--model {}: no such file or folder (a GPT-2 safetensors file or a checkpoint folder)", a.model));
-  return load_gpt2(a.model, nullptr, backend, ModelUse::kInference);
+        fmt::format("--model {}: no such file or folder (a GPT-2 safetensors file or a checkpoint folder)", path));
+  return load_gpt2(path, nullptr, backend, ModelUse::kInference);
+}
+
+// A model ready to serve under `id`: loaded, at the precision --dtype asks,
+// with its tokenizer and engine; logs its "ready" line.
+Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Backend backend, obs::Registry& registry,
+                                                        const std::string& path, const std::string& id) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_model(path, backend));
+  GPT& m = *model;
+  m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
+  // says; --dtype int8 quantizes an fp32 one.
+  if (a.dtype == "int8" && !m.int8()) RETURN_IF_ERROR(m.quantize_int8());
+  // The INT8 forward reads none of the fp32 matmul weights: their memory
+  // goes back to the system.
+  if (m.int8()) RETURN_IF_ERROR(m.release_fp32_matmul_weights().status());
+  const GPTConfig cfg = m.config();
+
+  auto served = std::make_shared<serve::ServedModel>();
+  served->id = id;
+  const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
+  ASSIGN_OR_RETURN(served->owned_tokenizer, data::make_tokenizer(tok_name, a.vocab_dir));
+  served->tokenizer = served->owned_tokenizer.get();
+  const data::Tokenizer& tok = *served->tokenizer;
+  if (tok.vocab_size() > cfg.vocab)
+    return Status::InvalidArgument(fmt::format("tokenizer '{}' has {} tokens but the model's vocabulary has only {}",
+                                               tok_name, tok.vocab_size(), cfg.vocab));
+
+  serve::EngineOptions eo;
+  eo.max_seqs = a.max_seqs;
+  eo.max_queue = a.max_queue;
+  eo.max_batch_tokens = std::max(a.max_batch_tokens, a.max_seqs);
+  eo.queue_timeout_s = a.queue_timeout_s;
+  eo.eot_token = tok.eot();
+  eo.kv_blocks = a.kv_blocks;
+  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, eo.block_size);
+  if (a.kv_memory_mb > 0) {
+    eo.kv_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(a.kv_memory_mb * (1 << 20)) / block_bytes));
+  }
+  const bool int8 = m.int8();
+  ASSIGN_OR_RETURN(served->owned_engine, serve::Engine::create(std::move(model), eo, registry));
+  served->engine = served->owned_engine.get();
+  const serve::EngineStats st = served->engine->stats();
+  std::fprintf(stderr,
+               "serve: %s ready: %s, %s on %s; KV cache %d blocks of %d positions (%.1f MB), up to %d sequences, "
+               "%d queued\n",
+               id.c_str(), cfg.str().c_str(), int8 ? "int8" : a.dtype.c_str(), a.backend.c_str(), st.kv_blocks,
+               eo.block_size, static_cast<double>(st.kv_blocks) * block_bytes / (1 << 20), a.max_seqs, a.max_queue);
+  return served;
 }
 
 int run_serve(const ServeArgs& a) {
@@ -90,7 +142,15 @@ int run_serve(const ServeArgs& a) {
   so.max_body_bytes = a.max_body_bytes;
   so.drain_timeout_s = a.drain_timeout_s;
   so.fault_injection = a.fault_injection;
-  so.model_name = !a.served_name.empty() ? a.served_name
+  // $TESSERA_REGISTRY only when --model is not a file or folder itself.
+  std::string registry_root = a.registry;
+  std::error_code ec;
+  if (registry_root.empty() && std::getenv("TESSERA_REGISTRY") && !std::filesystem::exists(a.model, ec))
+    registry_root = std::getenv("TESSERA_REGISTRY");
+  if (!registry_root.empty() && !a.served_name.empty())
+    return fail(Status::InvalidArgument("--served-model-name does not go with --registry (the id is the model's name)"));
+  so.model_name = !registry_root.empty()          ? a.model
+                  : !a.served_name.empty()        ? a.served_name
                   : std::filesystem::is_directory(a.model) ? std::filesystem::path(a.model).filename().string()
                                                           : std::filesystem::path(a.model).stem().string();
   if (so.model_name.empty()) so.model_name = "model";
@@ -130,51 +190,28 @@ int run_serve(const ServeArgs& a) {
     join_signals();
     return fail(st);
   };
-  auto model = load_model(a, backend);
-  if (!model.ok()) return fail_loading(model.status());
-  GPT& m = *model.value();
-  m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
-  // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
-  // says; --dtype int8 quantizes an fp32 one.
-  if (a.dtype == "int8" && !m.int8()) {
-    if (Status st = m.quantize_int8(); !st.ok()) return fail_loading(st);
+  if (!registry_root.empty()) {
+    auto reg = serve::ModelRegistry::open(registry_root);
+    if (!reg.ok()) return fail_loading(reg.status());
+    serve::RegistryCatalog::Options ro;
+    ro.name = a.model;
+    ro.prefer_int8 = a.dtype == "int8";
+    auto catalog = serve::RegistryCatalog::open(
+        std::move(*reg), ro,
+        [&a, backend, &registry](const std::string& path, const std::string& id) {
+          return load_served(a, backend, registry, path, id);
+        },
+        [](const std::string& line) {
+          std::fprintf(stderr, "serve: %s\n", line.c_str());
+          std::fflush(stderr);
+        });
+    if (!catalog.ok()) return fail_loading(catalog.status());
+    server.set_models(std::move(*catalog));
+  } else {
+    auto served = load_served(a, backend, registry, a.model, so.model_name);
+    if (!served.ok()) return fail_loading(served.status());
+    server.set_models(serve::single_model_catalog(std::move(*served)));
   }
-  // The INT8 forward reads none of the fp32 matmul weights: their memory
-  // goes back to the system.
-  if (m.int8()) {
-    auto released = m.release_fp32_matmul_weights();
-    if (!released.ok()) return fail_loading(released.status());
-  }
-  const GPTConfig cfg = m.config();
-
-  const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
-  auto made = data::make_tokenizer(tok_name, a.vocab_dir);
-  if (!made.ok()) return fail_loading(made.status());
-  const data::Tokenizer& tok = *made.value();
-  if (tok.vocab_size() > cfg.vocab)
-    return fail_loading(Status::InvalidArgument(fmt::format(
-        "tokenizer '{}' has {} tokens but the model's vocabulary has only {}", tok_name, tok.vocab_size(), cfg.vocab)));
-
-  serve::EngineOptions eo;
-  eo.max_seqs = a.max_seqs;
-  eo.max_queue = a.max_queue;
-  eo.max_batch_tokens = std::max(a.max_batch_tokens, a.max_seqs);
-  eo.queue_timeout_s = a.queue_timeout_s;
-  eo.eot_token = tok.eot();
-  eo.kv_blocks = a.kv_blocks;
-  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, eo.block_size);
-  if (a.kv_memory_mb > 0) {
-    eo.kv_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(a.kv_memory_mb * (1 << 20)) / block_bytes));
-  }
-  auto engine = serve::Engine::create(std::move(model.value()), eo, registry);
-  if (!engine.ok()) return fail_loading(engine.status());
-  const serve::EngineStats st = engine.value()->stats();
-  std::fprintf(stderr,
-               "serve: %s ready: %s, %s on %s; KV cache %d blocks of %d positions (%.1f MB), up to %d sequences, "
-               "%d queued\n",
-               so.model_name.c_str(), cfg.str().c_str(), m.int8() ? "int8" : a.dtype.c_str(), a.backend.c_str(), st.kv_blocks,
-               eo.block_size, static_cast<double>(st.kv_blocks) * block_bytes / (1 << 20), a.max_seqs, a.max_queue);
-  server.set_engine(engine.value().get(), &tok);
   ready = true;
   server.wait();
   join_signals();
@@ -186,8 +223,13 @@ int run_serve(const ServeArgs& a) {
 void add_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("--model", a->model, "GPT-2 safetensors file (config.json beside it) or a checkpoint folder")
+  cmd->add_option("--model", a->model,
+                  "GPT-2 safetensors file (config.json beside it) or a checkpoint folder; with --registry, the "
+                  "model's name")
       ->required();
+  cmd->add_option("--registry", a->registry,
+                  "serve the promoted version of --model from this model registry (default: $TESSERA_REGISTRY); "
+                  "a newly promoted version is swapped in while serving");
   cmd->add_option("--served-model-name", a->served_name, "the model id clients send (default: the file's stem)");
   cmd->add_option("--host", a->host, "address to bind (loopback by default)")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (printed)")

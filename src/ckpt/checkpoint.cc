@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "ckpt/reshard.h"
+#include "io/checksum.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 
@@ -168,25 +169,16 @@ Result<std::string> Checkpoint::state(int rank) const {
 }
 
 Status Checkpoint::verify() const {
-  std::vector<char> buffer(size_t{1} << 20);
-  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> hash(XXH64_createState(), &XXH64_freeState);
   for (const ShardRecord& s : manifest_.shards) {
     const std::string path = shard_path(s);
+    ASSIGN_OR_RETURN(io::FileDigest d, io::file_xxh64(path));
+    if (d.bytes != s.bytes)
+      return Status::Corruption(
+          fmt::format("{}: file is {} bytes, manifest says {} (truncated or replaced)", path, d.bytes, s.bytes));
+    if (d.xxh64 != s.xxh64)
+      return Status::Corruption(
+          fmt::format("{}: xxh64 is {}, manifest says {} (corrupted)", path, hex64(d.xxh64), hex64(s.xxh64)));
     ASSIGN_OR_RETURN(ReadFd fd, ReadFd::open(path));
-    ASSIGN_OR_RETURN(uint64_t size, fd.size());
-    if (size != s.bytes)
-      return Status::Corruption(
-          fmt::format("{}: file is {} bytes, manifest says {} (truncated or replaced)", path, size, s.bytes));
-    XXH64_reset(hash.get(), 0);
-    for (uint64_t off = 0; off < size; off += buffer.size()) {
-      const uint64_t n = std::min<uint64_t>(buffer.size(), size - off);
-      RETURN_IF_ERROR(fd.pread_all(buffer.data(), n, off, "data"));
-      XXH64_update(hash.get(), buffer.data(), n);
-    }
-    const uint64_t got = XXH64_digest(hash.get());
-    if (got != s.xxh64)
-      return Status::Corruption(
-          fmt::format("{}: xxh64 is {}, manifest says {} (corrupted)", path, hex64(got), hex64(s.xxh64)));
     // Every piece's own checksum too (what a resume reads).
     for (const PieceRecord& p : s.pieces) {
       std::vector<char> piece(p.bytes);

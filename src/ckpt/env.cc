@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "io/file.h"
+
 namespace tessera::ckpt {
 namespace {
 
@@ -81,13 +83,6 @@ int fault_errno_from_env(int rank) {
   return 0;
 }
 
-Status sync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io_error(dir, "cannot open folder to fsync", errno);
-  Status st;
-  if (::fsync(fd) != 0 && errno != EINVAL) st = io_error(dir, "fsync of folder failed", errno);
-  ::close(fd);
-  return st;
-}
+Status sync_dir(const std::string& dir) { return io::sync_dir(dir); }
 
 }  // namespace tessera::ckpt

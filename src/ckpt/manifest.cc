@@ -7,6 +7,8 @@
 
 #include <xxhash.h>
 
+#include "io/checksum.h"
+
 namespace tessera::ckpt {
 namespace {
 
@@ -273,6 +275,6 @@ std::optional<int64_t> parse_step_dir_name(std::string_view name) {
   return step;
 }
 
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string hex64(uint64_t v) { return io::hex64(v); }
 
 }  // namespace tessera::ckpt

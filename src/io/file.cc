@@ -126,4 +126,11 @@ Status check_openable_for_writing(const std::string& path) {
   return Status::OK();
 }
 
+Status sync_dir(const std::string& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(dir, "cannot open folder to fsync", errno);
+  if (::fsync(fd.get()) != 0 && errno != EINVAL) return errno_status(dir, "fsync of folder failed", errno);
+  return Status::OK();
+}
+
 }  // namespace tessera::io

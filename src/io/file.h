@@ -77,4 +77,9 @@ Status check_writable_file(const std::string& path);
 // a folder fails. A device such as /dev/stdout passes.
 Status check_openable_for_writing(const std::string& path);
 
+// fsync of a folder, making renames and new entries in it durable. File
+// systems that cannot fsync a folder (EINVAL) count as success. IOError
+// naming the folder otherwise.
+Status sync_dir(const std::string& dir);
+
 }  // namespace tessera::io

@@ -72,11 +72,7 @@ Status write_all(int fd, std::span<const std::byte> bytes, const std::string& fi
 Status fsync_parent(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return errno_status(dir, "cannot open folder to fsync");
-  // Some file systems cannot fsync a folder (EINVAL); the rename still happened.
-  if (::fsync(fd.get()) != 0 && errno != EINVAL) return errno_status(dir, "fsync of folder failed");
-  return Status::OK();
+  return sync_dir(dir);
 }
 
 // Reads a JSON integer that must be >= 0 and fit in int64.

@@ -74,7 +74,26 @@ ApiError error_of(const Status& st) {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+class SingleModel : public ModelCatalog {
+ public:
+  explicit SingleModel(std::shared_ptr<ServedModel> m) : model_(std::move(m)) {}
+  Result<std::shared_ptr<ServedModel>> find(const std::string& requested) override {
+    if (requested.empty() || requested == model_->id) return model_;
+    return Status::NotFound(
+        fmt::format("the model '{}' does not exist; this server serves '{}'", requested, model_->id));
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<ServedModel>>> listed() override { return {{model_->id, model_}}; }
+  bool drain(double timeout_s) override { return model_->engine->drain(timeout_s); }
+
+ private:
+  std::shared_ptr<ServedModel> model_;
+};
+
 }  // namespace
+
+std::shared_ptr<ModelCatalog> single_model_catalog(std::shared_ptr<ServedModel> model) {
+  return std::make_shared<SingleModel>(std::move(model));
+}
 
 struct Server::Handlers {
   ServerOptions opts;
@@ -82,8 +101,7 @@ struct Server::Handlers {
   std::atomic<Phase> phase{Phase::kLoading};
   std::atomic<Fault> fault{Fault::kNone};  // injected (/admin/fault)
   std::atomic<size_t> fault_after{0};      // kError: tokens a stream sends before failing
-  Engine* engine = nullptr;
-  const data::Tokenizer* tok = nullptr;
+  std::shared_ptr<ModelCatalog> catalog;
   std::time_t started = std::time(nullptr);
 
   std::mutex mu;
@@ -142,6 +160,12 @@ struct Server::Handlers {
     while (fault.load() == Fault::kHang) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
+  // The device error of the default model's engine (OK when there is none).
+  Status default_engine_fault() {
+    auto def = catalog->find("");
+    return def.ok() ? (*def)->engine->fault() : Status::OK();
+  }
+
   // 503 while loading or draining or after a device error; 500 while an
   // error is injected; otherwise true.
   bool serving(httplib::Response& res) {
@@ -151,7 +175,7 @@ struct Server::Handlers {
         send_error(res, api_error(500, "internal error (injected fault)", "server_error"));
         return false;
       }
-      const Status device = engine->fault();
+      const Status device = default_engine_fault();
       if (device.ok()) return true;
       send_error(res, error_of(Status::Unavailable(fmt::format("device error: {}", device.message()))));
       return false;
@@ -167,12 +191,14 @@ struct Server::Handlers {
   void health(httplib::Response& res) {
     const Phase p = phase.load();
     json j;
-    const Status device = p == Phase::kReady ? engine->fault() : Status::OK();
+    // A device error of the default model's engine (serving: the model
+    // a request without "model" gets).
+    const Status device = p == Phase::kReady ? default_engine_fault() : Status::OK();
     if (!device.ok()) {
       j = {{"status", "device_error"}, {"reason", device.message()}, {"model", opts.model_name}};
       res.status = 503;
     } else if (p == Phase::kReady) {
-      const EngineStats s = engine->stats();
+      const EngineStats s = catalog->find("").value()->engine->stats();
       j = {{"status", "ok"},          {"model", opts.model_name}, {"backend", opts.backend},
            {"running", s.running},    {"waiting", s.waiting},     {"kv_blocks_used", s.kv_used_blocks},
            {"kv_blocks", s.kv_blocks}};
@@ -225,19 +251,24 @@ struct Server::Handlers {
     }
     fault_after = after;
     fault = f == Fault::kDeviceError ? Fault::kNone : f;
-    engine->set_fault(f == Fault::kDeviceError ? Status::Internal("injected device error (fault drill)") : Status::OK());
+    if (auto def = catalog->find(""); def.ok())
+      (*def)->engine->set_fault(f == Fault::kDeviceError ? Status::Internal("injected device error (fault drill)")
+                                                         : Status::OK());
     std::fprintf(stderr, "serve: injected fault: %s\n", name.c_str());
     res.set_content(dump(json{{"fault", name}}), "application/json");
   }
 
   void models(const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res) || !serving(res)) return;
-    json m = {{"id", opts.model_name},
-              {"object", "model"},
-              {"created", static_cast<int64_t>(started)},
-              {"owned_by", "tessera"},
-              {"max_model_len", engine->model().config().context}};
-    res.set_content(dump(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
+    json data = json::array();
+    for (const auto& [id, served] : catalog->listed()) {
+      data.push_back({{"id", id},
+                      {"object", "model"},
+                      {"created", static_cast<int64_t>(started)},
+                      {"owned_by", "tessera"},
+                      {"max_model_len", served->engine->model().config().context}});
+    }
+    res.set_content(dump(json{{"object", "list"}, {"data", data}}), "application/json");
   }
 
   void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -258,15 +289,17 @@ struct Server::Handlers {
       send_error(res, api_error(500, "internal error (injected fault)", "server_error"));
       return;
     }
-    if (!r.model.empty() && r.model != opts.model_name) {
-      send_error(res, api_error(404,
-                                fmt::format("the model '{}' does not exist; this server serves '{}'", r.model,
-                                            opts.model_name),
-                                "invalid_request_error", "model", "model_not_found"));
+    // Held until the response is written (the stream's provider keeps it).
+    Result<std::shared_ptr<ServedModel>> found = catalog->find(r.model);
+    if (!found.ok()) {
+      send_error(res, api_error(404, found.status().message(), "invalid_request_error", "model", "model_not_found"));
       return;
     }
+    const std::shared_ptr<ServedModel> served = *found;
+    Engine* engine = served->engine;
+    const data::Tokenizer& tok = *served->tokenizer;
     std::vector<int> ids;
-    if (auto e = resolve_prompt(&r, *tok, engine->model().config(), &ids)) {
+    if (auto e = resolve_prompt(&r, tok, engine->model().config(), &ids)) {
       send_error(res, *e);
       return;
     }
@@ -298,7 +331,7 @@ struct Server::Handlers {
       stream_count.h = this;
     }
     auto call = std::make_shared<Call>(r.stop);
-    const data::Tokenizer* t = tok;
+    const data::Tokenizer* t = &tok;
     if (r.resume) {
       // The text of the ids generated elsewhere passes through the stop
       // strings and the hold-back; what the client has not seen is sent first.
@@ -356,7 +389,7 @@ struct Server::Handlers {
     }
     if (r.stream) {
       stream_count.h = nullptr;  // the releaser ends it now
-      stream(res, r, call, engine_id, id, created, std::move(prompt_ids));
+      stream(res, r, call, served, engine_id, id, created, std::move(prompt_ids));
       return;
     }
     std::unique_lock<std::mutex> lock(call->mu);
@@ -377,7 +410,7 @@ struct Server::Handlers {
       token_ids.push_back(p.ev.token);
     }
     text += call->tail;
-    json logprobs = r.sampling.logprobs >= 0 ? logprobs_json(call->pieces, chat) : json(nullptr);
+    json logprobs = r.sampling.logprobs >= 0 ? logprobs_json(tok, call->pieces, chat) : json(nullptr);
     lock.unlock();
 
     json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(result.reason)}};
@@ -393,7 +426,7 @@ struct Server::Handlers {
     json out = {{"id", id},
                 {"object", chat ? "chat.completion" : "text_completion"},
                 {"created", created},
-                {"model", opts.model_name},
+                {"model", served->id},
                 {"choices", json::array({choice})},
                 {"usage", usage(result)}};
     res.set_content(dump(out), "application/json");
@@ -406,19 +439,19 @@ struct Server::Handlers {
             {"total_tokens", r.prompt_tokens + r.completion_tokens}};
   }
 
-  json token_string(int id) const { return sanitize_utf8(token_bytes(*tok, id)); }
+  static json token_string(const data::Tokenizer& tok, int id) { return sanitize_utf8(token_bytes(tok, id)); }
 
   // Completions: {tokens, token_logprobs, top_logprobs, text_offset};
   // chat: {content: [{token, logprob, bytes, top_logprobs: [...]}]}.
-  json logprobs_json(const std::vector<Call::Piece>& pieces, bool chat) const {
+  static json logprobs_json(const data::Tokenizer& tok, const std::vector<Call::Piece>& pieces, bool chat) {
     if (chat) {
       json content = json::array();
       for (const Call::Piece& p : pieces) {
         json top = json::array();
-        for (const auto& [tid, lp] : p.ev.top) top.push_back({{"token", token_string(tid)}, {"logprob", lp}});
+        for (const auto& [tid, lp] : p.ev.top) top.push_back({{"token", token_string(tok, tid)}, {"logprob", lp}});
         std::vector<int> bytes;
-        for (char c : token_bytes(*tok, p.ev.token)) bytes.push_back(static_cast<unsigned char>(c));
-        content.push_back({{"token", token_string(p.ev.token)},
+        for (char c : token_bytes(tok, p.ev.token)) bytes.push_back(static_cast<unsigned char>(c));
+        content.push_back({{"token", token_string(tok, p.ev.token)},
                            {"logprob", p.ev.logprob},
                            {"bytes", bytes},
                            {"top_logprobs", top}});
@@ -428,10 +461,10 @@ struct Server::Handlers {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     size_t offset = 0;
     for (const Call::Piece& p : pieces) {
-      tokens.push_back(token_string(p.ev.token));
+      tokens.push_back(token_string(tok, p.ev.token));
       lps.push_back(p.ev.logprob);
       json top = json::object();
-      for (const auto& [tid, lp] : p.ev.top) top[token_string(tid).get<std::string>()] = lp;
+      for (const auto& [tid, lp] : p.ev.top) top[token_string(tok, tid).get<std::string>()] = lp;
       tops.push_back(top);
       offsets.push_back(offset);
       offset += tokens.back().get_ref<const std::string&>().size();
@@ -439,17 +472,18 @@ struct Server::Handlers {
     return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
   }
 
-  void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call, uint64_t engine_id,
-              const std::string& id, int64_t created, std::vector<int> prompt_ids) {
+  void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call,
+              std::shared_ptr<ServedModel> served, uint64_t engine_id, const std::string& id, int64_t created,
+              std::vector<int> prompt_ids) {
     const bool chat = r.chat;
     const bool token_ids = r.return_token_ids;
     const bool want_logprobs = r.sampling.logprobs >= 0;
     const bool include_usage = r.include_usage;
-    auto chunk = [this, chat, id, created, include_usage](json choice) {
+    auto chunk = [chat, id, created, include_usage, model_id = served->id](json choice) {
       json c = {{"id", id},
                 {"object", chat ? "chat.completion.chunk" : "text_completion"},
                 {"created", created},
-                {"model", opts.model_name},
+                {"model", model_id},
                 {"choices", json::array({std::move(choice)})}};
       if (include_usage) c["usage"] = nullptr;
       return "data: " + dump(c) + "\n\n";
@@ -461,7 +495,7 @@ struct Server::Handlers {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, call, chunk, sent, started, chat, want_logprobs, include_usage, id, created, token_ids,
+        [this, call, served, chunk, sent, started, chat, want_logprobs, include_usage, id, created, token_ids,
          prompt_ids_pending, prompt_ids = std::move(prompt_ids)](size_t, httplib::DataSink& sink) {
           std::string out;
           if (fault.load() == Fault::kHang) {
@@ -533,7 +567,7 @@ struct Server::Handlers {
             } else {
               choice["text"] = text;
             }
-            choice["logprobs"] = want_logprobs ? logprobs_json({p}, chat) : json(nullptr);
+            choice["logprobs"] = want_logprobs ? logprobs_json(*served->tokenizer, {p}, chat) : json(nullptr);
             if (token_ids) {
               if (ids_pending) choice["prompt_token_ids"] = prompt_ids;
               ids_pending = false;
@@ -562,7 +596,7 @@ struct Server::Handlers {
                 json u = {{"id", id},
                           {"object", chat ? "chat.completion.chunk" : "text_completion"},
                           {"created", created},
-                          {"model", opts.model_name},
+                          {"model", served->id},
                           {"choices", json::array()},
                           {"usage", usage(result)}};
                 out += "data: " + dump(u) + "\n\n";
@@ -580,10 +614,10 @@ struct Server::Handlers {
           if (done) sink.done();
           return true;
         },
-        [this, call, engine_id](bool success) {
+        [this, call, served, engine_id](bool success) {
           // Called once the stream ended, written or not: a client that went
           // away frees its sequence at the engine's next step.
-          if (!success) engine->cancel(engine_id);
+          if (!success) served->engine->cancel(engine_id);
           stream_ended();
         });
   }
@@ -629,8 +663,15 @@ Status Server::start(int threads_hint) {
 }
 
 void Server::set_engine(Engine* engine, const data::Tokenizer* tokenizer) {
-  handlers_->engine = engine;
-  handlers_->tok = tokenizer;
+  auto model = std::make_shared<ServedModel>();
+  model->id = opts_.model_name;
+  model->engine = engine;
+  model->tokenizer = tokenizer;
+  set_models(single_model_catalog(std::move(model)));
+}
+
+void Server::set_models(std::shared_ptr<ModelCatalog> catalog) {
+  handlers_->catalog = std::move(catalog);
   handlers_->phase = Phase::kReady;
 }
 
@@ -639,7 +680,7 @@ bool Server::shutdown() {
   const bool was_ready = h.phase.exchange(Phase::kDraining) == Phase::kReady;
   bool drained = true;
   if (was_ready) {
-    drained = h.engine->drain(opts_.drain_timeout_s);
+    drained = h.catalog->drain(opts_.drain_timeout_s);
     // The engine is idle; let the streams write their last chunks.
     std::unique_lock<std::mutex> lock(h.mu);
     drained = h.streams_done.wait_for(lock, std::chrono::seconds(10), [&] { return h.streams == 0; }) && drained;

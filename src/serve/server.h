@@ -18,7 +18,13 @@
 //   none:         clears any of them.
 //
 // Life cycle: start() binds and listens at once, so /health answers 503
-// ("loading") while the caller loads the model; set_engine() makes it ready.
+// ("loading") while the caller loads the model; set_engine() or set_models()
+// makes it ready.
+//
+// Models: each request looks its model up in a ModelCatalog (one fixed
+// model, or a registry's promoted version that can change while serving,
+// registry_catalog.h) and holds the ServedModel it got until its response is
+// written; a model the catalog drops finishes those requests, then is freed.
 // shutdown() (SIGTERM) refuses new requests with 503, lets queued and running
 // ones finish within the drain timeout, then stops listening; run() returns.
 //
@@ -36,6 +42,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/status.h"
 #include "data/tokenizer.h"
@@ -48,6 +56,36 @@ class Server;
 }
 
 namespace tessera::serve {
+
+// One loaded model: the engine and the tokenizer of the requests sent to it,
+// under the id responses report ("tiny", "tiny:2"). Shared: the catalog and
+// every request using it hold it; the last holder frees it (the engine first:
+// its thread calls into the tokenizer). Never held by an engine callback,
+// so an engine is never destroyed on its own thread.
+struct ServedModel {
+  std::string id;
+  std::unique_ptr<data::Tokenizer> owned_tokenizer;  // may be null: the caller owns it
+  const data::Tokenizer* tokenizer = nullptr;
+  std::unique_ptr<Engine> owned_engine;              // may be null: the caller owns it
+  Engine* engine = nullptr;
+};
+
+// The models a server answers for. Thread safe: every request thread calls it.
+class ModelCatalog {
+ public:
+  virtual ~ModelCatalog() = default;
+  // The model a request's "model" names ("": the default one). NotFound with
+  // a message for the client when there is none.
+  virtual Result<std::shared_ptr<ServedModel>> find(const std::string& requested) = 0;
+  // (id, model) pairs for /v1/models, the default first.
+  virtual std::vector<std::pair<std::string, std::shared_ptr<ServedModel>>> listed() = 0;
+  // At shutdown: no more changes; drains every engine still loaded (see
+  // Engine::drain) and returns whether all finished within timeout_s.
+  virtual bool drain(double timeout_s) = 0;
+};
+
+// A catalog of one fixed model, named by its id.
+std::shared_ptr<ModelCatalog> single_model_catalog(std::shared_ptr<ServedModel> model);
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -73,8 +111,11 @@ class Server {
   // naming the address when it cannot bind.
   Status start(int threads_hint);
   int port() const { return port_; }
-  // Makes the API live. The engine and tokenizer must outlive the server.
+  // Makes the API live with one model under opts.model_name. The engine and
+  // tokenizer must outlive the server.
   void set_engine(Engine* engine, const data::Tokenizer* tokenizer);
+  // Makes the API live with the models of a catalog.
+  void set_models(std::shared_ptr<ModelCatalog> catalog);
   // Stops accepting work, drains the engine (drain_timeout_s), waits for the
   // responses in flight to be written, then stops listening. Any thread;
   // returns whether everything drained in time.

@@ -144,7 +144,9 @@ echo "a client that disconnected mid-stream freed its KV blocks after $made of 1
 
 # ---- SIGTERM under load: in-flight streams finish, new requests get 503, exit 0 -----------
 serve_stop slow
-serve_start term --model "$tmp/slow/run/model.safetensors" --max-seqs 4
+# A drain long enough for a loaded machine (4 x 600 tokens of the slow model
+# took over 30 s under another test suite).
+serve_start term --model "$tmp/slow/run/model.safetensors" --max-seqs 4 --drain-timeout 300
 pids=()
 for i in $(seq 1 4); do
   curl -sN -d "{\"prompt\":[$i],\"max_tokens\":600,\"ignore_eos\":true,\"stream\":true}" \

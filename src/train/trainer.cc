@@ -19,6 +19,7 @@
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/dir_lock.h"
 #include "obs/metrics.h"
 #include "optim/zero.h"
 #include "parallel/data_parallel.h"
@@ -133,7 +134,8 @@ class Trainer {
   // usable CUDA device"), so one rank's failure is every rank's error
   // instead of a wait at the next collective.
   Status agree(const Status& mine, const char* what);
-  // Rank 0 checks the outputs (check_outputs); its verdict is every rank's.
+  // Rank 0 checks the outputs (check_outputs) and locks checkpoint.dir; its
+  // verdict is every rank's.
   Status agree_on_outputs();
   Status setup_checkpointer();
   Result<StepStats> step(int step);
@@ -200,6 +202,9 @@ class Trainer {
   std::unique_ptr<obs::MetricsExporter> exporter_;
   int start_step_ = 0;
   bool already_finished_ = false;  // resumed at or past train.steps
+  // Rank 0 holds checkpoint.dir's lock from setup to the end of the job, so
+  // no other job writes checkpoints or final weights there meanwhile.
+  ckpt::DirLock dir_lock_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   CheckpointMirror mirror_;  // host copies of a CUDA model's tensors
   // Time the training thread spends in the checkpointer (staging copies, the
@@ -259,11 +264,21 @@ Status Trainer::agree_on_outputs() {
   // InvalidArgument, so the job ends cleanly (no abort, no hang in a peer
   // waiting at the next collective).
   Status mine = rank_ == 0 ? check_outputs(c_) : Status::OK();
+  std::string took_over;
+  if (rank_ == 0 && mine.ok()) {
+    // Rank 0 publishes every checkpoint and writes the final weights: it
+    // holds the folder's lock for the job (docs/formats/checkpoint.md).
+    Result<ckpt::DirLock> lock = ckpt::DirLock::acquire(c_.checkpoint_dir, c_.job, host_name(), &took_over);
+    if (lock.ok()) dir_lock_ = std::move(lock).value();
+    else mine = lock.status().With("checkpoint.dir");
+  }
   if (!mine.ok()) mine = Status::InvalidArgument(mine.message());
   int32_t ok = mine.ok() ? 1 : 0;
   RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
   RETURN_IF_ERROR(mine);
   if (!ok) return Status::InvalidArgument("rank 0 refused an output path (see its error)");
+  if (!took_over.empty())
+    say("checkpoint.dir: took over the lock of %s, which ended without releasing it\n", took_over.c_str());
   return Status::OK();
 }
 

@@ -19,6 +19,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/dir_lock.h"
 #include "ckpt/reshard.h"
 #include "ckpt/thread_comm.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -742,6 +743,52 @@ TEST_F(CheckpointTest, ResavingAPublishedStepReplacesIt) {
   ASSERT_TRUE(Checkpoint::open(root())->read("w", TensorSlice::whole(s), out).ok());
   EXPECT_EQ(out, tensor_data(s, 2));
   EXPECT_FALSE(fs::exists(dir_ / ".old-step-00000010"));
+}
+
+// ---- the folder lock (issue #18 item 4) ----
+
+TEST_F(CheckpointTest, SecondLockIsRefusedNamingTheHolder) {
+  Result<DirLock> first = DirLock::acquire(root(), "alpha", "node7");
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  // flock locks belong to open file descriptions: a second open conflicts
+  // even in this process, as another job's would.
+  Result<DirLock> second = DirLock::acquire(root(), "beta", "node8");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  const std::string& msg = second.status().message();
+  EXPECT_TRUE(contains(msg, root() + " is locked by job alpha on host node7 (pid " + std::to_string(::getpid())));
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  // The refused one leaves the holder's line alone.
+  EXPECT_TRUE(contains(read_text(dir_ / kLockFile), "\"job\":\"alpha\""));
+}
+
+TEST_F(CheckpointTest, ReleasedLockIsTakenWithoutATakeover) {
+  { ASSERT_TRUE(DirLock::acquire(root(), "alpha", "node7").ok()); }
+  EXPECT_EQ(read_text(dir_ / kLockFile), "");  // emptied on release
+  std::string took_over = "unset";
+  Result<DirLock> again = DirLock::acquire(root(), "beta", "node8", &took_over);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(took_over, "");
+  EXPECT_TRUE(contains(read_text(dir_ / kLockFile), "\"job\":\"beta\""));
+}
+
+TEST_F(CheckpointTest, StaleLockOfADeadHolderIsTakenOver) {
+  // What a holder killed with -9 leaves: its line, and no lock (the kernel
+  // drops a flock with its last descriptor).
+  std::ofstream(dir_ / kLockFile) << R"({"job":"alpha","host":"node7","pid":999999,"since":"2024-01-01 00:00:00"})"
+                                  << "\n";
+  std::string took_over;
+  Result<DirLock> lock = DirLock::acquire(root(), "beta", "node8", &took_over);
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
+  EXPECT_EQ(took_over, "job alpha on host node7 (pid 999999, since 2024-01-01 00:00:00)");
+  EXPECT_TRUE(contains(read_text(dir_ / kLockFile), "\"host\":\"node8\""));
+}
+
+TEST_F(CheckpointTest, LockInAFolderThatIsNotThereIsAnIOError) {
+  Result<DirLock> lock = DirLock::acquire(root() + "/missing", "a", "h");
+  ASSERT_FALSE(lock.ok());
+  EXPECT_EQ(lock.status().code(), StatusCode::kIOError);
+  EXPECT_TRUE(contains(lock.status().message(), "/missing/LOCK: cannot open the lock file: "));
 }
 
 TEST_F(CheckpointTest, StagingBufferIsKeptBetweenSaves) {

@@ -745,6 +745,65 @@ TEST_F(CheckpointTest, ResavingAPublishedStepReplacesIt) {
   EXPECT_FALSE(fs::exists(dir_ / ".old-step-00000010"));
 }
 
+// Fails the write of `latest` (its .tmp file) with ENOSPC, after half of it
+// is written; everything else goes to disk.
+class FullAtLatestEnv : public Env {
+ public:
+  Status write_file(const std::string& path, std::span<const std::span<const std::byte>> pieces) override {
+    if (fail_ && path.ends_with("/latest.tmp")) return FaultEnv(posix_env(), ENOSPC).write_file(path, pieces);
+    return posix_env().write_file(path, pieces);
+  }
+  bool fail_ = false;
+};
+
+// Issue #18 item 8: on ENOSPC exactly at `latest`, the new step folder was
+// published but never pruned (nothing names it), keeping the disk full.
+TEST_F(CheckpointTest, FullDiskAtLatestTakesTheNewStepFolderBack) {
+  FullAtLatestEnv env;
+  CheckpointerOptions o = options(&env);
+  o.keep = 1;
+  Checkpointer c(o);
+  const Shape s{16, 4};
+  Pieces p;
+  p.add("w", TensorSlice::whole(s), tensor_data(s, 1));
+  ASSERT_EQ(save_now(c, 10, p).state, SaveState::kPublished);
+  env.fail_ = true;
+  PollResult r = save_now(c, 20, p);
+  ASSERT_EQ(r.state, SaveState::kFailed);
+  EXPECT_TRUE(contains(r.error.message(), "checkpoint step 20: "));
+  EXPECT_TRUE(contains(r.error.message(), std::strerror(ENOSPC)));
+  EXPECT_FALSE(fs::exists(step_dir(20)));
+  EXPECT_FALSE(fs::exists(dir_ / ".tmp-step-00000020"));
+  EXPECT_FALSE(fs::exists(dir_ / "latest.tmp"));
+  EXPECT_EQ(read_text(dir_ / "latest"), "step-00000010\n");
+  EXPECT_TRUE(Checkpoint::open(root())->verify().ok());
+  env.fail_ = false;
+  EXPECT_EQ(save_now(c, 30, p).state, SaveState::kPublished);
+  EXPECT_FALSE(fs::exists(step_dir(10)));  // keep = 1 prunes as before
+  EXPECT_EQ(read_text(dir_ / "latest"), "step-00000030\n");
+}
+
+// Re-saving the step `latest` names, with the disk full at `latest`: the
+// step folder it replaced is put back.
+TEST_F(CheckpointTest, FullDiskAtLatestWhileResavingKeepsTheOldStep) {
+  FullAtLatestEnv env;
+  Checkpointer c(options(&env));
+  const Shape s{3};
+  Pieces first, second;
+  first.add("w", TensorSlice::whole(s), tensor_data(s, 1));
+  second.add("w", TensorSlice::whole(s), tensor_data(s, 2));
+  ASSERT_EQ(save_now(c, 10, first).state, SaveState::kPublished);
+  env.fail_ = true;
+  ASSERT_EQ(save_now(c, 10, second).state, SaveState::kFailed);
+  EXPECT_FALSE(fs::exists(dir_ / ".old-step-00000010"));
+  Result<Checkpoint> ck = Checkpoint::open(root());
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  EXPECT_TRUE(ck->verify().ok());
+  std::vector<float> out(3);
+  ASSERT_TRUE(ck->read("w", TensorSlice::whole(s), out).ok());
+  EXPECT_EQ(out, tensor_data(s, 1));
+}
+
 // ---- the folder lock (issue #18 item 4) ----
 
 TEST_F(CheckpointTest, SecondLockIsRefusedNamingTheHolder) {

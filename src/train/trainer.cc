@@ -8,6 +8,7 @@
 #include <thread>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -215,9 +216,14 @@ class Trainer {
   int64_t rows_per_step_ = 0;
   double tokens_per_step_ = 0.0;
   double peak_ = 0.0;  // matmul GFLOP/s per rank
-  // Memory per rank, the largest over ranks: parameters, gradients, optimizer
-  // state, activations (bytes).
-  double mem_[4] = {0, 0, 0, 0};
+  // Memory per rank, the largest over ranks (bytes): parameters, gradients,
+  // optimizer state, activations, and checkpoint staging (the host buffer
+  // every save copies into, plus a CUDA model's host mirror; 0 without
+  // checkpoints).
+  static constexpr int kMemParts = 5;
+  double mem_[kMemParts] = {0, 0, 0, 0, 0};
+  // The checkpointer's host memory on this rank (bytes).
+  double checkpoint_staging_bytes() const;
   TrainSummary summary_;
 };
 
@@ -417,10 +423,11 @@ Status Trainer::setup() {
   peak_ = on_cuda_ ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec_, 3);
   RETURN_IF_ERROR(agree(model_->try_reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA)),
                         "could not allocate its activations"));
-  double mem[4] = {static_cast<double>(model_->params().bytes()), static_cast<double>(model_->grads().bytes()),
-                   static_cast<double>(opt_->state_bytes()), static_cast<double>(model_->activation_bytes())};
-  RETURN_IF_ERROR(world_.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
-  std::copy(mem, mem + 4, mem_);
+  double mem[kMemParts] = {static_cast<double>(model_->params().bytes()),
+                           static_cast<double>(model_->grads().bytes()), static_cast<double>(opt_->state_bytes()),
+                           static_cast<double>(model_->activation_bytes()), checkpoint_staging_bytes()};
+  RETURN_IF_ERROR(world_.all_reduce(mem, mem, kMemParts, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  std::copy(mem, mem + kMemParts, mem_);
   setup_metrics();
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc_.str().c_str(),
       mc_.num_parameters() / 1e6, c_.dtype.c_str(), static_cast<long long>(train_->tokens()), train_->files().size());
@@ -432,14 +439,23 @@ Status Trainer::setup() {
     say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c_.dp, c_.tp, c_.pp,
         stages.c_str(), c_.schedule.c_str(), c_.zero ? "ZeRO-1" : "all-reduce", ddp_->buckets());
   }
-  say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB\n",
-      mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6);
+  say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, checkpoint "
+      "staging %.1f MB; total %.1f MB\n",
+      mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6, mem_[4] / 1e6,
+      std::accumulate(mem_, mem_ + kMemParts, 0.0) / 1e6);
   return Status::OK();
 }
 
+double Trainer::checkpoint_staging_bytes() const {
+  if (!checkpointer_) return 0.0;
+  const size_t mirror = (mirror_.params.allocated() ? mirror_.params.bytes() : 0) +
+                        (mirror_.m.capacity() + mirror_.v.capacity()) * sizeof(float);
+  return static_cast<double>(checkpointer_->staging_bytes() + mirror);
+}
+
 void Trainer::setup_metrics() {
-  const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
-  for (int i = 0; i < 4; i++)
+  const char* kinds[kMemParts] = {"params", "grads", "optimizer", "activations", "checkpoint_staging"};
+  for (int i = 0; i < kMemParts; i++)
     registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", kinds[i]}})
         .set(mem_[i]);
   step_metrics_.steps = &registry_.counter("tessera_train_steps_total", "Optimizer steps completed");
@@ -599,7 +615,8 @@ void Trainer::log(const StepStats& s) {
                   {"mem_params_mb", mem_[0] / 1e6},
                   {"mem_grads_mb", mem_[1] / 1e6},
                   {"mem_optimizer_mb", mem_[2] / 1e6},
-                  {"mem_activations_mb", mem_[3] / 1e6}});
+                  {"mem_activations_mb", mem_[3] / 1e6},
+                  {"mem_checkpoint_staging_mb", mem_[4] / 1e6}});
 }
 
 // Reports a finished save (rank 0): published, with its costs, or failed.
@@ -658,6 +675,11 @@ Status Trainer::finish() {
     if (train_s_ > 0)
       say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s_ * 1e3, train_s_,
           100.0 * stall_s_ / (train_s_ + stall_s_));
+    // No save is pending: the staging buffer (and a CUDA model's mirror)
+    // goes before the final weights' copy is made, so the peak stays the
+    // figure the memory line reports.
+    checkpointer_.reset();
+    mirror_ = CheckpointMirror{};
   }
   RETURN_IF_ERROR(ddp_->check_parameters_identical());
   summary_.weights_path = final_weights_path();

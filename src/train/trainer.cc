@@ -33,6 +33,7 @@
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
+#include "train/memory_plan.h"
 #include "train/monitoring.h"
 
 namespace tessera {
@@ -139,6 +140,9 @@ class Trainer {
   // verdict is every rank's.
   Status agree_on_outputs();
   Status setup_checkpointer();
+  // Before the model allocates: refuses (InvalidArgument, every rank) a job
+  // whose memory plan cannot fit in its host's memory.
+  Status check_memory_fits(const ModelShard& shard);
   Result<StepStats> step(int step);
   Status evaluate(int step);
   Status save(int step, bool stop, bool last);
@@ -305,6 +309,7 @@ Status Trainer::setup_model() {
   const ModelShard shard = shard_for(mesh_->shape(), coord_, stage_layers_);
   RETURN_IF_ERROR(shard.validate(mc_));
   ASSIGN_OR_RETURN(schedule_, parse_pipeline_schedule(c_.schedule));
+  RETURN_IF_ERROR(check_memory_fits(shard));
   // Out of memory on one rank is every rank's error before the first
   // collective over the model.
   RETURN_IF_ERROR(agree(make_model(std::move(whole), shard), "could not make its model and optimizer"));
@@ -312,6 +317,34 @@ Status Trainer::setup_model() {
   pipe_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), schedule_);
   ASSIGN_OR_RETURN(tied_, TiedEmbedding::create(*mesh_));
   reports_loss_ = shard.layer_end == mc_.layers && coord_.tp == 0;
+  return Status::OK();
+}
+
+Status Trainer::check_memory_fits(const ModelShard& shard) {
+  // One micro-batch in flight: a lower bound for every schedule (the real
+  // count is computed, and allocated, later).
+  MemoryPlan plan = plan_training_memory(mc_, shard, c_.micro_batch, c_.seq, 1, c_.dp, c_.zero,
+                                         c_.checkpoint_every > 0);
+  if (c_.checkpoint_every > 0 && coord_.dp != 0) plan.staging -= plan.params;  // dp rank 0 stores the parameters
+  // The host's ranks need at least as many times the smallest rank's plan.
+  double least = plan.total();
+  RETURN_IF_ERROR(world_.all_reduce(&least, &least, 1, comm::ElemType::kF64, comm::ReduceOp::kMin));
+  Result<comm::LocalRank> local = comm::local_rank();
+  const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
+  const MemoryLimit limit = host_memory_limit();
+  Status mine;
+  if (limit.bytes > 0 && least * ranks_here > limit.bytes) {
+    const std::string who =
+        ranks_here > 1 ? fmt::format("{} ranks on host {}, each", ranks_here, host_name()) : "this rank";
+    mine = Status::InvalidArgument(fmt::format(
+        "the job needs at least {:.1f} GB ({} at least {:.1f} GB: {}) but {} has {:.1f} GB ({}); make the model, "
+        "train.micro_batch or train.seq smaller, or spread it over more hosts",
+        least * ranks_here / 1e9, who, least / 1e9, plan.str(), host_name(), limit.bytes / 1e9, limit.source));
+  }
+  int32_t ok = mine.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+  RETURN_IF_ERROR(mine);
+  if (!ok) return Status::InvalidArgument("another rank's host cannot hold the job's memory (see its error)");
   return Status::OK();
 }
 

@@ -7,6 +7,7 @@
 // Slurm, run `srun tessera train ...` directly (docs/parallel.md).
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -131,9 +132,17 @@ int supervise(std::vector<std::string>& cmd) {
   constexpr auto kAbortGrace = std::chrono::seconds(10);
   int err_pipe[2];
   if (pipe(err_pipe) != 0) return fail(Status::IOError(fmt::format("pipe: {}", std::strerror(errno))));
+  const pid_t launcher = getpid();
   pid_t child = fork();
   if (child < 0) return fail(Status::IOError(fmt::format("fork: {}", std::strerror(errno))));
   if (child == 0) {
+    // When the launcher dies, even by kill -9, mpirun gets SIGTERM and ends
+    // its ranks (issue #18: they trained on as orphans). The signal follows
+    // the thread that forked, which is this process's main thread: it lives
+    // as long as the launcher. It survives exec (ip, env and mpirun are not
+    // set-user-ID). A launcher that died before prctl: end now.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != launcher) _exit(1);
     dup2(err_pipe[1], STDERR_FILENO);
     close(err_pipe[0]);
     close(err_pipe[1]);

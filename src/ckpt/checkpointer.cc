@@ -339,17 +339,37 @@ Status Checkpointer::publish(const std::vector<std::string>& shard_json, uint64_
     // Saving a step that was published before (a resumed run) replaces it.
     const std::string old = root + "/.old-" + name;
     std::error_code ec;
+    bool moved_aside = false;
     if (fs::exists(final_dir, ec)) {
       fs::remove_all(old, ec);
       RETURN_IF_ERROR(rename_path(final_dir, old));
+      moved_aside = true;
     }
-    RETURN_IF_ERROR(rename_path(tmp, final_dir));
-    RETURN_IF_ERROR(sync_dir(root));
+    if (Status renamed = rename_path(tmp, final_dir); !renamed.ok()) {
+      if (moved_aside) (void)rename_path(old, final_dir);
+      return renamed;
+    }
     const std::string latest = root + "/" + kLatestFile;
     const std::string pointer = name + "\n";
     const std::span<const std::byte> latest_parts[] = {bytes_of(pointer)};
-    RETURN_IF_ERROR(env().write_file(latest + ".tmp", latest_parts));
-    RETURN_IF_ERROR(rename_path(latest + ".tmp", latest));
+    Status pointed = sync_dir(root);
+    if (pointed.ok()) pointed = env().write_file(latest + ".tmp", latest_parts);
+    if (pointed.ok()) pointed = rename_path(latest + ".tmp", latest);
+    if (!pointed.ok()) {
+      // `latest` still names the previous checkpoint, so the new step folder
+      // is a whole checkpoint's worth of disk that nothing points to (and
+      // that pruning, which counts from `latest`, would keep): on a full
+      // disk it kept the disk full. Take it back, and the step it replaced.
+      std::error_code rm_ec;
+      fs::remove(latest + ".tmp", rm_ec);
+      fs::remove_all(final_dir, rm_ec);
+      if (!rm_ec && moved_aside) (void)rename_path(old, final_dir);
+      (void)sync_dir(root);
+      if (rm_ec)
+        return Status::IOError(
+            fmt::format("{} (and {} could not be removed: {})", pointed.message(), final_dir, rm_ec.message()));
+      return pointed;
+    }
     RETURN_IF_ERROR(sync_dir(root));
     fs::remove_all(old, ec);
     return Status::OK();

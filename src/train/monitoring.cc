@@ -11,16 +11,12 @@
 
 namespace tessera {
 
-namespace {
-
 std::string host_name() {
   if (const char* h = std::getenv("TESSERA_HOST"); h && *h) return h;
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
   return buf;
 }
-
-}  // namespace
 
 obs::Labels rank_labels(const TrainConfig& c, int rank, const comm::MeshCoord& coord) {
   return obs::Labels{{"rank", std::to_string(rank)},

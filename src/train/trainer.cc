@@ -8,6 +8,7 @@
 #include <thread>
 #include <filesystem>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/dir_lock.h"
 #include "obs/metrics.h"
 #include "optim/zero.h"
 #include "parallel/data_parallel.h"
@@ -31,6 +33,7 @@
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
 #include "train/flops.h"
+#include "train/memory_plan.h"
 #include "train/monitoring.h"
 
 namespace tessera {
@@ -133,9 +136,13 @@ class Trainer {
   // usable CUDA device"), so one rank's failure is every rank's error
   // instead of a wait at the next collective.
   Status agree(const Status& mine, const char* what);
-  // Rank 0 checks the outputs (check_outputs); its verdict is every rank's.
+  // Rank 0 checks the outputs (check_outputs) and locks checkpoint.dir; its
+  // verdict is every rank's.
   Status agree_on_outputs();
   Status setup_checkpointer();
+  // Before the model allocates: refuses (InvalidArgument, every rank) a job
+  // whose memory plan cannot fit in its host's memory.
+  Status check_memory_fits(const ModelShard& shard);
   Result<StepStats> step(int step);
   Status evaluate(int step);
   Status save(int step, bool stop, bool last);
@@ -200,6 +207,9 @@ class Trainer {
   std::unique_ptr<obs::MetricsExporter> exporter_;
   int start_step_ = 0;
   bool already_finished_ = false;  // resumed at or past train.steps
+  // Rank 0 holds checkpoint.dir's lock from setup to the end of the job, so
+  // no other job writes checkpoints or final weights there meanwhile.
+  ckpt::DirLock dir_lock_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   CheckpointMirror mirror_;  // host copies of a CUDA model's tensors
   // Time the training thread spends in the checkpointer (staging copies, the
@@ -210,9 +220,14 @@ class Trainer {
   int64_t rows_per_step_ = 0;
   double tokens_per_step_ = 0.0;
   double peak_ = 0.0;  // matmul GFLOP/s per rank
-  // Memory per rank, the largest over ranks: parameters, gradients, optimizer
-  // state, activations (bytes).
-  double mem_[4] = {0, 0, 0, 0};
+  // Memory per rank, the largest over ranks (bytes): parameters, gradients,
+  // optimizer state, activations, and checkpoint staging (the host buffer
+  // every save copies into, plus a CUDA model's host mirror; 0 without
+  // checkpoints).
+  static constexpr int kMemParts = 5;
+  double mem_[kMemParts] = {0, 0, 0, 0, 0};
+  // The checkpointer's host memory on this rank (bytes).
+  double checkpoint_staging_bytes() const;
   TrainSummary summary_;
 };
 
@@ -259,11 +274,21 @@ Status Trainer::agree_on_outputs() {
   // InvalidArgument, so the job ends cleanly (no abort, no hang in a peer
   // waiting at the next collective).
   Status mine = rank_ == 0 ? check_outputs(c_) : Status::OK();
+  std::string took_over;
+  if (rank_ == 0 && mine.ok()) {
+    // Rank 0 publishes every checkpoint and writes the final weights: it
+    // holds the folder's lock for the job (docs/formats/checkpoint.md).
+    Result<ckpt::DirLock> lock = ckpt::DirLock::acquire(c_.checkpoint_dir, c_.job, host_name(), &took_over);
+    if (lock.ok()) dir_lock_ = std::move(lock).value();
+    else mine = lock.status().With("checkpoint.dir");
+  }
   if (!mine.ok()) mine = Status::InvalidArgument(mine.message());
   int32_t ok = mine.ok() ? 1 : 0;
   RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
   RETURN_IF_ERROR(mine);
   if (!ok) return Status::InvalidArgument("rank 0 refused an output path (see its error)");
+  if (!took_over.empty())
+    say("checkpoint.dir: took over the lock of %s, which ended without releasing it\n", took_over.c_str());
   return Status::OK();
 }
 
@@ -284,6 +309,7 @@ Status Trainer::setup_model() {
   const ModelShard shard = shard_for(mesh_->shape(), coord_, stage_layers_);
   RETURN_IF_ERROR(shard.validate(mc_));
   ASSIGN_OR_RETURN(schedule_, parse_pipeline_schedule(c_.schedule));
+  RETURN_IF_ERROR(check_memory_fits(shard));
   // Out of memory on one rank is every rank's error before the first
   // collective over the model.
   RETURN_IF_ERROR(agree(make_model(std::move(whole), shard), "could not make its model and optimizer"));
@@ -291,6 +317,34 @@ Status Trainer::setup_model() {
   pipe_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), schedule_);
   ASSIGN_OR_RETURN(tied_, TiedEmbedding::create(*mesh_));
   reports_loss_ = shard.layer_end == mc_.layers && coord_.tp == 0;
+  return Status::OK();
+}
+
+Status Trainer::check_memory_fits(const ModelShard& shard) {
+  // One micro-batch in flight: a lower bound for every schedule (the real
+  // count is computed, and allocated, later).
+  MemoryPlan plan = plan_training_memory(mc_, shard, c_.micro_batch, c_.seq, 1, c_.dp, c_.zero,
+                                         c_.checkpoint_every > 0);
+  if (c_.checkpoint_every > 0 && coord_.dp != 0) plan.staging -= plan.params;  // dp rank 0 stores the parameters
+  // The host's ranks need at least as many times the smallest rank's plan.
+  double least = plan.total();
+  RETURN_IF_ERROR(world_.all_reduce(&least, &least, 1, comm::ElemType::kF64, comm::ReduceOp::kMin));
+  Result<comm::LocalRank> local = comm::local_rank();
+  const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
+  const MemoryLimit limit = host_memory_limit();
+  Status mine;
+  if (limit.bytes > 0 && least * ranks_here > limit.bytes) {
+    const std::string who =
+        ranks_here > 1 ? fmt::format("{} ranks on host {}, each", ranks_here, host_name()) : "this rank";
+    mine = Status::InvalidArgument(fmt::format(
+        "the job needs at least {:.1f} GB ({} at least {:.1f} GB: {}) but {} has {:.1f} GB ({}); make the model, "
+        "train.micro_batch or train.seq smaller, or spread it over more hosts",
+        least * ranks_here / 1e9, who, least / 1e9, plan.str(), host_name(), limit.bytes / 1e9, limit.source));
+  }
+  int32_t ok = mine.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+  RETURN_IF_ERROR(mine);
+  if (!ok) return Status::InvalidArgument("another rank's host cannot hold the job's memory (see its error)");
   return Status::OK();
 }
 
@@ -402,10 +456,11 @@ Status Trainer::setup() {
   peak_ = on_cuda_ ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec_, 3);
   RETURN_IF_ERROR(agree(model_->try_reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA)),
                         "could not allocate its activations"));
-  double mem[4] = {static_cast<double>(model_->params().bytes()), static_cast<double>(model_->grads().bytes()),
-                   static_cast<double>(opt_->state_bytes()), static_cast<double>(model_->activation_bytes())};
-  RETURN_IF_ERROR(world_.all_reduce(mem, mem, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
-  std::copy(mem, mem + 4, mem_);
+  double mem[kMemParts] = {static_cast<double>(model_->params().bytes()),
+                           static_cast<double>(model_->grads().bytes()), static_cast<double>(opt_->state_bytes()),
+                           static_cast<double>(model_->activation_bytes()), checkpoint_staging_bytes()};
+  RETURN_IF_ERROR(world_.all_reduce(mem, mem, kMemParts, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  std::copy(mem, mem + kMemParts, mem_);
   setup_metrics();
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc_.str().c_str(),
       mc_.num_parameters() / 1e6, c_.dtype.c_str(), static_cast<long long>(train_->tokens()), train_->files().size());
@@ -417,14 +472,23 @@ Status Trainer::setup() {
     say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c_.dp, c_.tp, c_.pp,
         stages.c_str(), c_.schedule.c_str(), c_.zero ? "ZeRO-1" : "all-reduce", ddp_->buckets());
   }
-  say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB\n",
-      mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6);
+  say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, checkpoint "
+      "staging %.1f MB; total %.1f MB\n",
+      mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6, mem_[4] / 1e6,
+      std::accumulate(mem_, mem_ + kMemParts, 0.0) / 1e6);
   return Status::OK();
 }
 
+double Trainer::checkpoint_staging_bytes() const {
+  if (!checkpointer_) return 0.0;
+  const size_t mirror = (mirror_.params.allocated() ? mirror_.params.bytes() : 0) +
+                        (mirror_.m.capacity() + mirror_.v.capacity()) * sizeof(float);
+  return static_cast<double>(checkpointer_->staging_bytes() + mirror);
+}
+
 void Trainer::setup_metrics() {
-  const char* kinds[4] = {"params", "grads", "optimizer", "activations"};
-  for (int i = 0; i < 4; i++)
+  const char* kinds[kMemParts] = {"params", "grads", "optimizer", "activations", "checkpoint_staging"};
+  for (int i = 0; i < kMemParts; i++)
     registry_.gauge("tessera_train_memory_bytes", "Memory per rank, the largest over ranks", {{"kind", kinds[i]}})
         .set(mem_[i]);
   step_metrics_.steps = &registry_.counter("tessera_train_steps_total", "Optimizer steps completed");
@@ -584,7 +648,8 @@ void Trainer::log(const StepStats& s) {
                   {"mem_params_mb", mem_[0] / 1e6},
                   {"mem_grads_mb", mem_[1] / 1e6},
                   {"mem_optimizer_mb", mem_[2] / 1e6},
-                  {"mem_activations_mb", mem_[3] / 1e6}});
+                  {"mem_activations_mb", mem_[3] / 1e6},
+                  {"mem_checkpoint_staging_mb", mem_[4] / 1e6}});
 }
 
 // Reports a finished save (rank 0): published, with its costs, or failed.
@@ -643,6 +708,11 @@ Status Trainer::finish() {
     if (train_s_ > 0)
       say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s_ * 1e3, train_s_,
           100.0 * stall_s_ / (train_s_ + stall_s_));
+    // No save is pending: the staging buffer (and a CUDA model's mirror)
+    // goes before the final weights' copy is made, so the peak stays the
+    // figure the memory line reports.
+    checkpointer_.reset();
+    mirror_ = CheckpointMirror{};
   }
   RETURN_IF_ERROR(ddp_->check_parameters_identical());
   summary_.weights_path = final_weights_path();

@@ -19,6 +19,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/dir_lock.h"
 #include "ckpt/reshard.h"
 #include "ckpt/thread_comm.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -742,6 +743,111 @@ TEST_F(CheckpointTest, ResavingAPublishedStepReplacesIt) {
   ASSERT_TRUE(Checkpoint::open(root())->read("w", TensorSlice::whole(s), out).ok());
   EXPECT_EQ(out, tensor_data(s, 2));
   EXPECT_FALSE(fs::exists(dir_ / ".old-step-00000010"));
+}
+
+// Fails the write of `latest` (its .tmp file) with ENOSPC, after half of it
+// is written; everything else goes to disk.
+class FullAtLatestEnv : public Env {
+ public:
+  Status write_file(const std::string& path, std::span<const std::span<const std::byte>> pieces) override {
+    if (fail_ && path.ends_with("/latest.tmp")) return FaultEnv(posix_env(), ENOSPC).write_file(path, pieces);
+    return posix_env().write_file(path, pieces);
+  }
+  bool fail_ = false;
+};
+
+// Issue #18 item 8: on ENOSPC exactly at `latest`, the new step folder was
+// published but never pruned (nothing names it), keeping the disk full.
+TEST_F(CheckpointTest, FullDiskAtLatestTakesTheNewStepFolderBack) {
+  FullAtLatestEnv env;
+  CheckpointerOptions o = options(&env);
+  o.keep = 1;
+  Checkpointer c(o);
+  const Shape s{16, 4};
+  Pieces p;
+  p.add("w", TensorSlice::whole(s), tensor_data(s, 1));
+  ASSERT_EQ(save_now(c, 10, p).state, SaveState::kPublished);
+  env.fail_ = true;
+  PollResult r = save_now(c, 20, p);
+  ASSERT_EQ(r.state, SaveState::kFailed);
+  EXPECT_TRUE(contains(r.error.message(), "checkpoint step 20: "));
+  EXPECT_TRUE(contains(r.error.message(), std::strerror(ENOSPC)));
+  EXPECT_FALSE(fs::exists(step_dir(20)));
+  EXPECT_FALSE(fs::exists(dir_ / ".tmp-step-00000020"));
+  EXPECT_FALSE(fs::exists(dir_ / "latest.tmp"));
+  EXPECT_EQ(read_text(dir_ / "latest"), "step-00000010\n");
+  EXPECT_TRUE(Checkpoint::open(root())->verify().ok());
+  env.fail_ = false;
+  EXPECT_EQ(save_now(c, 30, p).state, SaveState::kPublished);
+  EXPECT_FALSE(fs::exists(step_dir(10)));  // keep = 1 prunes as before
+  EXPECT_EQ(read_text(dir_ / "latest"), "step-00000030\n");
+}
+
+// Re-saving the step `latest` names, with the disk full at `latest`: the
+// step folder it replaced is put back.
+TEST_F(CheckpointTest, FullDiskAtLatestWhileResavingKeepsTheOldStep) {
+  FullAtLatestEnv env;
+  Checkpointer c(options(&env));
+  const Shape s{3};
+  Pieces first, second;
+  first.add("w", TensorSlice::whole(s), tensor_data(s, 1));
+  second.add("w", TensorSlice::whole(s), tensor_data(s, 2));
+  ASSERT_EQ(save_now(c, 10, first).state, SaveState::kPublished);
+  env.fail_ = true;
+  ASSERT_EQ(save_now(c, 10, second).state, SaveState::kFailed);
+  EXPECT_FALSE(fs::exists(dir_ / ".old-step-00000010"));
+  Result<Checkpoint> ck = Checkpoint::open(root());
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  EXPECT_TRUE(ck->verify().ok());
+  std::vector<float> out(3);
+  ASSERT_TRUE(ck->read("w", TensorSlice::whole(s), out).ok());
+  EXPECT_EQ(out, tensor_data(s, 1));
+}
+
+// ---- the folder lock (issue #18 item 4) ----
+
+TEST_F(CheckpointTest, SecondLockIsRefusedNamingTheHolder) {
+  Result<DirLock> first = DirLock::acquire(root(), "alpha", "node7");
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  // flock locks belong to open file descriptions: a second open conflicts
+  // even in this process, as another job's would.
+  Result<DirLock> second = DirLock::acquire(root(), "beta", "node8");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
+  const std::string& msg = second.status().message();
+  EXPECT_TRUE(contains(msg, root() + " is locked by job alpha on host node7 (pid " + std::to_string(::getpid())));
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  // The refused one leaves the holder's line alone.
+  EXPECT_TRUE(contains(read_text(dir_ / kLockFile), "\"job\":\"alpha\""));
+}
+
+TEST_F(CheckpointTest, ReleasedLockIsTakenWithoutATakeover) {
+  { ASSERT_TRUE(DirLock::acquire(root(), "alpha", "node7").ok()); }
+  EXPECT_EQ(read_text(dir_ / kLockFile), "");  // emptied on release
+  std::string took_over = "unset";
+  Result<DirLock> again = DirLock::acquire(root(), "beta", "node8", &took_over);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(took_over, "");
+  EXPECT_TRUE(contains(read_text(dir_ / kLockFile), "\"job\":\"beta\""));
+}
+
+TEST_F(CheckpointTest, StaleLockOfADeadHolderIsTakenOver) {
+  // What a holder killed with -9 leaves: its line, and no lock (the kernel
+  // drops a flock with its last descriptor).
+  std::ofstream(dir_ / kLockFile) << R"({"job":"alpha","host":"node7","pid":999999,"since":"2024-01-01 00:00:00"})"
+                                  << "\n";
+  std::string took_over;
+  Result<DirLock> lock = DirLock::acquire(root(), "beta", "node8", &took_over);
+  ASSERT_TRUE(lock.ok()) << lock.status().message();
+  EXPECT_EQ(took_over, "job alpha on host node7 (pid 999999, since 2024-01-01 00:00:00)");
+  EXPECT_TRUE(contains(read_text(dir_ / kLockFile), "\"host\":\"node8\""));
+}
+
+TEST_F(CheckpointTest, LockInAFolderThatIsNotThereIsAnIOError) {
+  Result<DirLock> lock = DirLock::acquire(root() + "/missing", "a", "h");
+  ASSERT_FALSE(lock.ok());
+  EXPECT_EQ(lock.status().code(), StatusCode::kIOError);
+  EXPECT_TRUE(contains(lock.status().message(), "/missing/LOCK: cannot open the lock file: "));
 }
 
 TEST_F(CheckpointTest, StagingBufferIsKeptBetweenSaves) {

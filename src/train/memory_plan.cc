@@ -1,0 +1,69 @@
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace tessera {
+
+std::string MemoryPlan::str() const {
+  return fmt::format("params {:.1f} GB, grads {:.1f} GB, optimizer {:.1f} GB, activations at least {:.1f} GB, "
+                     "checkpoint staging {:.1f} GB",
+                     params / 1e9, grads / 1e9, optimizer / 1e9, activations / 1e9, staging / 1e9);
+}
+
+MemoryPlan plan_training_memory(const GPTConfig& c, const ModelShard& shard, int B, int T, int slots, int dp, int zero,
+                                bool checkpoints) {
+  MemoryPlan m;
+  // The layout only sums sizes: nothing is allocated.
+  m.params = static_cast<double>(param_layout(c, shard).bytes());
+  m.grads = m.params;
+  m.optimizer = 2.0 * m.params / (zero == 1 ? std::max(dp, 1) : 1);
+  m.staging = checkpoints ? m.params + m.optimizer : 0.0;
+  // Per layer and token, saved for backward: ln1, residual, ln2, residual
+  // (C each) and qkv, attention output, its projection, fc, gelu(fc)
+  // (3C + C + C + 4C + 4C over tp) floats.
+  const double C = c.channels, tp = std::max(shard.tp, 1);
+  const int layers = shard.layers(c);
+  const double per_token = layers * (4.0 * C + 13.0 * C / tp) + C;
+  m.activations = static_cast<double>(std::max(slots, 1)) * B * static_cast<double>(T) * per_token * sizeof(float);
+  return m;
+}
+
+namespace {
+
+// The first number in a file ("max" and unreadable files: 0).
+double read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stod(word);
+}
+
+}  // namespace
+
+MemoryLimit host_memory_limit() {
+  MemoryLimit limit;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemTotal:") {
+      limit.bytes = kb * 1024;
+      limit.source = "physical memory";
+      break;
+    }
+  }
+  double cgroup = read_number("/sys/fs/cgroup/memory.max");                                  // v2
+  if (cgroup == 0) cgroup = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
+  if (cgroup > 0 && (limit.bytes == 0 || cgroup < limit.bytes)) {
+    limit.bytes = cgroup;
+    limit.source = "the cgroup's memory limit";
+  }
+  return limit;
+}
+
+}  // namespace tessera

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian package Tessera needs to build, test and benchmark,
 # fetches the data files (scripts/fetch-data.sh), installs the npm test
-# clients (tests/clients: the official openai package, from its lockfile),
+# clients (tests/clients: the official openai package, from its lockfile)
+# and the dashboard's chart library (web: uPlot, from its lockfile),
 # then configures and builds the Release preset. Idempotent: safe to run twice.
 #   --packages-only: only the packages (no network when all are installed);
 #                    scripts/gpu-check.sh uses this.
@@ -22,6 +23,7 @@ packages=(
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
   nodejs                           # the serving tests' real client (tests/clients: openai)
+  chromium                         # headless, the dashboard test's real browser
 )
 
 missing=()
@@ -48,6 +50,9 @@ bash scripts/fetch-data.sh
 # The serving tests' clients, exactly as the lockfile pins them
 # (tests/clients/node_modules, git-ignored).
 npm ci --prefix tests/clients --no-audit --no-fund --loglevel=error
+# The dashboard's chart library (uPlot), served by `tessera dashboard` itself
+# (web/node_modules, git-ignored).
+npm ci --prefix web --no-audit --no-fund --loglevel=error
 
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)"

@@ -36,6 +36,7 @@ void add_checkpoint_commands(CLI::App& app);  // export, checkpoint verify
 void add_serve_command(CLI::App& app);        // cmd_serve.cc
 void add_quantize_command(CLI::App& app);     // cmd_quantize.cc
 void add_route_command(CLI::App& app);        // cmd_route.cc
+void add_dashboard_command(CLI::App& app);    // cmd_dashboard.cc
 void add_registry_commands(CLI::App& app);    // cmd_registry.cc: registry add, list, show, promote, rm
 
 }  // namespace tessera::tools

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   add_serve_command(app);
   add_quantize_command(app);
   add_route_command(app);
+  add_dashboard_command(app);
   add_registry_commands(app);
   add_checkpoint_commands(app);
   // CLI11 would say only "A subcommand is required"; name the word instead.

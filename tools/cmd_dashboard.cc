@@ -1,0 +1,371 @@
+// tessera dashboard: a web page of training runs (their JSON-lines metrics
+// files, live while a job writes them and afterwards) and of Prometheus
+// endpoints (training ranks, `tessera serve`, `tessera route`), with alerts
+// on the page and in the dashboard's own /metrics (docs/monitoring.md,
+// "Dashboard"). The page and its chart library (uPlot, from npm: web/) are
+// served from this process; nothing is fetched from elsewhere.
+//
+//   GET /                 the page (web/dashboard/index.html)
+//   GET /app.js, /uPlot.iife.min.js, /uPlot.min.css
+//   GET /api/state        every run's records, every target's samples, the alerts
+//   GET /metrics          tessera_dashboard_alert{alert,target} 0/1 and the values
+//   GET /health           200 while it serves
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "obs/metrics.h"
+#include "serve/http.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct DashboardArgs {
+  std::vector<std::string> runs, scrapes;
+  std::string host = "127.0.0.1", assets;
+  int port = 8080;
+  double checkpoint_share = 0.05;  // alert above this share of training time
+  double busbw = 0.9;              // alert below this share of the link
+  double device_util = 0.9;        // alert below this utilisation
+};
+
+// The web/ folder: --assets, else beside this binary's source tree.
+fs::path find_assets(const std::string& given) {
+  if (!given.empty()) return given;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (fs::path p : {exe.parent_path() / "../../web", fs::path("web")}) {
+    if (fs::exists(p / "dashboard" / "index.html", ec)) return fs::weakly_canonical(p, ec);
+  }
+  return {};
+}
+
+Result<std::string> read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return Status::NotFound(fmt::format("{}: cannot be read", p.string()));
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A run's metrics file: DIR/metrics.jsonl, or the .jsonl file itself.
+fs::path metrics_file(const std::string& run) {
+  std::error_code ec;
+  if (fs::is_directory(run, ec)) return fs::path(run) / "metrics.jsonl";
+  return run;
+}
+
+// The records of a JSON-lines metrics file (docs/monitoring.md): steps,
+// evaluations, checkpoints. A line still being written (a live run) or not
+// JSON is skipped.
+json read_run(const std::string& run) {
+  json steps = json::array(), evals = json::array(), ckpts = json::array();
+  std::ifstream f(metrics_file(run));
+  std::string line;
+  while (std::getline(f, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.contains("checkpoint_step")) {
+      ckpts.push_back(j);
+    } else if (j.contains("val_loss")) {
+      evals.push_back({{"step", j.value("step", 0)}, {"val_loss", j["val_loss"]}});
+    } else if (j.contains("loss") && j.contains("step")) {
+      json s = json::object();
+      for (const char* k : {"step", "loss", "tokens_per_s", "mfu", "step_ms", "compute_ms", "comm_ms", "bubble_ms",
+                            "p2p_ms", "lr", "grad_norm"})
+        if (j.contains(k)) s[k] = j[k];
+      steps.push_back(std::move(s));
+    }
+  }
+  std::error_code ec;
+  return {{"name", run}, {"found", fs::exists(metrics_file(run), ec)}, {"steps", steps}, {"evals", evals},
+          {"checkpoints", ckpts}};
+}
+
+// One Prometheus text sample: name{labels} value.
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+std::vector<Sample> parse_prometheus(const std::string& text) {
+  std::vector<Sample> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    Sample s;
+    size_t i = line.find_first_of("{ ");
+    if (i == std::string::npos) continue;
+    s.name = line.substr(0, i);
+    if (line[i] == '{') {
+      const size_t close = line.find('}', i);
+      if (close == std::string::npos) continue;
+      std::string body = line.substr(i + 1, close - i - 1);
+      size_t k = 0;
+      while (k < body.size()) {
+        const size_t eq = body.find('=', k);
+        if (eq == std::string::npos || eq + 1 >= body.size() || body[eq + 1] != '"') break;
+        const size_t endq = body.find('"', eq + 2);
+        if (endq == std::string::npos) break;
+        s.labels[body.substr(k, eq - k)] = body.substr(eq + 2, endq - eq - 2);
+        k = endq + 1;
+        if (k < body.size() && body[k] == ',') k++;
+      }
+      i = close + 1;
+    }
+    try {
+      s.value = std::stod(line.substr(i));
+    } catch (const std::exception&) {
+      continue;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The q-quantile of a histogram's cumulative buckets (Prometheus'
+// histogram_quantile, linear within a bucket); NaN without observations.
+double bucket_quantile(std::vector<std::pair<double, double>> buckets, double q) {
+  std::sort(buckets.begin(), buckets.end());
+  if (buckets.empty() || buckets.back().second <= 0) return std::nan("");
+  const double rank = q * buckets.back().second;
+  double lo = 0, below = 0;
+  for (const auto& [le, count] : buckets) {
+    if (count >= rank) {
+      if (std::isinf(le)) return lo;
+      return lo + (le - lo) * (count > below ? (rank - below) / (count - below) : 0);
+    }
+    lo = le;
+    below = count;
+  }
+  return lo;
+}
+
+// A target's samples worth plotting: every unlabelled or simply labelled
+// tessera_* series, and p50/p90 of the serving latency histograms.
+json scrape(const std::string& url) {
+  json t = {{"url", url}};
+  const std::string scheme = "http://";
+  std::string rest = url.rfind(scheme, 0) == 0 ? url.substr(scheme.size()) : url;
+  const size_t slash = rest.find('/');
+  const std::string hostport = rest.substr(0, slash);
+  const std::string path = slash == std::string::npos ? "/metrics" : rest.substr(slash);
+  const size_t colon = hostport.rfind(':');
+  if (colon == std::string::npos) {
+    t["error"] = "not http://HOST:PORT[/path]";
+    return t;
+  }
+  httplib::Client c(hostport.substr(0, colon), std::atoi(hostport.c_str() + colon + 1));
+  c.set_connection_timeout(1, 0);
+  c.set_read_timeout(2, 0);
+  auto r = c.Get(path);
+  if (!r || r->status != 200) {
+    t["error"] = r ? fmt::format("HTTP {}", r->status) : httplib::to_string(r.error());
+    return t;
+  }
+  json values = json::object();
+  std::map<std::string, std::vector<std::pair<double, double>>> hist;
+  for (const Sample& s : parse_prometheus(r->body)) {
+    if (s.name.rfind("tessera_", 0) != 0 && s.name != "process_resident_memory_bytes") continue;
+    if (s.name.size() > 7 && s.name.compare(s.name.size() - 7, 7, "_bucket") == 0) {
+      const auto le = s.labels.find("le");
+      if (le == s.labels.end()) continue;
+      const double bound = le->second == "+Inf" ? INFINITY : std::atof(le->second.c_str());
+      hist[s.name.substr(0, s.name.size() - 7)].push_back({bound, s.value});
+      continue;
+    }
+    std::string key = s.name;
+    for (const auto& [k, v] : s.labels) {
+      if (k == "rank" || k == "dp" || k == "tp" || k == "pp" || k == "host" || k == "job") continue;
+      key += fmt::format("{{{}={}}}", k, v);
+    }
+    values[key] = s.value;
+  }
+  for (const auto& [name, b] : hist) {
+    for (double q : {0.5, 0.9}) {
+      const double v = bucket_quantile(b, q);
+      if (!std::isnan(v)) values[fmt::format("{}:p{:.0f}", name, q * 100)] = v;
+    }
+  }
+  t["values"] = values;
+  return t;
+}
+
+// The alerts of the state: one per (alert, target), firing or not, or
+// "unknown" when what it needs is not measured.
+json alerts(const json& runs, const json& targets, const DashboardArgs& a) {
+  json out = json::array();
+  for (const json& r : runs) {
+    json al = {{"alert", "checkpoint_share"}, {"target", r["name"]}, {"threshold", a.checkpoint_share}};
+    if (r["checkpoints"].empty()) {
+      al["state"] = "ok";
+      al["value"] = 0.0;
+      al["detail"] = "no checkpoint taken";
+    } else {
+      const double share = r["checkpoints"].back().value("stall_share", 0.0);
+      al["value"] = share;
+      al["state"] = share > a.checkpoint_share ? "firing" : "ok";
+      al["detail"] = fmt::format("checkpoints stalled {:.1f}% of training time (alert above {:.1f}%)", 100 * share,
+                                 100 * a.checkpoint_share);
+    }
+    out.push_back(al);
+    out.push_back({{"alert", "allreduce_busbw"},
+                   {"target", r["name"]},
+                   {"threshold", a.busbw},
+                   {"state", "unknown"},
+                   {"detail", "per-link bandwidth is not in the metrics file yet"}});
+    out.push_back({{"alert", "device_utilization"},
+                   {"target", r["name"]},
+                   {"threshold", a.device_util},
+                   {"state", "unknown"},
+                   {"detail", "no device utilisation recorded (CPU run)"}});
+  }
+  for (const json& t : targets) {
+    if (t.contains("error")) {
+      out.push_back({{"alert", "target_down"}, {"target", t["url"]}, {"state", "firing"}, {"detail", t["error"]}});
+      continue;
+    }
+    const json& v = t["values"];
+    if (v.contains("tessera_route_tier_active{tier=gpu}") && v["tessera_route_tier_active{tier=gpu}"] == 0.0)
+      out.push_back({{"alert", "failover"}, {"target", t["url"]}, {"state", "firing"},
+                     {"detail", "the router is not on its gpu tier"}});
+  }
+  return out;
+}
+
+int run_dashboard(const DashboardArgs& a) {
+  const fs::path assets = find_assets(a.assets);
+  if (assets.empty())
+    return fail(Status::NotFound("the dashboard's files (web/dashboard) are not found: pass --assets WEB_DIR"));
+  const fs::path uplot = assets / "node_modules" / "uplot" / "dist";
+  std::error_code ec;
+  if (!fs::exists(uplot / "uPlot.iife.min.js", ec))
+    return fail(Status::NotFound(fmt::format(
+        "{}: the chart library is not installed (scripts/setup.sh runs npm ci --prefix web)", uplot.string())));
+  for (const std::string& r : a.runs) {
+    if (!fs::exists(metrics_file(r), ec) && !fs::is_directory(r, ec))
+      return fail(Status::NotFound(fmt::format("--run {}: no such metrics file or run folder", r)));
+  }
+
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  obs::Registry registry;
+  httplib::Server http;
+  serve::HttpOptions ho;
+  ho.threads = 8;
+  ho.max_body_bytes = 4096;
+  serve::configure_http(http, ho, [](httplib::Response& res, const serve::ApiError& e) {
+    res.status = e.http;
+    res.set_content(e.body().dump(), "application/json");
+  });
+  auto file = [&http](const std::string& route, fs::path p, const char* type) {
+    http.Get(route, [p, type](const httplib::Request&, httplib::Response& res) {
+      auto body = read_file(p);
+      if (!body.ok()) {
+        res.status = 404;
+        res.set_content(body.status().message(), "text/plain");
+        return;
+      }
+      res.set_content(*body, type);
+    });
+  };
+  file("/", assets / "dashboard" / "index.html", "text/html; charset=utf-8");
+  file("/app.js", assets / "dashboard" / "app.js", "text/javascript; charset=utf-8");
+  file("/uPlot.iife.min.js", uplot / "uPlot.iife.min.js", "text/javascript; charset=utf-8");
+  file("/uPlot.min.css", uplot / "uPlot.min.css", "text/css; charset=utf-8");
+
+  auto state = [a, &registry]() {
+    json runs = json::array(), targets = json::array();
+    for (const std::string& r : a.runs) runs.push_back(read_run(r));
+    for (const std::string& u : a.scrapes) targets.push_back(scrape(u));
+    json al = alerts(runs, targets, a);
+    for (const json& x : al) {
+      const obs::Labels l{{"alert", x["alert"].get<std::string>()}, {"target", x["target"].get<std::string>()}};
+      registry.gauge("tessera_dashboard_alert", "1 while the alert fires, 0 otherwise (-1: not measured)", l)
+          .set(x["state"] == "firing" ? 1 : x["state"] == "ok" ? 0 : -1);
+      if (x.contains("value"))
+        registry.gauge("tessera_dashboard_alert_value", "The figure the alert compares with its threshold", l)
+            .set(x["value"].get<double>());
+    }
+    return json{{"runs", runs}, {"targets", targets}, {"alerts", al}};
+  };
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+  });
+  http.Get("/api/state", [state](const httplib::Request&, httplib::Response& res) {
+    res.set_content(state().dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  });
+  http.Get("/metrics", [state, &registry](const httplib::Request&, httplib::Response& res) {
+    state();  // the alerts as of now
+    res.set_content(registry.render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+
+  Result<int> port = serve::bind_http(http, a.host, a.port);
+  if (!port.ok()) return fail(port.status());
+  std::thread listener = serve::listen_http(http);
+  std::fprintf(stderr, "dashboard: listening on http://%s:%d (%zu runs, %zu targets)\n", a.host.c_str(), *port,
+               a.runs.size(), a.scrapes.size());
+  std::fflush(stderr);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  http.stop();
+  listener.join();
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_dashboard_command(CLI::App& app) {
+  auto a = std::make_shared<DashboardArgs>();
+  CLI::App* cmd = app.add_subcommand("dashboard", "A live web dashboard of training runs and servers, with alerts");
+  cmd->add_option("--run", a->runs, "a run's folder (its metrics.jsonl) or a metrics .jsonl file; repeat");
+  cmd->add_option("--scrape", a->scrapes, "a Prometheus endpoint: http://HOST:PORT[/metrics]; repeat");
+  cmd->add_option("--host", a->host, "address to bind (loopback by default)")->capture_default_str();
+  cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (printed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--assets", a->assets, "the web/ folder (default: beside the build)");
+  cmd->add_option("--alert-checkpoint-share", a->checkpoint_share, "alert when checkpoints stall more of training")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--alert-busbw", a->busbw, "alert below this share of the link's bandwidth")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--alert-device-util", a->device_util, "alert below this device utilisation")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->callback([a] {
+    if (a->runs.empty() && a->scrapes.empty()) {
+      exit_code() = fail(Status::InvalidArgument("nothing to show: give --run DIR or --scrape URL"));
+      return;
+    }
+    exit_code() = run_dashboard(*a);
+  });
+}
+
+}  // namespace tessera::tools

@@ -36,5 +36,6 @@ void add_checkpoint_commands(CLI::App& app);  // export, checkpoint verify
 void add_serve_command(CLI::App& app);        // cmd_serve.cc
 void add_quantize_command(CLI::App& app);     // cmd_quantize.cc
 void add_route_command(CLI::App& app);        // cmd_route.cc
+void add_trace_command(CLI::App& app);        // cmd_trace.cc: trace merge
 
 }  // namespace tessera::tools

@@ -236,12 +236,14 @@ std::vector<ThreadEvents> snapshot() {
   return out;
 }
 
-Status write_json(const std::string& path, const ProcessInfo& info, size_t* events) {
+Status write_json(const std::string& path, const ProcessInfo& info, size_t* events, uint64_t* dropped) {
   const std::vector<ThreadEvents> threads = snapshot();
+  uint64_t dropped_events = 0;
+  for (const ThreadEvents& t : threads) dropped_events += t.dropped;
   fmt::memory_buffer out;
   out.append(std::string_view("{\"displayTimeUnit\":\"ms\",\"otherData\":{\"tessera\":"));
   out.append(info.metadata_json.empty() ? std::string_view("{}") : std::string_view(info.metadata_json));
-  out.append(std::string_view("},\"traceEvents\":[\n"));
+  fmt::format_to(std::back_inserter(out), ",\"dropped_events\":{}}},\"traceEvents\":[\n", dropped_events);
   append_metadata(out, "process_name", info.pid, 0, "name", info.process_name, true);
   out.append(std::string_view(",\n"));
   append_metadata(out, "process_sort_index", info.pid, 0, "sort_index", std::to_string(info.pid), false);
@@ -270,6 +272,7 @@ Status write_json(const std::string& path, const ProcessInfo& info, size_t* even
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     return Status::IOError(fmt::format("{}: cannot rename to {}: {}", tmp, path, std::strerror(errno)));
   if (events) *events = n;
+  if (dropped) *dropped = dropped_events;
   return Status::OK();
 }
 

@@ -134,10 +134,12 @@ struct ProcessInfo {
 };
 // Writes the trace-event JSON of snapshot() to `path` (path.tmp, then a
 // rename): {"traceEvents": [...], "displayTimeUnit": "ms", "otherData":
-// {"tessera": metadata}}; process_name/thread_name metadata events name the
-// rank and its threads. IOError naming the path when it cannot be written.
-// *events (if given) gets the number of events written.
-Status write_json(const std::string& path, const ProcessInfo& info, size_t* events = nullptr);
+// {"tessera": metadata, "dropped_events": N}}; process_name/thread_name
+// metadata events name the rank and its threads. IOError naming the path
+// when it cannot be written. *events and *dropped (if given) get the number
+// of events written and of events dropped (kMaxEventsPerThread).
+Status write_json(const std::string& path, const ProcessInfo& info, size_t* events = nullptr,
+                  uint64_t* dropped = nullptr);
 
 // A 64-bit mix for flow and async ids (splitmix64's finaliser).
 uint64_t mix_id(uint64_t x);

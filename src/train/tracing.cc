@@ -136,8 +136,13 @@ Status TraceSession::write() {
   written_ = true;
   obs::trace::stop();
   size_t events = 0;
-  Status st = obs::trace::write_json(path_, obs::trace::ProcessInfo{rank_, process_name_, metadata_}, &events);
+  uint64_t dropped = 0;
+  Status st =
+      obs::trace::write_json(path_, obs::trace::ProcessInfo{rank_, process_name_, metadata_}, &events, &dropped);
   obs::trace::reset();
+  if (st.ok() && dropped > 0)
+    std::fprintf(stderr, "tessera: warning: trace: %s: %llu events dropped (more than %zu on one thread)\n",
+                 path_.c_str(), static_cast<unsigned long long>(dropped), obs::trace::kMaxEventsPerThread);
   return st.With("trace");
 }
 

@@ -83,6 +83,20 @@ TEST_F(Trace, OffSpanCostsNanoseconds) {
   EXPECT_EQ(count_events(), 0u);
 }
 
+// On, a span is two clock reads and an append: well under a microsecond
+// (docs/performance.md turns this into a share of a step).
+TEST_F(Trace, OnSpanCostsUnderAMicrosecond) {
+  constexpr int kSpans = 200'000;
+  start();
+  const int64_t t0 = now_ns();
+  for (int i = 0; i < kSpans; i++) Span s("forward layer", "compute", {{"layer", i}});
+  const double ns_per_span = static_cast<double>(now_ns() - t0) / kSpans;
+  stop();
+  std::printf("a span with tracing on: %.1f ns\n", ns_per_span);
+  EXPECT_LT(ns_per_span, 5000.0);  // generous: a loaded machine
+  EXPECT_EQ(count_events(), static_cast<size_t>(kSpans));
+}
+
 TEST_F(Trace, SpansNestAndCarryTheStepAndArgs) {
   start();
   set_step(7);
@@ -145,6 +159,7 @@ TEST_F(Trace, WritesValidTraceEventJsonWithNamedProcessAndThreads) {
   EXPECT_EQ(n, 6u);
   json j = read_json_file(dir + "/trace-rank-3.json");
   EXPECT_EQ(j["otherData"]["tessera"]["rank"], 3);
+  EXPECT_EQ(j["otherData"]["dropped_events"], 0);
   std::map<std::string, int> by_ph;
   std::set<std::string> thread_names;
   std::set<int> tids;

@@ -19,6 +19,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string resume;
   int metrics_port = -1;  // -1: log.metrics_port decides
+  std::string trace;      // empty: log.trace decides
 };
 
 int run_train(const TrainArgs& a) {
@@ -34,6 +35,7 @@ int run_train(const TrainArgs& a) {
   if (!c.ok()) return fail(c.status());
   c->resume = a.resume;
   if (a.metrics_port >= 0) c->metrics_port = a.metrics_port;
+  if (!a.trace.empty()) c->trace = a.trace;
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   auto world = comm::world_communicator(opts);
@@ -84,6 +86,9 @@ void add_train_command(CLI::App& app) {
                   "serve Prometheus GET /metrics on this port (each rank on it + its local rank; 0: off); sets "
                   "log.metrics_port")
       ->check(CLI::Range(0, 65535));
+  cmd->add_option("--trace", a->trace,
+                  "write a timeline (Chrome trace events) per rank to DIR/trace-rank-N.json; merge with `tessera trace "
+                  "merge DIR`; sets log.trace");
   cmd->callback([a] { exit_code() = run_train(*a); });
 }
 

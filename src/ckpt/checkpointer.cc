@@ -11,6 +11,7 @@
 
 #include "ckpt/manifest.h"
 #include "core/check.h"
+#include "obs/trace.h"
 
 namespace tessera::ckpt {
 namespace {
@@ -90,6 +91,7 @@ Result<bool> Checkpointer::save(comm::Communicator& world, int64_t step, std::sp
     total += static_cast<size_t>(p.slice.numel());
   }
   if (bad.ok()) {
+    obs::trace::Span span("checkpoint stage", "checkpoint", {{"bytes", static_cast<int64_t>(total * sizeof(float))}});
     if (staging_.size() < total) staging_.resize(total);  // the first save (or a bigger one) allocates
     for (size_t i = 0; i < pieces.size(); i++)
       if (pieces[i].slice.numel() > 0)
@@ -117,6 +119,7 @@ Result<bool> Checkpointer::save(comm::Communicator& world, int64_t step, std::sp
 }
 
 void Checkpointer::writer_loop() {
+  obs::trace::set_thread_name("checkpoint writer");
   std::unique_lock lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || writer_state_ == WriterState::kWriting; });
@@ -124,12 +127,15 @@ void Checkpointer::writer_loop() {
     lock.unlock();
     const auto t0 = Clock::now();
     Status st;
+    obs::trace::Span span("checkpoint write", "checkpoint", {{"ckpt_step", job_step_}});
     try {
       st = write_shard();
     } catch (const std::exception& e) {  // e.g. bad_alloc: a failed save, not a dead process
       st = Status::Internal(fmt::format("writing the shard failed: {}", e.what()));
     }
     write_s_ = seconds_since(t0);
+    span.arg("bytes", static_cast<int64_t>(bytes_rank_));
+    span.arg("ok", st.ok() ? 1 : 0);
     if (!st.ok()) write_error_ = st;
     lock.lock();
     writer_state_ = st.ok() ? WriterState::kDurable : WriterState::kFailed;
@@ -310,6 +316,7 @@ Result<PollResult> Checkpointer::complete(comm::Communicator& world, bool wait_f
 
 Status Checkpointer::publish(const std::vector<std::string>& shard_json, uint64_t* total_bytes,
                              std::string* warning) {
+  obs::trace::Span span("checkpoint publish", "checkpoint", {{"ckpt_step", pending_step_}});
   const std::string tmp = tmp_dir(pending_step_);
   const std::string& root = options_.dir;
   const std::string name = step_dir_name(pending_step_);

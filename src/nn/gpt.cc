@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include <sys/mman.h>
@@ -19,6 +20,7 @@
 #include "kernels/cpu/ops.h"
 #include "nn/kv_cache.h"
 #include "nn/vocab_parallel.h"
+#include "obs/trace.h"
 #include "tensor/device_memory.h"
 
 namespace tessera {
@@ -521,6 +523,7 @@ double GPT::take_tp_comm_seconds() {
 }
 
 Status GPT::tp_all_reduce(float* x, int64_t n) {
+  obs::trace::Span span("tp all_reduce", "comm", {{"bytes", n * 4}});
   auto t0 = std::chrono::steady_clock::now();
   Status st = tp_comm_->all_reduce(x, x, n, comm::ElemType::kF32, comm::ReduceOp::kSum);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -528,6 +531,7 @@ Status GPT::tp_all_reduce(float* x, int64_t n) {
 }
 
 Status GPT::tp_all_reduce_max(float* x, int64_t n) {
+  obs::trace::Span span("tp all_reduce", "comm", {{"bytes", n * 4}});
   auto t0 = std::chrono::steady_clock::now();
   Status st = tp_comm_->all_reduce(x, x, n, comm::ElemType::kF32, comm::ReduceOp::kMax);
   tp_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -600,6 +604,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
 
   if (shard_.first) {
+    obs::trace::Span span("forward embedding", "compute");
     RETURN_IF_ERROR(try_copy_to_device(device_, act.i(kInputs), inputs, sizeof(int) * BT));
     if (tp == 1) {
       ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], p[kWpe], B, T, C);
@@ -615,9 +620,11 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   for (int l = 0; l < L; l++) {
     const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, Cl, Fl, att_size);
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
+    obs::trace::Span span("forward layer", "compute", {{"layer", shard_.layer_begin + l}});
     RETURN_IF_ERROR(layer_forward(l, a, residual, BT, dense));
   }
   if (!shard_.last) return Status::OK();
+  obs::trace::Span head_span("forward head", "compute");
 
   const float* residual = act.f(kResidual3) + (L - 1) * BTC;
   ops_.layernorm_forward(act.f(kLnf), act.f(kLnfMean), act.f(kLnfRstd), residual, p[kLnfW], p[kLnfB], BT, C);
@@ -728,6 +735,8 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   auto zero = [dev](float* x, int64_t n) { zero_on_device(dev, x, sizeof(float) * n); };
 
   float* dresidual = act.f(kDResidual);
+  std::optional<obs::trace::Span> head_span;
+  if (shard_.last) head_span.emplace("backward head", "compute");
   if (shard_.last && chunked_head()) {
     // Chunk by chunk, last first (the chunk buffer may still hold the last
     // chunk's logits from forward): logits again, dlogits in their place,
@@ -772,10 +781,12 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   // Otherwise dresidual (stage_output_grad()) holds the gradient received from
   // the next stage.
 
+  head_span.reset();
   // dresidual holds d(output of layer l). Each block is x + f(ln(x)): the
   // residual path passes dresidual through unchanged, and the branch's
   // layernorm backward adds its part into the same buffer.
   for (int l = L - 1; l >= 0; l--) {
+    obs::trace::Span span("backward layer", "compute", {{"layer", shard_.layer_begin + l}});
     const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, Cl, Fl, att_size);
     const LayerParams w = layer_params(l), gw = layer_grads(l);
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
@@ -813,6 +824,7 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     if (listener_) listener_->on_grads_ready(shard_.layer_begin + l);
   }
   if (shard_.first) {
+    obs::trace::Span span("backward embedding", "compute");
     if (tp == 1) {
       ops_.encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), B, T, C);
     } else {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "obs/trace.h"
 #include "kernels/cuda/reduce.h"
 
 namespace tessera {
@@ -50,6 +51,7 @@ Result<double> ShardedAdamW::sum_of_squares() const {
 }
 
 Result<float> ShardedAdamW::step(const OptimizerConfig& c, float lr) {
+  obs::trace::Span span("optimizer", "optim");
   comm_seconds_ = 0.0;
   if (opts_.zero == 0 && !opts_.norm_comm) return adamw_.try_step(c, lr);
   ASSIGN_OR_RETURN(double sq, sum_of_squares());

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include "nn/ops_table.h"
+#include "obs/trace.h"
 #include "optim/zero.h"
 #include "tensor/device_memory.h"
 
@@ -102,6 +103,7 @@ void DataParallel::on_grads_ready(int what) {
 }
 
 Status DataParallel::finish_gradients() {
+  obs::trace::Span span(opts_.zero == 0 ? "allreduce wait" : "reduce_scatter", "comm");
   if (opts_.zero == 0) return reducer_->finish();
   // The arena's slack covers the padding to dp*S floats.
   const int64_t flat = static_cast<int64_t>(model_.grads().bytes() / sizeof(float));

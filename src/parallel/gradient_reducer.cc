@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/try.h"
+#include "obs/trace.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "parallel/cuda/dp_device.h"
 #endif
@@ -83,6 +84,8 @@ Status GradientReducer::init() {
 }
 
 Status GradientReducer::post(Bucket& b) {
+  const int index = static_cast<int>(&b - buckets_.data());
+  obs::trace::Span span("allreduce post", "comm", {{"bucket", index}, {"bytes", b.count * 4}});
   float* dst = b.buffer;
   if (on_device_) {
 #ifdef TESSERA_HAVE_CUDA
@@ -103,12 +106,27 @@ Status GradientReducer::post(Bucket& b) {
     }
   }
   b.work = comm_.all_reduce_async(b.buffer, b.buffer, b.count, comm::ElemType::kF32, comm::ReduceOp::kSum);
+  if (obs::trace::enabled()) {
+    // Unique in the merged trace: the step, the bucket and the world rank.
+    const uint64_t step = static_cast<uint64_t>(obs::trace::current_step() + 1);
+    b.trace_id = obs::trace::mix_id((step << 32) ^ (uint64_t(comm_.world_rank_of(comm_.rank())) << 16) ^
+                                    static_cast<uint64_t>(index));
+    b.trace_open = true;
+    obs::trace::async_begin("allreduce bucket", "comm", b.trace_id, -1,
+                            {{"bucket", index}, {"bytes", b.count * 4}, {"ranks", comm_.size()}});
+  }
   return Status::OK();
 }
 
 void GradientReducer::progress() {
   for (Bucket& b : buckets_)
-    if (b.work) b.work->test();
+    if (b.work && b.work->test()) trace_done(b);
+}
+
+void GradientReducer::trace_done(Bucket& b) {
+  if (!b.trace_open) return;
+  b.trace_open = false;
+  obs::trace::async_end("allreduce bucket", "comm", b.trace_id, -1);
 }
 
 void GradientReducer::ready(int group) {
@@ -130,6 +148,7 @@ Status GradientReducer::finish() {
   for (Bucket& b : buckets_) {
     Status st = b.work ? b.work->wait()
                        : Status::Internal("a gradient bucket was never reduced (backward skipped a layer?)");
+    trace_done(b);
     b.work.reset();
     if (first.ok()) first = st;
   }

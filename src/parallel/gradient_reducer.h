@@ -84,6 +84,10 @@ class GradientReducer {
     float* buffer = nullptr;  // count floats, a tensor of buffers_
     int64_t count = 0;
     std::unique_ptr<comm::Work> work;
+    // The trace's async "allreduce bucket" span: open from the post until
+    // the reduction is seen complete (test() or wait()).
+    uint64_t trace_id = 0;
+    bool trace_open = false;
   };
   // create()'s one code path: the constructor plans the buckets, init()
   // allocates their buffers.
@@ -94,6 +98,7 @@ class GradientReducer {
   void plan(const std::vector<std::vector<GradSpan>>& groups, int64_t bucket_bytes);
   Status post(Bucket& b);
   void progress();
+  void trace_done(Bucket& b);
 
   comm::Communicator& comm_;
   GradientReducerOptions opts_;

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "obs/trace.h"
+
 namespace tessera {
 
 ModelShard shard_for(const comm::MeshShape& shape, const comm::MeshCoord& coord,
@@ -87,6 +89,7 @@ Result<std::unique_ptr<TiedEmbedding>> TiedEmbedding::create(comm::Mesh& mesh) {
 
 Status TiedEmbedding::sum_grads(GPT& model) {
   if (!comm_) return Status::OK();
+  obs::trace::Span span("tied embedding all_reduce", "comm");
   auto t0 = std::chrono::steady_clock::now();
   Tensor g = model.grads().tensor(kWte);
   Status st = comm_->all_reduce(g.f32(), g.f32(), g.numel(), comm::ElemType::kF32, comm::ReduceOp::kSum);

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "obs/trace.h"
+
 namespace tessera {
 
 namespace {
@@ -81,12 +83,41 @@ Pipeline::Times Pipeline::take_times() {
   return t;
 }
 
-Status Pipeline::recv(float* dst, int64_t n, int peer, int tag) {
-  return pp_.recv(dst, n * static_cast<int64_t>(sizeof(float)), peer, tag);
+uint64_t Pipeline::msg_id(Msg kind, int64_t micro, int peer) const {
+  using obs::trace::mix_id;
+  const uint64_t step = static_cast<uint64_t>(obs::trace::current_step() + 1);
+  uint64_t h = mix_id(step);
+  h = mix_id(h ^ (static_cast<uint64_t>(kind) << 40) ^ static_cast<uint64_t>(micro));
+  h = mix_id(h ^ static_cast<uint64_t>(pp_.world_rank_of(0)));
+  return mix_id(h ^ static_cast<uint64_t>(std::min(stage_, peer)));
+}
+
+Status Pipeline::recv(float* dst, int64_t n, int peer, int tag, Msg kind, int64_t micro) {
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+  if (!obs::trace::enabled()) return pp_.recv(dst, bytes, peer, tag);
+  const uint64_t id = msg_id(kind, micro, peer);
+  obs::trace::Span span(kind == Msg::kGradient ? "recv grad" : "recv act", "pipeline",
+                        {{"peer", pp_.world_rank_of(peer)}, {"bytes", bytes}, {"micro", micro},
+                         {"msg", static_cast<int64_t>(id)}});
+  obs::trace::flow_end("p2p", "pipeline", id, span.begin_ns());
+  return pp_.recv(dst, bytes, peer, tag);
+}
+
+std::unique_ptr<comm::Work> Pipeline::send_async(const float* src, int64_t n, int peer, int tag, Msg kind,
+                                                 int64_t micro) {
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+  if (!obs::trace::enabled()) return pp_.send_async(src, bytes, peer, tag);
+  const uint64_t id = msg_id(kind, micro, peer);
+  obs::trace::Span span(kind == Msg::kGradient ? "send grad" : "send act", "pipeline",
+                        {{"peer", pp_.world_rank_of(peer)}, {"bytes", bytes}, {"micro", micro},
+                         {"msg", static_cast<int64_t>(id)}});
+  obs::trace::flow_start("p2p", "pipeline", id, span.begin_ns());
+  return pp_.send_async(src, bytes, peer, tag);
 }
 
 Status Pipeline::wait_send(std::unique_ptr<comm::Work>& w) {
   if (!w) return Status::OK();
+  obs::trace::Span span("send wait", "pipeline");
   auto t0 = Clock::now();
   Status st = w->wait();
   w.reset();
@@ -111,30 +142,38 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
     const int slot = op.micro % slots;
     if (op.forward) {
       RETURN_IF_ERROR(wait_send(act_sends_[slot]));  // the slot's previous output
-      if (!first) RETURN_IF_ERROR(recv(model_.stage_input(slot), BTC, stage_ - 1, act_tag(op.micro)));
+      if (!first)
+        RETURN_IF_ERROR(recv(model_.stage_input(slot), BTC, stage_ - 1, act_tag(op.micro), Msg::kActivation, op.micro));
       RETURN_IF_ERROR(fill(op.micro, in_.data(), tg_.data()));
       float loss = 0.0f;
       auto t0 = Clock::now();
-      RETURN_IF_ERROR(model_.forward_stage(slot, in_.data(), tg_.data(), B, T, &loss));
+      {
+        obs::trace::Span span("forward", "compute", {{"micro", op.micro}});
+        RETURN_IF_ERROR(model_.forward_stage(slot, in_.data(), tg_.data(), B, T, &loss));
+      }
       fb += since(t0);
       *loss_sum += loss;
       if (!last) {
         auto t0 = Clock::now();
-        act_sends_[slot] = pp_.send_async(model_.stage_output(slot), BTC * static_cast<int64_t>(sizeof(float)),
-                                          stage_ + 1, act_tag(op.micro));
+        act_sends_[slot] =
+            send_async(model_.stage_output(slot), BTC, stage_ + 1, act_tag(op.micro), Msg::kActivation, op.micro);
         times_.p2p += since(t0);
       }
     } else {
-      if (!last) RETURN_IF_ERROR(recv(model_.stage_output_grad(), BTC, stage_ + 1, grad_tag(op.micro)));
+      if (!last)
+        RETURN_IF_ERROR(recv(model_.stage_output_grad(), BTC, stage_ + 1, grad_tag(op.micro), Msg::kGradient, op.micro));
       before_backward(op.micro);
       RETURN_IF_ERROR(wait_send(grad_sends_[slot]));  // the slot's previous input gradient
       auto t0 = Clock::now();
-      RETURN_IF_ERROR(model_.backward_stage(slot, loss_scale));
+      {
+        obs::trace::Span span("backward", "compute", {{"micro", op.micro}});
+        RETURN_IF_ERROR(model_.backward_stage(slot, loss_scale));
+      }
       fb += since(t0);
       if (!first) {
         auto t0 = Clock::now();
-        grad_sends_[slot] = pp_.send_async(model_.stage_input_grad(slot), BTC * static_cast<int64_t>(sizeof(float)),
-                                           stage_ - 1, grad_tag(op.micro));
+        grad_sends_[slot] =
+            send_async(model_.stage_input_grad(slot), BTC, stage_ - 1, grad_tag(op.micro), Msg::kGradient, op.micro);
         times_.p2p += since(t0);
       }
     }
@@ -142,6 +181,7 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
   for (auto& w : act_sends_) RETURN_IF_ERROR(wait_send(w));
   for (auto& w : grad_sends_) RETURN_IF_ERROR(wait_send(w));
   if (stages_ > 1) {
+    obs::trace::Span span("pipeline flush", "pipeline");
     // The stages finish at different times (the last one first); meet here
     // so each stage's idle time is counted as bubble, not as the wait in
     // whatever collective comes next.
@@ -155,16 +195,20 @@ Status Pipeline::forward_only(int B, int T, const int* inputs, const int* target
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   RETURN_IF_ERROR(model_.try_reserve_activations(B, T, 1));
   const int64_t BTC = int64_t{B} * T * model_.config().channels;
+  const int64_t batch = eval_batches_++;
   *loss = 0.0f;
   if (!first) {
     auto t0 = Clock::now();
-    RETURN_IF_ERROR(recv(model_.stage_input(0), BTC, stage_ - 1, kEvalTag));
+    RETURN_IF_ERROR(recv(model_.stage_input(0), BTC, stage_ - 1, kEvalTag, Msg::kEval, batch));
     times_.bubble += since(t0);
   }
-  RETURN_IF_ERROR(model_.forward_stage(0, inputs, targets, B, T, loss));
+  {
+    obs::trace::Span span("forward", "compute", {{"eval_batch", batch}});
+    RETURN_IF_ERROR(model_.forward_stage(0, inputs, targets, B, T, loss));
+  }
   if (!last) {
     auto t0 = Clock::now();
-    Status st = pp_.send(model_.stage_output(0), BTC * static_cast<int64_t>(sizeof(float)), stage_ + 1, kEvalTag);
+    Status st = send_async(model_.stage_output(0), BTC, stage_ + 1, kEvalTag, Msg::kEval, batch)->wait();
     times_.p2p += since(t0);
     RETURN_IF_ERROR(st);
   }

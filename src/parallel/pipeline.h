@@ -76,8 +76,16 @@ class Pipeline {
   Times take_times();
 
  private:
-  Status recv(float* dst, int64_t n, int peer, int tag);
+  // Message kinds of the trace's send/recv ids.
+  enum class Msg { kActivation, kGradient, kEval };
+  // peer: the pp rank; micro: the micro-batch (kEval: the evaluation batch).
+  Status recv(float* dst, int64_t n, int peer, int tag, Msg kind, int64_t micro);
+  std::unique_ptr<comm::Work> send_async(const float* src, int64_t n, int peer, int tag, Msg kind, int64_t micro);
   Status wait_send(std::unique_ptr<comm::Work>& w);
+  // The id a send and its receive share in the trace (args "msg" and the
+  // flow's id): the step, the kind, the micro-batch, this pipeline (the
+  // world rank of its stage 0) and the link (its lower stage).
+  uint64_t msg_id(Msg kind, int64_t micro, int peer) const;
 
   GPT& model_;
   comm::Communicator& pp_;
@@ -85,6 +93,7 @@ class Pipeline {
   int stage_, stages_;
   Times times_;
   std::vector<int> in_, tg_;  // one micro-batch's tokens
+  int64_t eval_batches_ = 0;  // forward_only() calls so far: the kEval messages' number
   std::vector<std::unique_ptr<comm::Work>> act_sends_, grad_sends_;  // per slot
 };
 

@@ -90,6 +90,8 @@ const std::vector<Key>& keys() {
        "Prometheus GET /metrics on this port + the rank's local rank (0: off; --metrics-port sets it)", 0},
       {"log.metrics_host", &TrainConfig::metrics_host,
        "address the /metrics port binds (\"0.0.0.0\": every interface, for a Prometheus on another machine)"},
+      {"log.trace", &TrainConfig::trace,
+       "timeline trace folder: each rank writes trace-rank-N.json (Chrome trace events) there; empty: off (--trace sets it)"},
       {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
   };
   return k;

@@ -42,6 +42,7 @@ struct TrainConfig {
   // the rank's local rank (its index among the job's ranks on its host); 0: off.
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
+  std::string trace;  // timeline trace folder (trace-rank-N.json per rank); empty: off
   std::string job;  // the `job` label of every series; load_train_config: the config file's stem when empty
 };
 

@@ -22,6 +22,7 @@
 #include "ckpt/checkpointer.h"
 #include "ckpt/dir_lock.h"
 #include "obs/metrics.h"
+#include "obs/trace.h"
 #include "optim/zero.h"
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
@@ -35,6 +36,7 @@
 #include "train/flops.h"
 #include "train/memory_plan.h"
 #include "train/monitoring.h"
+#include "train/tracing.h"
 
 namespace tessera {
 
@@ -163,6 +165,7 @@ class Trainer {
   comm::Communicator& world_;
   std::FILE* out_;  // rank 0 speaks for the job; null elsewhere
   const int rank_;
+  std::unique_ptr<TraceSession> trace_;  // --trace; destroyed last, so it writes what the others recorded
   std::unique_ptr<comm::Mesh> mesh_;
   comm::Communicator* dp_ = nullptr;
   comm::MeshCoord coord_;
@@ -407,6 +410,7 @@ Status Trainer::setup() {
   // names the rank.
   registry_.set_const_labels(rank_labels(c_, rank_, coord_));
   ASSIGN_OR_RETURN(exporter_, start_metrics_exporter(c_, world_, registry_));
+  ASSIGN_OR_RETURN(trace_, start_trace(c_, world_, coord_, out_));
   if (exporter_)
     say("metrics: http://%s:%d/metrics%s\n", exporter_->host().c_str(), exporter_->port(),
         world_.size() > 1 ? " (rank 0; each rank on this port + its local rank)" : "");
@@ -526,6 +530,8 @@ void Trainer::add_stall(double seconds) {
 // the same mean.
 Status Trainer::evaluate(int step) {
   if (val_tokens_.empty()) return Status::OK();
+  obs::trace::set_step(step);
+  obs::trace::Span span("evaluate", "train");
   const int B = c_.micro_batch, T = c_.seq;
   const int64_t BT = int64_t{B} * T;
   const int64_t available = val_tokens_.size() > 0 ? (static_cast<int64_t>(val_tokens_.size()) - 1) / BT : 0;
@@ -565,6 +571,8 @@ Status Trainer::evaluate(int step) {
 // the ranks.
 Result<Trainer::StepStats> Trainer::step(int step) {
   const int B = c_.micro_batch, T = c_.seq, GA = c_.grad_accum;
+  obs::trace::set_step(step + 1);  // 1-based, as the logs count
+  obs::trace::Span span("step", "train");
   auto t0 = Clock::now();
   model_->zero_grad();
   auto fill = [&](int micro, int* inputs, int* targets) -> Status {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -338,7 +339,94 @@ int run_dashboard(const DashboardArgs& a) {
   return kExitOk;
 }
 
+// "</" inside inlined code or JSON would end its <script> element early.
+std::string script_safe(std::string s) {
+  for (size_t i = 0; (i = s.find("</", i)) != std::string::npos; i += 3) s.replace(i, 2, "<\\/");
+  return s;
+}
+
+// Replaces the one occurrence of `what` in html; false when it is missing.
+bool replace_once(std::string& html, const std::string& what, const std::string& with) {
+  const size_t i = html.find(what);
+  if (i == std::string::npos) return false;
+  html.replace(i, what.size(), with);
+  return true;
+}
+
+struct ReportArgs {
+  std::vector<std::string> runs;
+  std::string out, assets;
+};
+
+// tessera report: the dashboard's page for finished runs with everything
+// inline (the chart library, the script, the runs' records): one file to
+// share, opened without a server or a network.
+int run_report(const ReportArgs& r) {
+  const fs::path assets = find_assets(r.assets);
+  if (assets.empty())
+    return fail(Status::NotFound("the dashboard's files (web/dashboard) are not found: pass --assets WEB_DIR"));
+  const fs::path uplot = assets / "node_modules" / "uplot" / "dist";
+  std::error_code ec;
+  json runs = json::array();
+  for (const std::string& run : r.runs) {
+    if (!fs::is_regular_file(metrics_file(run), ec))
+      return fail(Status::NotFound(fmt::format("{}: no metrics file (log.metrics) to report", metrics_file(run).string())));
+    runs.push_back(read_run(run));
+  }
+  std::string parts[4];
+  const fs::path files[4] = {assets / "dashboard" / "index.html", assets / "dashboard" / "app.js",
+                             uplot / "uPlot.iife.min.js", uplot / "uPlot.min.css"};
+  for (int i = 0; i < 4; i++) {
+    auto body = read_file(files[i]);
+    if (!body.ok()) return fail(body.status());
+    parts[i] = std::move(*body);
+  }
+  DashboardArgs defaults;
+  const std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  const json state = {{"runs", runs},
+                      {"targets", json::array()},
+                      {"alerts", alerts(runs, json::array(), defaults)},
+                      {"generated", fmt::format("report generated {}", when)}};
+  std::string html = parts[0];
+  const bool ok = replace_once(html, "<link rel=\"stylesheet\" href=\"/uPlot.min.css\">", "<style>" + parts[3] + "</style>") &&
+                  replace_once(html, "<script src=\"/uPlot.iife.min.js\"></script>",
+                               "<script>" + script_safe(parts[2]) + "</script>") &&
+                  replace_once(html, "<script src=\"/app.js\"></script>",
+                               "<script>window.TESSERA_STATE = " +
+                                   script_safe(state.dump(-1, ' ', false, json::error_handler_t::replace)) +
+                                   ";</script>\n<script>" + script_safe(parts[1]) + "</script>");
+  if (!ok) return fail(Status::Corruption(fmt::format("{}: not the dashboard's page", files[0].string())));
+  // Written beside the target, then renamed: never a half report.
+  const fs::path out = r.out;
+  const fs::path tmp = out.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return fail(Status::IOError(fmt::format("--out {}: cannot be written", out.string())));
+    f << html;
+    f.close();
+    if (!f) {
+      fs::remove(tmp, ec);
+      return fail(Status::IOError(fmt::format("--out {}: write failed", out.string())));
+    }
+  }
+  fs::rename(tmp, out, ec);
+  if (ec) return fail(Status::IOError(fmt::format("--out {}: {}", out.string(), ec.message())));
+  std::printf("wrote %s: %zu runs, %.1f KB, self-contained\n", out.string().c_str(), runs.size(), html.size() / 1e3);
+  return kExitOk;
+}
+
 }  // namespace
+
+void add_report_command(CLI::App& app) {
+  auto r = std::make_shared<ReportArgs>();
+  CLI::App* cmd = app.add_subcommand("report", "Write a self-contained HTML report of finished runs");
+  cmd->add_option("runs", r->runs, "run folders (their metrics.jsonl) or metrics .jsonl files")->required();
+  cmd->add_option("--out", r->out, "the HTML file to write")->required();
+  cmd->add_option("--assets", r->assets, "the web/ folder (default: beside the build)");
+  cmd->callback([r] { exit_code() = run_report(*r); });
+}
 
 void add_dashboard_command(CLI::App& app) {
   auto a = std::make_shared<DashboardArgs>();

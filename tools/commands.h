@@ -37,6 +37,7 @@ void add_serve_command(CLI::App& app);        // cmd_serve.cc
 void add_quantize_command(CLI::App& app);     // cmd_quantize.cc
 void add_route_command(CLI::App& app);        // cmd_route.cc
 void add_dashboard_command(CLI::App& app);    // cmd_dashboard.cc
+void add_report_command(CLI::App& app);       // cmd_dashboard.cc: report
 void add_registry_commands(CLI::App& app);    // cmd_registry.cc: registry add, list, show, promote, rm
 void add_trace_command(CLI::App& app);        // cmd_trace.cc: trace merge
 

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   add_quantize_command(app);
   add_route_command(app);
   add_dashboard_command(app);
+  add_report_command(app);
   add_registry_commands(app);
   add_trace_command(app);
   add_checkpoint_commands(app);

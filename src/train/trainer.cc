@@ -90,6 +90,14 @@ class MetricsLog {
   std::FILE* f_ = nullptr;
 };
 
+// "45s", "12m05s", "3h07m": a time left, to the second under an hour.
+std::string format_duration(double seconds) {
+  const long long t = std::llround(std::max(0.0, seconds));
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+}
+
 // Test hook for fault handling (tests/cli/dp_faults.sh): TESSERA_FAULT is
 // "stall@RANK:STEP" (that rank sleeps for an hour before the step's
 // backward) or "exit@RANK:STEP" (it exits at once with status 3).
@@ -633,14 +641,17 @@ void Trainer::log(const StepStats& s) {
   step_metrics_.p2p_s->set(s.p2p_s);
   step_metrics_.compute_s->set(compute_s);
 
+  // The time left at the mean step time of this run so far.
+  const int done = s.step - start_step_;
+  const std::string eta = done > 0 ? format_duration(train_s_ / done * (c_.steps - s.step)) : "?";
   if (c_.pp > 1)
     say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f, bubble %.0f, p2p %.0f) | %.0f tok/s | "
-        "mfu %.2f\n",
+        "mfu %.2f | eta %s\n",
         s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.bubble_s * 1e3, s.p2p_s * 1e3,
-        s.tokens_per_s, s.mfu);
+        s.tokens_per_s, s.mfu, eta.c_str());
   else
-    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f\n", s.step,
-        c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.tokens_per_s, s.mfu);
+    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f | eta %s\n",
+        s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.tokens_per_s, s.mfu, eta.c_str());
   if (out_) std::fflush(out_);
   metrics_.write({{"step", s.step},
                   {"loss", s.loss},

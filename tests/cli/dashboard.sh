@@ -6,7 +6,8 @@
 # checkpoint alert fires for the run with slow checkpoints only (in
 # /api/state, in the page and in the dashboard's /metrics, which passes
 # promtool); the live run grows between polls; the page draws its charts with
-# data; a screenshot is saved.
+# data; a screenshot is saved. `tessera report` writes one self-contained
+# file that Chromium draws from file://.
 set -euo pipefail
 tessera=$1; tests=$2
 tmp=$(mktemp -d)
@@ -115,3 +116,28 @@ mkdir -p "${TESSERA_ARTIFACTS:-$tmp/artifacts}"
 cp "$tmp/dashboard.png" "${TESSERA_ARTIFACTS:-$tmp/artifacts}/dashboard.png"
 echo "screenshot: ${TESSERA_ARTIFACTS:-$tmp/artifacts}/dashboard.png ($(stat -c %s "$tmp/dashboard.png") bytes)"
 kill "$live_pid" 2>/dev/null || true
+
+# ---- tessera report: one self-contained file, drawn from file:// -------------------------
+"$tessera" report "$tmp/ckpt" "$tmp/healthy" --out "$tmp/report.html" >"$tmp/report.out"
+grep -q "self-contained" "$tmp/report.out"
+if grep -Eq '(src|href)="[^"#]' "$tmp/report.html"; then
+  echo "the report loads something from outside itself:"; grep -Eo '(src|href)="[^"]*"' "$tmp/report.html" | head; exit 1
+fi
+timeout 60 "${browser[@]}" --dump-dom "file://$tmp/report.html" >"$tmp/report-dom.html" 2>>"$tmp/chrome.log" ||
+  { echo "chromium failed on the report"; exit 1; }
+python3 - "$tmp/report-dom.html" "$tmp" <<'PY'
+import re, sys
+dom = open(sys.argv[1]).read()
+tmp = sys.argv[2]
+assert 'data-ready="1"' in dom, "the report never rendered"
+drawn = [int(n) for n in re.findall(r'data-points="(\d+)"', dom)]
+assert sum(1 for n in drawn if n > 0) >= 8, f"report charts with data: {drawn}"
+assert 'data-alert="checkpoint_share" data-target="' + tmp + '/ckpt"' in dom, "the report lacks the alert"
+print(f"report: self-contained, {sum(1 for n in drawn if n > 0)} charts drawn from file://")
+PY
+set +e
+"$tessera" report "$tmp/nothing" --out "$tmp/r2.html" 2>"$tmp/err"; rc=$?
+set -e
+[ $rc = 1 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "nothing/metrics.jsonl" "$tmp/err" ||
+  { echo "report of a missing run: exit $rc:"; cat "$tmp/err"; exit 1; }
+echo "report of a missing run: one line naming the file"

@@ -1,4 +1,5 @@
-// The dashboard page: polls /api/state every 2 s and draws, with uPlot, each
+// The dashboard page (and, with the state inline, `tessera report`'s page):
+// polls /api/state every 2 s and draws, with uPlot, each
 // run's metrics file (loss, validation loss, tokens/s, MFU, the step-time
 // breakdown, checkpoint stall share) and each scraped endpoint's series over
 // the time the page has been open. Each chart's element carries
@@ -115,22 +116,27 @@ function drawAlerts(alerts) {
   }
 }
 
-async function poll() {
+function render(s, when) {
   const status = document.getElementById("status");
+  s.runs.forEach(drawRun);
+  s.targets.forEach(drawTarget);
+  drawAlerts(s.alerts);
+  const firing = s.alerts.filter(a => a.state === "firing").length;
+  status.textContent = `${s.runs.length} runs, ${s.targets.length} endpoints; ${firing} alerts firing; ${when}`;
+  status.dataset.ready = "1";
+  status.dataset.firing = String(firing);
+}
+
+async function poll() {
   try {
     const r = await fetch("/api/state");
-    const s = await r.json();
-    s.runs.forEach(drawRun);
-    s.targets.forEach(drawTarget);
-    drawAlerts(s.alerts);
-    const firing = s.alerts.filter(a => a.state === "firing").length;
-    status.textContent = `${s.runs.length} runs, ${s.targets.length} endpoints; ${firing} alerts firing; updated ${new Date().toLocaleTimeString()}`;
-    status.dataset.ready = "1";
-    status.dataset.firing = String(firing);
+    render(await r.json(), "updated " + new Date().toLocaleTimeString());
   } catch (e) {
-    status.textContent = "cannot reach the dashboard server: " + e;
+    document.getElementById("status").textContent = "cannot reach the dashboard server: " + e;
   }
   setTimeout(poll, POLL_MS);
 }
 
-poll();
+// A report (tessera report) carries its state in the page: drawn once.
+if (window.TESSERA_STATE) render(window.TESSERA_STATE, window.TESSERA_STATE.generated || "");
+else poll();

@@ -370,7 +370,8 @@ int run_report(const ReportArgs& r) {
   json runs = json::array();
   for (const std::string& run : r.runs) {
     if (!fs::is_regular_file(metrics_file(run), ec))
-      return fail(Status::NotFound(fmt::format("{}: no metrics file (log.metrics) to report", metrics_file(run).string())));
+      return fail(Status::NotFound(
+          fmt::format("{}: no metrics file (a run folder with metrics.jsonl, or the log.metrics file)", run)));
     runs.push_back(read_run(run));
   }
   std::string parts[4];

@@ -138,6 +138,6 @@ PY
 set +e
 "$tessera" report "$tmp/nothing" --out "$tmp/r2.html" 2>"$tmp/err"; rc=$?
 set -e
-[ $rc = 1 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "nothing/metrics.jsonl" "$tmp/err" ||
+[ $rc = 1 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "$tmp/nothing" "$tmp/err" ||
   { echo "report of a missing run: exit $rc:"; cat "$tmp/err"; exit 1; }
 echo "report of a missing run: one line naming the file"

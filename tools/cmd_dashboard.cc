@@ -269,11 +269,7 @@ int run_dashboard(const DashboardArgs& a) {
       return fail(Status::NotFound(fmt::format("--run {}: no such metrics file or run folder", r)));
   }
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = block_stop_signals();
 
   obs::Registry registry;
   httplib::Server http;

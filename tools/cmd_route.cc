@@ -36,11 +36,7 @@ int run_route(RouteArgs a) {
   if (a.opts.health_timeout_s > a.opts.stall_timeout_s)
     return fail(Status::InvalidArgument("--health-timeout must not be longer than --stall-timeout"));
 
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = block_stop_signals();
 
   obs::Registry registry;
   serve::Router router(a.opts, registry);

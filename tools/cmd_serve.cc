@@ -127,11 +127,7 @@ int run_serve(const ServeArgs& a) {
 
   // SIGTERM and SIGINT go to one waiting thread (blocked everywhere else:
   // the threads started from here inherit the mask).
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = block_stop_signals();
 
   obs::Registry registry;
   serve::ServerOptions so;

@@ -3,6 +3,8 @@
 // turns the returned code into the process exit status.
 #pragma once
 
+#include <signal.h>
+
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -20,6 +22,10 @@ constexpr int kExitUsage = 2;  // bad command line
 int& exit_code();
 // Prints "tessera: error: <message>" and returns kExitError.
 int fail(const Status& st);
+// Blocks SIGTERM and SIGINT in this thread (and the threads it starts from
+// now on, which inherit the mask) and returns the set, for one thread of a
+// long-running command (serve, route, dashboard) to sigwait() on.
+sigset_t block_stop_signals();
 
 void add_info_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

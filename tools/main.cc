@@ -1,3 +1,5 @@
+#include <pthread.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <new>
@@ -10,6 +12,15 @@ namespace tessera::tools {
 int& exit_code() {
   static int code = kExitOk;
   return code;
+}
+
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
 }
 
 int fail(const Status& st) {

@@ -281,15 +281,21 @@ Result<std::optional<int>> ModelRegistry::promoted(std::string_view name) const 
   return std::optional<int>(*v);
 }
 
-Result<VersionManifest> ModelRegistry::manifest(std::string_view name, int version) const {
+Result<std::string> ModelRegistry::existing_version_dir(std::string_view name, int version) const {
   RETURN_IF_ERROR(check_model_name(name));
-  const std::string dir = version_dir(name, version);
+  std::string dir = version_dir(name, version);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     if (!fs::is_directory(model_dir(name), ec))
       return Status::NotFound(fmt::format("registry {}: no model '{}'", root_, name));
     return Status::NotFound(fmt::format("registry {}: model '{}' has no version {}", root_, name, version));
   }
+  return dir;
+}
+
+Result<VersionManifest> ModelRegistry::manifest(std::string_view name, int version) const {
+  ASSIGN_OR_RETURN(const std::string dir, existing_version_dir(name, version));
+  std::error_code ec;
   const std::string path = fmt::format("{}/{}", dir, kRegistryManifestFile);
   if (!fs::exists(path, ec))
     return Status::Corruption(fmt::format("{}: incomplete version (no {})", dir, kRegistryManifestFile));
@@ -400,14 +406,8 @@ Status ModelRegistry::promote(std::string_view name, int version) const {
 }
 
 Status ModelRegistry::remove(std::string_view name, int version) const {
-  RETURN_IF_ERROR(check_model_name(name));
-  const std::string dir = version_dir(name, version);
+  ASSIGN_OR_RETURN(const std::string dir, existing_version_dir(name, version));
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    if (!fs::is_directory(model_dir(name), ec))
-      return Status::NotFound(fmt::format("registry {}: no model '{}'", root_, name));
-    return Status::NotFound(fmt::format("registry {}: model '{}' has no version {}", root_, name, version));
-  }
   ASSIGN_OR_RETURN(std::optional<int> p, promoted(name));
   if (p && *p == version)
     return Status::InvalidArgument(

@@ -112,6 +112,9 @@ class ModelRegistry {
   const std::string& root() const { return root_; }
   std::string model_dir(std::string_view name) const;
   std::string version_dir(std::string_view name, int version) const;
+  // version_dir when the folder exists; NotFound naming the model or the
+  // version otherwise (after checking the name).
+  Result<std::string> existing_version_dir(std::string_view name, int version) const;
 
   // Model names (folders that hold at least one version or a promoted
   // pointer), sorted.

@@ -80,7 +80,7 @@ const std::vector<Key>& keys() {
        "layers per pipeline stage, comma-separated (\"5,7\"); empty: balanced"},
       {"parallel.zero", &TrainConfig::zero, "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state)", 0},
       {"parallel.timeout", &TrainConfig::timeout_s,
-       "seconds any collective may wait before the rank reports it and exits", 0.001},
+       "seconds any collective, or start-up (MPI initialisation, the host exchange), may wait before the rank reports it and exits", 0.001},
       {"parallel.bucket_mb", &TrainConfig::bucket_mb, "gradient all-reduce bucket size in MB", 0.001},
       {"checkpoint.dir", &TrainConfig::checkpoint_dir,
        "where the final weights (and later checkpoints) go; created and checked for writing at start-up"},

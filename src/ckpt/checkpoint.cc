@@ -219,8 +219,8 @@ Status Checkpoint::read(std::string_view name, const TensorSlice& wanted, std::s
     // The manifest's range, against the file itself, before allocating.
     ASSIGN_OR_RETURN(uint64_t file_bytes, fd.size());
     if (p.offset > file_bytes || p.bytes > file_bytes - p.offset)
-      return Status::Corruption(fmt::format("{}: piece '{}' bytes [{}, {}) lie past the end of the {}-byte file "
-                                            "(truncated?)", path, p.name, p.offset, p.offset + p.bytes, file_bytes));
+      return Status::Corruption(fmt::format("{}: piece '{}' bytes [{}, {}) lie past the end of the file ({} bytes; "
+                                            "truncated?)", path, p.name, p.offset, p.offset + p.bytes, file_bytes));
     buffer.resize(static_cast<size_t>(p.slice.numel()));
     RETURN_IF_ERROR(fd.pread_all(buffer.data(), p.bytes, p.offset, fmt::format("piece '{}'", p.name)));
     const uint64_t got = XXH64(buffer.data(), p.bytes, 0);

@@ -210,8 +210,8 @@ Status check_hf_tensors(const GPTConfig& c, const io::SafetensorsFile& f) {
     }
   }
   if (int8) {
-    RETURN_IF_ERROR(check(std::string(kHeadInt8) + "_int8", {c.vocab, c.channels}, true));
-    RETURN_IF_ERROR(check(std::string(kHeadInt8) + "_scale", {c.vocab}, false));
+    RETURN_IF_ERROR(check(std::string(kHeadInt8) + "_int8", {c.padded_vocab(), c.channels}, true));  // (Vp, C)
+    RETURN_IF_ERROR(check(std::string(kHeadInt8) + "_scale", {c.padded_vocab()}, false));
   }
   if (!by_name.empty())
     return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' for a GPT-2 with {}", f.path(),

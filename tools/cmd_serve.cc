@@ -7,6 +7,8 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
+#include "obs/process.h"
 #include "serve/engine.h"
 #include "serve/registry.h"
 #include "serve/registry_catalog.h"
@@ -82,6 +85,26 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   // goes back to the system.
   if (m.int8()) RETURN_IF_ERROR(m.release_fp32_matmul_weights().status());
   const GPTConfig cfg = m.config();
+  const int block_size = serve::EngineOptions{}.block_size;
+  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, block_size);
+  // The KV cache the engine would allocate (--kv-memory, --kv-blocks, or
+  // max-seqs full contexts), with the weights, against the host's memory,
+  // before the cache is allocated (issue #18 item 1).
+  const double per_seq = (cfg.context + block_size - 1) / block_size;
+  const double kv_blocks = a.kv_memory_mb > 0 ? std::max(1.0, std::floor(a.kv_memory_mb * (1 << 20) / block_bytes))
+                           : a.kv_blocks > 0  ? a.kv_blocks
+                                              : a.max_seqs * per_seq;
+  const double weights = static_cast<double>(m.params().bytes()), kv = kv_blocks * block_bytes;
+  const obs::MemoryLimit limit = obs::host_memory_limit();
+  if (limit.bytes > 0 && weights + kv > limit.bytes)
+    return Status::InvalidArgument(fmt::format(
+        "{} needs {:.1f} GB (weights {:.1f} GB, KV cache {:.1f} GB: {:.0f} blocks of {} positions) but this host has "
+        "{:.1f} GB ({}); lower --kv-blocks, --kv-memory or --max-seqs",
+        id, (weights + kv) / 1e9, weights / 1e9, kv / 1e9, kv_blocks, block_size, limit.bytes / 1e9,
+        limit.source));
+  if (kv_blocks > INT32_MAX)
+    return Status::InvalidArgument(fmt::format("the KV cache of {:.0f} blocks is more than {} blocks", kv_blocks,
+                                               INT32_MAX));
 
   auto served = std::make_shared<serve::ServedModel>();
   served->id = id;
@@ -100,10 +123,8 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   eo.queue_timeout_s = a.queue_timeout_s;
   eo.eot_token = tok.eot();
   eo.kv_blocks = a.kv_blocks;
-  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, eo.block_size);
-  if (a.kv_memory_mb > 0) {
-    eo.kv_blocks = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(a.kv_memory_mb * (1 << 20)) / block_bytes));
-  }
+  eo.block_size = block_size;
+  if (a.kv_memory_mb > 0) eo.kv_blocks = static_cast<int>(kv_blocks);
   const bool int8 = m.int8();
   ASSIGN_OR_RETURN(served->owned_engine, serve::Engine::create(std::move(model), eo, registry));
   served->engine = served->owned_engine.get();

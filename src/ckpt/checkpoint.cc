@@ -12,6 +12,7 @@
 
 #include "ckpt/reshard.h"
 #include "io/checksum.h"
+#include "io/json_guard.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 
@@ -156,6 +157,8 @@ Result<std::string> Checkpoint::state(int rank) const {
     return Status::Corruption(fmt::format("{}: header length {} is absurd for a {}-byte shard", path, header_len, s.bytes));
   std::string text(header_len, '\0');
   RETURN_IF_ERROR(fd.pread_all(text.data(), header_len, 8, "header"));
+  if (Status st = io::check_json_nesting(text, io::JsonLimits{.max_depth = 3, .max_array = 64}); !st.ok())
+    return st.With(path);
   const nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   auto meta = header.is_object() ? header.find("__metadata__") : header.end();
   if (meta == header.end() || !meta->is_object() || !meta->contains(kStateKey) || !(*meta)[kStateKey].is_string())
@@ -213,6 +216,11 @@ Status Checkpoint::read(std::string_view name, const TensorSlice& wanted, std::s
     if (intersection_size(p.slice, wanted) == 0) continue;  // read only the pieces that hold wanted elements
     const std::string path = shard_path(shard_of(ref));
     ASSIGN_OR_RETURN(ReadFd fd, ReadFd::open(path));
+    // The manifest's range, against the file itself, before allocating.
+    ASSIGN_OR_RETURN(uint64_t file_bytes, fd.size());
+    if (p.offset > file_bytes || p.bytes > file_bytes - p.offset)
+      return Status::Corruption(fmt::format("{}: piece '{}' bytes [{}, {}) lie past the end of the file ({} bytes; "
+                                            "truncated?)", path, p.name, p.offset, p.offset + p.bytes, file_bytes));
     buffer.resize(static_cast<size_t>(p.slice.numel()));
     RETURN_IF_ERROR(fd.pread_all(buffer.data(), p.bytes, p.offset, fmt::format("piece '{}'", p.name)));
     const uint64_t got = XXH64(buffer.data(), p.bytes, 0);

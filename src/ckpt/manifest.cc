@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "io/checksum.h"
+#include "io/json_guard.h"
 
 namespace tessera::ckpt {
 namespace {
@@ -164,6 +165,7 @@ uint64_t manifest_content_xxh64(json j) {
 }
 
 Status check_manifest_checksum(std::string_view text) {
+  RETURN_IF_ERROR(io::check_json_nesting(text, io::JsonLimits{}));
   const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption("not a JSON object");
   auto it = j.find("manifest_xxh64");
@@ -209,6 +211,8 @@ Result<ShardRecord> shard_from_json(const json& j) {
 }
 
 Result<Manifest> parse_manifest(std::string_view text) {
+  // Deep nesting is refused before the DOM parser spends memory on it.
+  RETURN_IF_ERROR(io::check_json_nesting(text, io::JsonLimits{}));
   const json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::Corruption("not valid JSON");
   if (!j.is_object()) return Status::Corruption("not a JSON object");

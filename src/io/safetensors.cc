@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "io/file.h"
+#include "io/json_guard.h"
 #include "tensor/dtype.h"
 
 namespace tessera::io {
@@ -25,8 +26,13 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 
 using nlohmann::json;
 
-// A header longer than this is corruption, not a model (real ones are < 1 MB).
+// A header longer than this is corruption, not a model (real ones are < 1 MB;
+// the reference implementation's limit).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// The header's shape: the root object, a tensor's entry (or "__metadata__"),
+// and its "shape" and "data_offsets" arrays; no tensor has 64 dimensions.
+// Checked before the DOM parser builds anything (issue #18 item 1).
+constexpr io::JsonLimits kHeaderLimits{.max_depth = 3, .max_array = 64};
 
 struct DTypeRow {
   StDType dtype;
@@ -209,6 +215,8 @@ Status SafetensorsFile::validate() {
   const uint64_t data_size = size - data_start_;
 
   const char* text = reinterpret_cast<const char*>(bytes_.data() + 8);
+  if (Status st = check_json_nesting(std::string_view(text, header_len), kHeaderLimits); !st.ok())
+    return Status::Corruption(fmt::format("header is not a safetensors header: {}", st.message()));
   json header = json::parse(text, text + header_len, nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Status::Corruption("header is not valid JSON");
   if (!header.is_object()) return Status::Corruption("header is not a JSON object");

@@ -2,11 +2,15 @@
 #include <cmath>
 #include "nn/gpt2_weights.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "io/json_guard.h"
 
 namespace tessera {
 
@@ -98,6 +102,9 @@ std::string hf_config_path(const std::string& weights_path) {
 Result<GPTConfig> read_hf_config(const std::string& path) {
   // io::read_file: a FIFO or a folder named config.json is refused, not read forever.
   ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(path));
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  // A deeply nested file would cost the DOM parser gigabytes (issue #18 item 1).
+  if (Status st = io::check_json_nesting(text, io::JsonLimits{}); !st.ok()) return st.With(path);
   nlohmann::json j = nlohmann::json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
                                            nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption(fmt::format("{}: not a JSON object", path));
@@ -137,37 +144,90 @@ Status write_hf_config(const GPTConfig& c, const std::string& path) {
   return io::write_file_atomic(path, std::span<const std::span<const std::byte>>(&piece, 1));
 }
 
-Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
-  const GPTConfig& c = model.config();
+namespace {
+
+// A file tensor's name without the optional "transformer." prefix.
+std::string_view bare_name(std::string_view name) {
+  if (name.starts_with("transformer.")) name.remove_prefix(12);
+  return name;
+}
+
+// The layer of "h.N.rest" (N >= 0), else -1.
+int64_t layer_of(std::string_view name) {
+  if (!name.starts_with("h.")) return -1;
+  int64_t l = 0;
+  size_t i = 2;
+  for (; i < name.size() && i < 12 && name[i] >= '0' && name[i] <= '9'; i++) l = l * 10 + (name[i] - '0');
+  return i > 2 && i < name.size() && name[i] == '.' ? l : -1;
+}
+
+}  // namespace
+
+Status check_hf_tensors(const GPTConfig& c, const io::SafetensorsFile& f) {
   auto q = f.metadata().find(kInt8Key);
   const bool int8 = q != f.metadata().end();
   if (int8 && q->second != kInt8Value)
     return Status::InvalidArgument(
         fmt::format("{}: unknown quantization '{}' (this build reads '{}')", f.path(), q->second, kInt8Value));
+  // The layer count first, from the names alone: the expected list below is
+  // as long as the config says, and a config.json may say anything.
+  int64_t file_layers = 0;
+  for (const io::TensorInfo& t : f.tensors()) file_layers = std::max(file_layers, layer_of(bare_name(t.name)) + 1);
+  if (file_layers != c.layers)
+    return Status::InvalidArgument(fmt::format("{}: the model ({}) has {} layer(s) but the file holds {}", f.path(),
+                                               c.str(), c.layers,
+                                               file_layers == 0 ? std::string("none")
+                                                                : fmt::format("{} (h.0 .. h.{})", file_layers,
+                                                                              file_layers - 1)));
+  std::map<std::string, const io::TensorInfo*, std::less<>> by_name;
+  for (const io::TensorInfo& t : f.tensors()) {
+    std::string_view name = bare_name(t.name);
+    if (!is_ignored(name)) by_name[std::string(name)] = &t;
+  }
+  auto find = [&](const std::string& name) -> Result<const io::TensorInfo*> {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return Status::InvalidArgument(fmt::format("{}: missing tensor '{}'", f.path(), name));
+    const io::TensorInfo* t = it->second;
+    by_name.erase(it);
+    return t;
+  };
+  auto check = [&](const std::string& name, const std::vector<int64_t>& want, bool i8) -> Status {
+    ASSIGN_OR_RETURN(const io::TensorInfo* t, find(name));
+    if (t->shape != want)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model ({}) needs {}", f.path(),
+                                                 t->name, shape_str(t->shape), c.str(), shape_str(want)));
+    if (i8 && t->dtype != io::StDType::kI8)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' must be I8 of shape {} for {}", f.path(), t->name,
+                                                 shape_str(want), c.str()));
+    return Status::OK();
+  };
+  for (const Slot& s : slots(c)) {
+    if (int8 && int8_index(s) >= 0) {
+      RETURN_IF_ERROR(check(s.name + "_int8", {s.rows, s.cols}, true));
+      RETURN_IF_ERROR(check(s.name + "_scale", {s.rows}, false));
+    } else {
+      RETURN_IF_ERROR(check(s.name, hf_shape(s), false));
+    }
+  }
+  if (int8) {
+    RETURN_IF_ERROR(check(std::string(kHeadInt8) + "_int8", {c.padded_vocab(), c.channels}, true));  // (Vp, C)
+    RETURN_IF_ERROR(check(std::string(kHeadInt8) + "_scale", {c.padded_vocab()}, false));
+  }
+  if (!by_name.empty())
+    return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' for a GPT-2 with {}", f.path(),
+                                               by_name.begin()->second->name, c.str()));
+  return Status::OK();
+}
+
+Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
+  const GPTConfig& c = model.config();
+  // Names, shapes and dtypes: the same check load_gpt2 runs before it allocates.
+  RETURN_IF_ERROR(check_hf_tensors(c, f));
+  const bool int8 = f.metadata().count(kInt8Key) > 0;
   std::vector<Slot> all = slots(c);
   if (int8) std::erase_if(all, [](const Slot& s) { return int8_index(s) >= 0; });
-  std::set<std::string> expected;
-  for (const Slot& s : all) expected.insert(s.name);
-  if (int8) {
-    for (const Slot& s : slots(c)) {
-      if (int8_index(s) < 0) continue;
-      expected.insert(s.name + "_int8");
-      expected.insert(s.name + "_scale");
-    }
-    expected.insert(std::string(kHeadInt8) + "_int8");
-    expected.insert(std::string(kHeadInt8) + "_scale");
-  }
-  // The file's names without the optional prefix.
   std::map<std::string, const io::TensorInfo*> by_name;
-  for (const io::TensorInfo& t : f.tensors()) {
-    std::string_view name = t.name;
-    if (name.starts_with("transformer.")) name.remove_prefix(12);
-    if (is_ignored(name)) continue;
-    if (!expected.count(std::string(name)))
-      return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' for a GPT-2 with {}", f.path(), t.name,
-                                                 c.str()));
-    by_name[std::string(name)] = &t;
-  }
+  for (const io::TensorInfo& t : f.tensors()) by_name[std::string(bare_name(t.name))] = &t;
   RETURN_IF_ERROR(model.params().try_zero());
   // A device model is filled through a host copy, uploaded once at the end.
   Arena staging;
@@ -239,15 +299,23 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
   ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(path));
   GPTConfig c;
   std::string cfg_path = hf_config_path(path);
+  bool fallback_used = false;
   if (std::filesystem::exists(cfg_path)) {
     ASSIGN_OR_RETURN(c, read_hf_config(cfg_path));
   } else if (fallback) {
     c = *fallback;
+    fallback_used = true;
     RETURN_IF_ERROR(c.validate());
   } else {
     return Status::InvalidArgument(
         fmt::format("{}: no config.json beside the weights; give the model shape with flags", path));
   }
+  // A config.json that disagrees with the tensors (n_layer=100000 beside a
+  // 2-layer file allocated 10 GB before it was refused: issue #18 item 1)
+  // is refused before the model is allocated.
+  if (Status st = check_hf_tensors(c, f); !st.ok())
+    return Status::InvalidArgument(
+        fmt::format("{} (the shape is from {})", st.message(), fallback_used ? "the flags" : cfg_path));
   ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, backend, ModelShard{}, nullptr, use));
   RETURN_IF_ERROR(load_hf_weights(*model, f));
   return model;

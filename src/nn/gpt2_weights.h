@@ -21,6 +21,12 @@ Status write_hf_config(const GPTConfig& c, const std::string& path);
 // The config.json that belongs to a weights file: same folder.
 std::string hf_config_path(const std::string& weights_path);
 
+// Checks f's tensors against c without allocating: the layer count (from
+// the names, first), then every name, shape and dtype load_hf_weights reads
+// (the INT8 layout when f's metadata says so); an error names the first
+// mismatch in one line.
+Status check_hf_tensors(const GPTConfig& c, const io::SafetensorsFile& f);
+
 // Copies the tensors of f into model's parameters. Accepts names with or
 // without the "transformer." prefix; ignores attention-mask buffers
 // (attn.bias, attn.masked_bias) and lm_head.weight (tied to wte). A missing
@@ -29,7 +35,8 @@ std::string hf_config_path(const std::string& weights_path);
 Status load_hf_weights(GPT& model, const io::SafetensorsFile& f);
 
 // Opens path, takes the config from config.json beside it (or *fallback when
-// there is none), builds the model and loads the weights.
+// there is none), checks the tensors against it (check_hf_tensors), and only
+// then builds the model and loads the weights.
 Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback,
                                        Backend backend = Backend::kCPU, ModelUse use = ModelUse::kTraining);
 

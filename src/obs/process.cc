@@ -96,4 +96,38 @@ void update_process_metrics(Registry& registry) {
   registry.gauge("process_open_fds", "Number of open file descriptors").set(s->open_fds);
 }
 
+namespace {
+
+// The first number in a file ("max" and unreadable files: 0).
+double read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stod(word);
+}
+
+}  // namespace
+
+MemoryLimit host_memory_limit() {
+  MemoryLimit limit;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemTotal:") {
+      limit.bytes = kb * 1024;
+      limit.source = "physical memory";
+      break;
+    }
+  }
+  double cgroup = read_number("/sys/fs/cgroup/memory.max");                                  // v2
+  if (cgroup == 0) cgroup = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
+  if (cgroup > 0 && (limit.bytes == 0 || cgroup < limit.bytes)) {
+    limit.bytes = cgroup;
+    limit.source = "the cgroup's memory limit";
+  }
+  return limit;
+}
+
 }  // namespace tessera::obs

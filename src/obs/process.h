@@ -6,6 +6,8 @@
 // Thread safety: both functions may be called from any thread, concurrently.
 #pragma once
 
+#include <string>
+
 #include "core/status.h"
 #include "obs/metrics.h"
 
@@ -23,6 +25,17 @@ struct ProcessStats {
 // be read or parsed (not Linux, /proc not mounted). start_time_seconds and
 // open_fds stay 0 when /proc/stat or /proc/self/fd cannot be read.
 Result<ProcessStats> read_process_stats();
+
+// The memory this host gives a process, in bytes, and where the figure
+// comes from: the smaller of physical memory (MemTotal) and the cgroup's
+// limit (cgroup v2 memory.max, v1 memory.limit_in_bytes). Unknown: 0 bytes.
+// Compared, before allocating, with what a training rank (train/memory_plan.h)
+// or a server (weights and KV cache) needs (issue #18 item 1).
+struct MemoryLimit {
+  double bytes = 0;
+  std::string source;  // "physical memory", "the cgroup's memory limit"
+};
+MemoryLimit host_memory_limit();
 
 // Reads them and records them under Prometheus' standard names:
 //   process_cpu_seconds_total      counter

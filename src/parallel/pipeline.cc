@@ -24,30 +24,30 @@ Result<PipelineSchedule> parse_pipeline_schedule(const std::string& name) {
   return Status::InvalidArgument(fmt::format("parallel.schedule must be \"1f1b\" or \"gpipe\", got \"{}\"", name));
 }
 
+int64_t pipeline_op_count(int m) { return 2 * int64_t{m}; }
+
+PipeOp pipeline_op(PipelineSchedule s, int stages, int stage, int m, int64_t i) {
+  if (s == PipelineSchedule::kGPipe) return i < m ? PipeOp{true, static_cast<int>(i)} : PipeOp{false, static_cast<int>(i - m)};
+  // 1F1B: w warm-up forwards; then m - w (forward, backward) pairs, the pair
+  // k being forward w + k and backward k; then the last w backwards.
+  const int64_t w = std::min(stages - stage - 1, m);
+  if (i < w) return {true, static_cast<int>(i)};
+  const int64_t k = (i - w) / 2;
+  if (k < m - w) return (i - w) % 2 == 0 ? PipeOp{true, static_cast<int>(w + k)} : PipeOp{false, static_cast<int>(k)};
+  return {false, static_cast<int>(i - m)};  // i - 2(m - w) - w + (m - w) backwards done before it
+}
+
 std::vector<PipeOp> pipeline_ops(PipelineSchedule s, int stages, int stage, int m) {
   std::vector<PipeOp> ops;
-  if (s == PipelineSchedule::kGPipe) {
-    for (int i = 0; i < m; i++) ops.push_back({true, i});
-    for (int i = 0; i < m; i++) ops.push_back({false, i});
-    return ops;
-  }
-  const int warmup = std::min(stages - stage - 1, m);
-  int f = 0, b = 0;
-  for (; f < warmup; f++) ops.push_back({true, f});
-  while (f < m) {
-    ops.push_back({true, f++});
-    ops.push_back({false, b++});
-  }
-  while (b < m) ops.push_back({false, b++});
+  ops.reserve(pipeline_op_count(m));
+  for (int64_t i = 0; i < pipeline_op_count(m); i++) ops.push_back(pipeline_op(s, stages, stage, m, i));
   return ops;
 }
 
 int pipeline_slots(PipelineSchedule s, int stages, int stage, int m) {
-  int in_flight = 0, most = 0;
-  for (const PipeOp& op : pipeline_ops(s, stages, stage, m)) {
-    in_flight += op.forward ? 1 : -1;
-    most = std::max(most, in_flight);
-  }
+  // GPipe keeps every micro-batch; 1F1B its warm-up forwards plus the one of
+  // the steady state's pair (p - s), or all m when there are fewer.
+  const int most = s == PipelineSchedule::kGPipe ? m : std::min(stages - stage, m);
   return std::max(most, 1);
 }
 
@@ -138,7 +138,10 @@ Status Pipeline::train_step(int m, int B, int T, float loss_scale, const FillFn&
   *loss_sum = 0.0;
   const auto start = Clock::now();
   double fb = 0.0, p2p_before = times_.p2p;  // seconds in this stage's forwards and backwards; in sends
-  for (const PipeOp& op : pipeline_ops(schedule_, stages_, stage_, m)) {
+  // The schedule is computed op by op: grad_accum may be large, and a list
+  // of its 2m ops would be allocated for nothing.
+  for (int64_t i = 0; i < pipeline_op_count(m); i++) {
+    const PipeOp op = pipeline_op(schedule_, stages_, stage_, m, i);
     const int slot = op.micro % slots;
     if (op.forward) {
       RETURN_IF_ERROR(wait_send(act_sends_[slot]));  // the slot's previous output

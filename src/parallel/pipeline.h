@@ -20,6 +20,7 @@
 // Not thread-safe: the training thread drives it.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -38,9 +39,20 @@ struct PipeOp {
   bool forward;
   int micro;
 };
-// Stage's operations in order.
+// The most micro-batches of one step (train.grad_accum): message tags
+// 2*micro and 2*micro+1 stay below the evaluation tag (2^20), and a step of
+// more micro-batches than this is not a job anyone runs (issue #18 item 1:
+// grad_accum=1e9 was OOM-killed building its schedule).
+constexpr int kMaxMicroBatches = 1 << 18;
+
+// A stage's schedule is 2 * micro_batches operations; pipeline_op() gives
+// the i-th (0 <= i < pipeline_op_count) without building the list, so the
+// executor needs no memory for it; pipeline_ops() is the list, for tests.
+int64_t pipeline_op_count(int micro_batches);
+PipeOp pipeline_op(PipelineSchedule s, int stages, int stage, int micro_batches, int64_t i);
 std::vector<PipeOp> pipeline_ops(PipelineSchedule s, int stages, int stage, int micro_batches);
-// Most micro-batches in flight (forward done, backward not) on the stage.
+// Most micro-batches in flight (forward done, backward not) on the stage, at
+// least 1; closed form (GPipe: m; 1F1B: min(p - s, m)).
 int pipeline_slots(PipelineSchedule s, int stages, int stage, int micro_batches);
 
 // Layers of each stage: `counts` if given (must sum to L, each >= 1), else

@@ -22,13 +22,16 @@ struct Key {
                std::function<int&(TrainConfig&)>, std::function<float&(TrainConfig&)>>
       field;
   const char* help;
-  double min = -1e300;  // numeric lower bound (inclusive)
+  double min = -1e300;  // numeric bounds (inclusive)
+  double max = 1e300;
 };
 
 template <typename T>
 std::function<T&(TrainConfig&)> at(T& (*f)(TrainConfig&)) {
   return f;
 }
+
+static_assert(kMaxMicroBatches == 262144, "train.grad_accum's help names the bound");
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
@@ -45,7 +48,8 @@ const std::vector<Key>& keys() {
       {"data.val", &TrainConfig::val_data, "validation shards: a path or a glob"},
       {"train.micro_batch", &TrainConfig::micro_batch, "sequences per micro-step per rank (B)", 1},
       {"train.seq", &TrainConfig::seq, "tokens per sequence (T), at most model.context", 1},
-      {"train.grad_accum", &TrainConfig::grad_accum, "micro-steps per optimizer step", 1},
+      {"train.grad_accum", &TrainConfig::grad_accum, "micro-steps per optimizer step, at most 262144", 1,
+       kMaxMicroBatches},
       {"train.steps", &TrainConfig::steps, "optimizer steps", 1},
       {"train.stop_at", &TrainConfig::stop_at,
        "stop after this step, with a checkpoint if checkpoint.every > 0, to --resume later (0: run all steps); at "
@@ -76,7 +80,7 @@ const std::vector<Key>& keys() {
        "layers per pipeline stage, comma-separated (\"5,7\"); empty: balanced"},
       {"parallel.zero", &TrainConfig::zero, "ZeRO stage: 0 (all-reduce) or 1 (sharded optimizer state)", 0},
       {"parallel.timeout", &TrainConfig::timeout_s,
-       "seconds any collective may wait before the rank reports it and exits", 0.001},
+       "seconds any collective, or start-up (MPI initialisation, the host exchange), may wait before the rank reports it and exits", 0.001},
       {"parallel.bucket_mb", &TrainConfig::bucket_mb, "gradient all-reduce bucket size in MB", 0.001},
       {"checkpoint.dir", &TrainConfig::checkpoint_dir,
        "where the final weights (and later checkpoints) go; created and checked for writing at start-up"},
@@ -132,6 +136,7 @@ Status assign(TrainConfig& c, const Key& k, const toml::node& v, const std::stri
   };
   auto check_min = [&](double x) -> Status {
     if (x < k.min) return Status::InvalidArgument(fmt::format("{}: '{}' must be >= {}, got {}", where, k.name, k.min, x));
+    if (x > k.max) return Status::InvalidArgument(fmt::format("{}: '{}' must be <= {}, got {}", where, k.name, k.max, x));
     return Status::OK();
   };
   auto as_int = [&](int& dst) -> Status {

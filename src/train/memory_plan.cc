@@ -1,7 +1,6 @@
 #include "train/memory_plan.h"
 
 #include <algorithm>
-#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -30,40 +29,6 @@ MemoryPlan plan_training_memory(const GPTConfig& c, const ModelShard& shard, int
   const double per_token = layers * (4.0 * C + 13.0 * C / tp) + C;
   m.activations = static_cast<double>(std::max(slots, 1)) * B * static_cast<double>(T) * per_token * sizeof(float);
   return m;
-}
-
-namespace {
-
-// The first number in a file ("max" and unreadable files: 0).
-double read_number(const std::string& path) {
-  std::ifstream in(path);
-  std::string word;
-  if (!(in >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos) return 0;
-  return std::stod(word);
-}
-
-}  // namespace
-
-MemoryLimit host_memory_limit() {
-  MemoryLimit limit;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (meminfo >> key >> kb >> unit) {
-    if (key == "MemTotal:") {
-      limit.bytes = kb * 1024;
-      limit.source = "physical memory";
-      break;
-    }
-  }
-  double cgroup = read_number("/sys/fs/cgroup/memory.max");                                  // v2
-  if (cgroup == 0) cgroup = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
-  if (cgroup > 0 && (limit.bytes == 0 || cgroup < limit.bytes)) {
-    limit.bytes = cgroup;
-    limit.source = "the cgroup's memory limit";
-  }
-  return limit;
 }
 
 }  // namespace tessera

@@ -31,13 +31,7 @@ struct MemoryPlan {
 MemoryPlan plan_training_memory(const GPTConfig& c, const ModelShard& shard, int B, int T, int slots, int dp, int zero,
                                 bool checkpoints);
 
-// The memory this host gives the job, in bytes, and where the figure comes
-// from: the smaller of physical memory (MemTotal) and the cgroup's limit
-// (cgroup v2 memory.max, v1 memory.limit_in_bytes). Unknown: 0 bytes.
-struct MemoryLimit {
-  double bytes = 0;
-  std::string source;  // "physical memory", "cgroup limit"
-};
-MemoryLimit host_memory_limit();
+// The host's side of the comparison is obs::host_memory_limit()
+// (obs/process.h), shared with tessera serve.
 
 }  // namespace tessera

@@ -22,6 +22,7 @@
 #include "ckpt/checkpointer.h"
 #include "ckpt/dir_lock.h"
 #include "obs/metrics.h"
+#include "obs/process.h"
 #include "obs/trace.h"
 #include "optim/zero.h"
 #include "parallel/data_parallel.h"
@@ -342,7 +343,7 @@ Status Trainer::check_memory_fits(const ModelShard& shard) {
   RETURN_IF_ERROR(world_.all_reduce(&least, &least, 1, comm::ElemType::kF64, comm::ReduceOp::kMin));
   Result<comm::LocalRank> local = comm::local_rank();
   const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
-  const MemoryLimit limit = host_memory_limit();
+  const obs::MemoryLimit limit = obs::host_memory_limit();
   Status mine;
   if (limit.bytes > 0 && least * ranks_here > limit.bytes) {
     const std::string who =

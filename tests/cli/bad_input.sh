@@ -101,6 +101,39 @@ fit="the job needs at least [0-9.]+ GB \(this rank at least [0-9.]+ GB: params .
 expect_error too-many-layers "$fit" -- timeout 60 "$tessera" train --config "$tmp/ok.toml" --set model.layers=100000
 expect_error too-wide "$fit" -- timeout 60 "$tessera" train --config "$tmp/ok.toml" --set model.dim=65536 --set model.heads=1
 expect_error too-long-context "$fit" -- timeout 60 "$tessera" train --config "$tmp/ok.toml" --set model.context=1000000000
+# grad_accum=1e9 was OOM-killed listing 2e9 pipeline ops: refused when read.
+expect_early grad-accum-huge "'train.grad_accum' must be <= 262144, got 1000000000" -- timeout 20 "$tessera" train --config "$tmp/ok.toml" --set train.grad_accum=1000000000
+
+# --- Issue #18, item 1: a safetensors header of 50 MB of '[' took 3.8 GB and
+# 15 s before its error; now its nesting is counted before the JSON parser
+# builds anything: one line, in seconds, under a 2 GB address-space limit.
+# And a config.json saying n_layer=100000 beside a 2-layer file allocated
+# about 10 GB before a tensor was found missing; now the tensors are checked
+# against the config first (eval, sample and serve load the same way).
+limited() { bash -c 'ulimit -v 2000000 && exec "$@"' _ "$@"; }
+if ! ldd "$tessera" 2>/dev/null | grep -qE 'libasan|libtsan'; then
+  mkdir -p "$tmp/nest"; cp "$ref/config.json" "$tmp/nest/"
+  python3 -c "import struct,sys; n=50_000_000; sys.stdout.buffer.write(struct.pack('<Q', n) + b'[' * n)" >"$tmp/nest/deep.safetensors"
+  t0=$(date +%s%N)
+  expect_error nested-header "deep.safetensors: header is not a safetensors header: JSON nests deeper than 3 level.s. at byte 3" -- limited timeout 20 "$tessera" eval --weights "$tmp/nest/deep.safetensors" --tokens "$ref/eval.bin"
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if [ $ms -gt 5000 ]; then echo "FAIL nested-header: took ${ms} ms (want under 5 s)"; failures=$((failures+1)); fi
+  rm -f "$tmp/nest/deep.safetensors"
+  cp "$ref/gpt2_tiny.safetensors" "$tmp/nest/"
+  sed 's/"n_layer": 2/"n_layer": 100000/' "$ref/config.json" >"$tmp/nest/config.json"
+  layers="gpt2_tiny.safetensors: the model \\(L=100000.*\\) has 100000 layer.s. but the file holds 2 \\(h.0 .. h.1\\) \\(the shape is from .*config.json\\)"
+  expect_error eval-config-layers "$layers" -- limited timeout 20 "$tessera" eval --weights "$tmp/nest/gpt2_tiny.safetensors" --tokens "$ref/eval.bin"
+  expect_error sample-config-layers "$layers" -- limited timeout 20 "$tessera" sample --weights "$tmp/nest/gpt2_tiny.safetensors" --tokens 1
+  # (serve's threads do not start under the address-space limit: no ulimit)
+  timeout 20 "$tessera" serve --model "$tmp/nest/gpt2_tiny.safetensors" --port 0 >/dev/null 2>"$tmp/err"; rc=$?
+  if [ $rc -eq 1 ] && tail -1 "$tmp/err" | grep -qE "$layers"; then
+    echo "ok   serve-config-layers: $(tail -1 "$tmp/err")"
+  else
+    echo "FAIL serve-config-layers: exit $rc"; cat "$tmp/err"; failures=$((failures+1))
+  fi
+  sed 's/"n_embd": 64/"n_embd": 65536/' "$ref/config.json" >"$tmp/nest/config.json"
+  expect_error eval-config-wide "tensor '(transformer.)?wte.weight' has shape \\[99, 64\\], the model .* needs \\[99, 65536\\]" -- limited timeout 20 "$tessera" eval --weights "$tmp/nest/gpt2_tiny.safetensors" --tokens "$ref/eval.bin"
+fi
 
 # --- Issue #18, item 8: a token id >= vocab late in a shard (token 1500 of
 # 2000: one step may never draw it) is reported when the shard is opened,
@@ -138,6 +171,26 @@ if [ $rc -eq 1 ] && tail -1 "$tmp/err" | grep -q "$tmp/fifo: is a FIFO, not a re
 else
   echo "FAIL fifo-serve-model: exit $rc"; cat "$tmp/err"; failures=$((failures+1))
 fi
+
+# --- Issue #18, item 1: the memory check of serving: weights + KV cache
+# against the host's memory, refused with both figures before the cache is
+# allocated (a cache larger than the host used to be an allocation failure
+# or an OOM kill). serve prints its "listening" line first: the error is its last.
+serve_refuses() {  # NAME PATTERN serve-args...
+  local name=$1 pattern=$2; shift 2
+  timeout 30 "$tessera" serve --model "$ref/gpt2_tiny.safetensors" --port 0 "$@" >/dev/null 2>"$tmp/err"; local rc=$?
+  if [ $rc -eq 1 ] && tail -1 "$tmp/err" | grep -qE "$pattern"; then
+    echo "ok   $name: $(tail -1 "$tmp/err")"
+  else
+    echo "FAIL $name: exit $rc"; cat "$tmp/err"; failures=$((failures+1))
+  fi
+}
+serve_fit="needs [0-9.]+ GB \\(weights [0-9.]+ GB, KV cache [0-9.]+ GB: [0-9]+ blocks of 16 positions\\) but this host has [0-9.]+ GB \\((physical memory|the cgroup's memory limit)\\)"
+# The largest values the flags take: 2^24 blocks (275 GB for this model), 10 TB.
+if [ "$(awk '/MemTotal/ {print $2}' /proc/meminfo)" -lt 250000000 ]; then
+  serve_refuses serve-kv-blocks "gpt2_tiny $serve_fit" --kv-blocks 16777216
+fi
+serve_refuses serve-kv-memory "gpt2_tiny $serve_fit" --kv-memory 10000000
 
 # --- Issue #18, item 2: outputs checked at start-up, before anything trains.
 # Each used to train every step and then die of an uncaught

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -249,6 +250,31 @@ TEST_F(SafetensorsTest, RejectsAbsurdHeaderLength) {
   std::string bytes = st_bytes("{}");
   bytes[5] = 1;  // 2^40
   expect_corrupt(bytes, "absurd");
+}
+
+// Issue #18 item 1: 50 MB of '[' took 3.8 GB and 15 s to refuse; the nesting
+// is now counted before the parser builds anything.
+TEST_F(SafetensorsTest, RejectsDeepNestingBeforeParsing) {
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_corrupt(st_bytes(std::string(50'000'000, '[')), "nests deeper than 3 level(s) at byte 3");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  expect_corrupt(st_bytes(R"({"a": {"dtype": "F32", "shape": [[1]], "data_offsets": [0, 4]}})"), "nests deeper");
+}
+
+TEST_F(SafetensorsTest, RejectsLongArrays) {
+  std::string shape = "[1";
+  for (int i = 0; i < 64; i++) shape += ",1";
+  expect_corrupt(st_bytes(R"({"a": {"dtype": "F32", "shape": )" + shape + R"(], "data_offsets": [0, 4]}})"),
+                 "has more than 64 elements");
+}
+
+TEST_F(SafetensorsTest, BracketsInsideStringsAreNotNesting) {
+  std::string name(100, '[');
+  name += "\\\"{{";
+  Result<SafetensorsFile> f = SafetensorsFile::parse(
+      "x", to_bytes(st_bytes(R"({")" + name + R"(": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", "abcd")));
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(f->tensors().size(), 1u);
 }
 
 TEST_F(SafetensorsTest, RejectsBadJson) { expect_corrupt(st_bytes(R"({"a": {"dtype": )"), "not valid JSON"); }

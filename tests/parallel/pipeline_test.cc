@@ -2,6 +2,7 @@
 // whose stages are driven by hand (no communicator) against the whole model.
 #include "parallel/pipeline.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -53,6 +54,38 @@ TEST(PipelineSchedule, EveryMicroBatchOnceAndBackwardsInOrder) {
           EXPECT_EQ(f, m);
           EXPECT_EQ(b, m);
         }
+}
+
+// pipeline_slots() is a closed form: it must equal the most micro-batches
+// in flight when the schedule is walked.
+TEST(PipelineSchedule, SlotsEqualTheMostInFlight) {
+  for (auto s : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe})
+    for (int p = 1; p <= 6; p++)
+      for (int stage = 0; stage < p; stage++)
+        for (int m = 1; m <= 12; m++) {
+          int in_flight = 0, most = 0;
+          for (const PipeOp& op : pipeline_ops(s, p, stage, m)) {
+            in_flight += op.forward ? 1 : -1;
+            most = std::max(most, in_flight);
+          }
+          EXPECT_EQ(pipeline_slots(s, p, stage, m), most) << "p=" << p << " stage=" << stage << " m=" << m;
+        }
+}
+
+// The largest step is computed op by op, not listed (issue #18 item 1: a
+// list of 2 * 1e9 ops was OOM-killed): its count, slots and last ops.
+TEST(PipelineSchedule, LargestStepNeedsNoList) {
+  const int m = kMaxMicroBatches;
+  EXPECT_EQ(pipeline_op_count(m), 2 * int64_t{m});
+  EXPECT_EQ(pipeline_slots(PipelineSchedule::k1F1B, 4, 0, m), 4);
+  EXPECT_EQ(pipeline_slots(PipelineSchedule::kGPipe, 4, 0, m), m);
+  const int64_t last = pipeline_op_count(m) - 1;
+  for (auto s : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
+    PipeOp op = pipeline_op(s, 4, 1, m, last);
+    EXPECT_FALSE(op.forward);
+    EXPECT_EQ(op.micro, m - 1);
+  }
+  EXPECT_LT(2 * m + 1, 1 << 20);  // below the evaluation tag
 }
 
 TEST(PipelineSchedule, ParsesNamesAndRefusesOthers) {

@@ -4,15 +4,20 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -613,6 +618,66 @@ class SelfCommunicator final : public Communicator {
   std::deque<std::shared_ptr<SelfRecv>> recvs_;  // recvs from self not yet matched, in posting order
 };
 
+// Start-up under the job's deadline (issue #18 item 5: a rank stopped before
+// MPI initialisation completed hung the job with no error). MPI_Init and the
+// collectives that follow block in MPI's own code, where no deadline of ours
+// reaches, so a thread watches them: if mpi_world() has not returned within
+// the timeout, it prints one line naming this rank, its host and the phase,
+// and exits with status 1, which makes mpirun end the job. The rank that did
+// not arrive is the one whose line is missing.
+class StartupWatchdog {
+ public:
+  explicit StartupWatchdog(std::chrono::milliseconds timeout) : timeout_(timeout) {
+    if (timeout_.count() <= 0) return;
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~StartupWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void phase(const char* what) { phase_.store(what); }
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, timeout_, [this] { return done_; })) return;
+    // The launcher's variables: MPI may not be initialised yet.
+    auto env = [](std::initializer_list<const char*> names) -> std::string {
+      for (const char* n : names)
+        if (const char* v = std::getenv(n)) return v;
+      return "?";
+    };
+    std::fprintf(stderr,
+                 "tessera: error: rank %s of %s on host %s: start-up did not finish within %.1f s (waiting in %s: a "
+                 "rank did not arrive)\n",
+                 env({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}).c_str(),
+                 env({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}).c_str(), this_host().c_str(),
+                 std::chrono::duration<double>(timeout_).count(), phase_.load());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    _exit(1);
+  }
+
+  std::chrono::milliseconds timeout_;
+  std::atomic<const char*> phase_{"MPI initialisation"};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// Test hook (tests/cli/startup_faults.sh): TESSERA_TEST_STOP_AT_START=RANK
+// makes that rank stop itself (SIGSTOP) before MPI initialisation.
+void maybe_stop_at_start() {
+  const char* want = std::getenv("TESSERA_TEST_STOP_AT_START");
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (want != nullptr && rank != nullptr && std::strcmp(want, rank) == 0) ::raise(SIGSTOP);
+}
+
 }  // namespace
 
 bool launched_under_mpi() {
@@ -624,7 +689,10 @@ bool launched_under_mpi() {
 }
 
 Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
+  StartupWatchdog watchdog(options.timeout);
+  maybe_stop_at_start();
   RETURN_IF_ERROR(ensure_mpi_initialised());
+  watchdog.phase("the communicator's duplication");
   auto info = std::make_shared<CommInfo>();
   info->name = "world";
   info->timeout = options.timeout;
@@ -647,10 +715,12 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   std::vector<char> all(static_cast<size_t>(kHostLen) * size);
   MPI_Request host_req;
   TRY_MPI(MPI_Iallgather, mine, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm, &host_req);
+  watchdog.phase("the host exchange");
   MpiWork hosts(info, OpDesc{"host_exchange"}, 0);
   hosts.add(host_req);
   RETURN_IF_ERROR(hosts.wait());
   if (mpi_process().health == MPI_COMM_NULL) {
+    watchdog.phase("the health communicator's duplication");
     TRY_MPI(MPI_Comm_dup, MPI_COMM_WORLD, &mpi_process().health);
     MPI_Comm_set_errhandler(mpi_process().health, MPI_ERRORS_RETURN);
   }

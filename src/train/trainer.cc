@@ -136,7 +136,16 @@ class Trainer {
     double loss = 0.0;
     float lr = 0.0f, norm = 0.0f;
     double step_s = 0.0, comm_s = 0.0, bubble_s = 0.0, p2p_s = 0.0, tokens_per_s = 0.0, mfu = 0.0;
+    // comm_s by kind (means over ranks): kCommKinds below.
+    double comm_kind_s[5] = {0, 0, 0, 0, 0};
   };
+  // The kinds of communication time a step reports (metrics label `op`,
+  // JSONL comm_<op>_ms): the data-parallel gradient exchange, the
+  // optimizer's (ZeRO-1 all-gather, the global norm), tensor parallelism's
+  // all-reduces, the tied embedding's gradient between first and last
+  // stage, and the step's own statistics all-reduce.
+  static constexpr const char* kCommKinds[5] = {"gradient", "optimizer", "tensor_parallel", "tied_embedding",
+                                                "step_stats"};
 
   Status setup();
   Status setup_device();
@@ -207,6 +216,7 @@ class Trainer {
     obs::Gauge* bubble_s;
     obs::Gauge* p2p_s;
     obs::Gauge* compute_s;
+    obs::Gauge* comm_kind_s[5];
     obs::Counter* checkpoint_stall_s;  // with a checkpointer
   };
   void setup_metrics();
@@ -518,6 +528,11 @@ void Trainer::setup_metrics() {
   step_metrics_.bubble_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "bubble"}});
   step_metrics_.p2p_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "p2p"}});
   step_metrics_.compute_s = &registry_.gauge("tessera_train_step_part_seconds", help, {{"part", "compute"}});
+  for (int k = 0; k < 5; k++)
+    step_metrics_.comm_kind_s[k] = &registry_.gauge(
+        "tessera_train_comm_seconds",
+        "Communication time of the last step by kind, mean over ranks (their sum is step_part_seconds{part=comm})",
+        {{"op", kCommKinds[k]}});
   if (checkpointer_) {  // the checkpoint series exist (at 0) from the start
     registry_.counter("tessera_train_checkpoints_total", "Checkpoints published");
     registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed");
@@ -608,14 +623,21 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   // are means over all ranks.
   const Pipeline::Times pt = pipe_->take_times();
   const double tp_s = model_->take_tp_comm_seconds();
-  double sums[4] = {reports_loss_ ? loss_sum / GA : 0.0,
-                    ddp_->comm_seconds() + opt_->comm_seconds() + tp_s + tied_->take_seconds(), pt.bubble, pt.p2p};
+  double sums[7] = {reports_loss_ ? loss_sum / GA : 0.0,
+                    pt.bubble,
+                    pt.p2p,
+                    ddp_->comm_seconds(),
+                    opt_->comm_seconds(),
+                    tp_s,
+                    tied_->take_seconds()};
   auto tl = Clock::now();
-  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 4, comm::ElemType::kF64));
+  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 7, comm::ElemType::kF64));
   s.loss = sums[0] / dp_->size();
-  s.comm_s = sums[1] / world_.size() + std::chrono::duration<double>(Clock::now() - tl).count();
-  s.bubble_s = sums[2] / world_.size();
-  s.p2p_s = sums[3] / world_.size();
+  s.bubble_s = sums[1] / world_.size();
+  s.p2p_s = sums[2] / world_.size();
+  for (int k = 0; k < 4; k++) s.comm_kind_s[k] = sums[3 + k] / world_.size();
+  s.comm_kind_s[4] = std::chrono::duration<double>(Clock::now() - tl).count();
+  for (double x : s.comm_kind_s) s.comm_s += x;
   if (!std::isfinite(s.loss))
     return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", s.loss, step));
   s.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -641,6 +663,7 @@ void Trainer::log(const StepStats& s) {
   step_metrics_.bubble_s->set(s.bubble_s);
   step_metrics_.p2p_s->set(s.p2p_s);
   step_metrics_.compute_s->set(compute_s);
+  for (int k = 0; k < 5; k++) step_metrics_.comm_kind_s[k]->set(s.comm_kind_s[k]);
 
   // The time left at the mean step time of this run so far.
   const int done = s.step - start_step_;
@@ -654,7 +677,7 @@ void Trainer::log(const StepStats& s) {
     say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f | eta %s\n",
         s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.tokens_per_s, s.mfu, eta.c_str());
   if (out_) std::fflush(out_);
-  metrics_.write({{"step", s.step},
+  nlohmann::json record = {{"step", s.step},
                   {"loss", s.loss},
                   {"lr", s.lr},
                   {"grad_norm", s.norm},
@@ -669,7 +692,9 @@ void Trainer::log(const StepStats& s) {
                   {"mem_grads_mb", mem_[1] / 1e6},
                   {"mem_optimizer_mb", mem_[2] / 1e6},
                   {"mem_activations_mb", mem_[3] / 1e6},
-                  {"mem_checkpoint_staging_mb", mem_[4] / 1e6}});
+                  {"mem_checkpoint_staging_mb", mem_[4] / 1e6}};
+  for (int k = 0; k < 5; k++) record[fmt::format("comm_{}_ms", kCommKinds[k])] = s.comm_kind_s[k] * 1e3;
+  metrics_.write(record);
 }
 
 // Reports a finished save (rank 0): published, with its costs, or failed.

@@ -62,9 +62,16 @@ TEST(Trainer, RecordsStepsIntoTheGivenRegistryAndKeepsTheJsonlKeys) {
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += it.key() + " ";
   EXPECT_EQ(keys,
-            "bubble_ms comm_ms compute_ms grad_norm loss lr mem_activations_mb mem_checkpoint_staging_mb mem_grads_mb "
-            "mem_optimizer_mb mem_params_mb mfu p2p_ms step step_ms tokens_per_s ");
+            "bubble_ms comm_gradient_ms comm_ms comm_optimizer_ms comm_step_stats_ms comm_tensor_parallel_ms "
+            "comm_tied_embedding_ms compute_ms grad_norm loss lr mem_activations_mb mem_checkpoint_staging_mb "
+            "mem_grads_mb mem_optimizer_mb mem_params_mb mfu p2p_ms step step_ms tokens_per_s ");
   EXPECT_EQ(j["step"], 3);
+  // The kinds add up to the step's communication time.
+  double kinds = 0;
+  for (const char* k : {"comm_gradient_ms", "comm_optimizer_ms", "comm_tensor_parallel_ms", "comm_tied_embedding_ms",
+                        "comm_step_stats_ms"})
+    kinds += j[k].get<double>();
+  EXPECT_NEAR(kinds, j["comm_ms"].get<double>(), 1e-9 + 1e-9 * kinds);
   EXPECT_EQ(j["loss"].get<double>(), r->last_train_loss);
 }
 

@@ -157,7 +157,8 @@ struct Router::State {
   std::vector<std::string> tier_names;
 
   std::mutex mu;
-  std::condition_variable changed;  // a worker came up; stop
+  std::condition_variable changed;   // a worker came up (requests waiting for one); stop
+  std::condition_variable stopping;  // the health threads: stop
   int active = -1;                  // tier, -1: none
   std::string active_reason = "starting";
   int inflight = 0;
@@ -302,7 +303,7 @@ struct Router::State {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu);
-        changed.wait_for(lock, std::chrono::duration<double>(opts.health_interval_s), [&] { return stop; });
+        stopping.wait_for(lock, std::chrono::duration<double>(opts.health_interval_s), [&] { return stop; });
         if (stop) return;
       }
       check(w);
@@ -531,6 +532,7 @@ Router::~Router() {
     state_->stop = true;
   }
   state_->changed.notify_all();
+  state_->stopping.notify_all();
   for (auto& w : state_->workers)
     if (w->health.joinable()) w->health.join();
   if (http_) http_->stop();

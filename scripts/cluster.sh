@@ -180,11 +180,6 @@ cmd_up() {
     # Both ends are created directly inside their namespaces.
     ip link add name eth0 netns "$host" type veth peer name "$host-sw" netns "$sw"
     ip -n "$host" link set lo up
-    # A connection whose data goes unacknowledged (a cut host) fails after
-    # 5 retransmissions (about 12 s) instead of Linux's 15 (about 15 min),
-    # so a job's daemons give up on a lost host in bounded time (issue #18
-    # item 6; docs/cluster.md). Per namespace: the machine's own is untouched.
-    ip netns exec "$host" sysctl -qw net.ipv4.tcp_retries2=5
     ip -n "$host" addr add "$addr/24" dev eth0
     ip -n "$host" link set eth0 up
     ip -n "$sw" link set "$host-sw" master br0

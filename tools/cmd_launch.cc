@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <filesystem>
@@ -39,7 +38,6 @@ struct LaunchArgs {
   bool netns = false;     // hosts are network namespaces (scripts/cluster.sh)
   std::string agent;      // rsh agent; default with --netns: scripts/netns-agent.sh
   std::string tcp_if;     // interfaces or subnet for MPI's TCP traffic
-  int dead_host_s = 30;   // with --hosts: the daemons give up on a silent host after about this long
   std::vector<std::string> args;  // after --
 };
 
@@ -99,24 +97,6 @@ int run_launch(const LaunchArgs& a) {
     // Pin both MPI's data path and its out-of-band channel to these links.
     cmd.insert(cmd.end(), {"--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", a.tcp_if, "--mca",
                            "oob_tcp_if_include", a.tcp_if});
-  }
-  if (!a.hosts.empty() && a.dead_host_s > 0 && std::getenv("OMPI_MCA_oob_tcp_keepalive_time") == nullptr) {
-    // OpenMPI's daemons notice a host that went silent (cut, powered off)
-    // through TCP keepalive on their idle control connections: by default
-    // 300 s idle, then 9 probes 20 s apart, while mpirun waits and the
-    // daemon on the lost host lives on. Probing once a second bounds both
-    // (issue #18 item 6). A connection with data in
-    // flight is bounded by the kernel's net.ipv4.tcp_retries2 instead
-    // (docs/cluster.md).
-    // The idle time runs from the connection's last packet, which may be
-    // before the host was lost: the probes alone (most of the time) are
-    // the least a host gets, so ranks with a shorter parallel.timeout report
-    // the lost peer first.
-    const int idle = std::max(1, a.dead_host_s / 5);
-    const int probes = std::max(1, a.dead_host_s - idle);
-    cmd.insert(cmd.end(), {"--mca", "oob_tcp_keepalive_time", std::to_string(idle), "--mca",
-                           "oob_tcp_keepalive_intvl", "1", "--mca", "oob_tcp_keepalive_probes",
-                           std::to_string(probes)});
   }
   if (a.netns) {
     // Every namespace "host" runs its own daemon, which binds its ranks from
@@ -245,11 +225,6 @@ void add_launch_command(CLI::App& app) {
   cmd->add_flag("--netns", a->netns, "the hosts are network namespaces of scripts/cluster.sh");
   cmd->add_option("--agent", a->agent, "mpirun rsh agent (default with --netns: scripts/netns-agent.sh)");
   cmd->add_option("--tcp-if", a->tcp_if, "interfaces or subnet (CIDR) MPI's TCP traffic must use");
-  cmd->add_option("--dead-host-timeout", a->dead_host_s,
-                  "with --hosts: about how many seconds the job's daemons wait on a host that stopped answering "
-                  "before the job ends (0: OpenMPI's default, minutes)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 86400));
   cmd->add_option("args", a->args, "tessera arguments, after --")->required();
   cmd->callback([a] { exit_code() = run_launch(*a); });
 }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <filesystem>
@@ -38,6 +39,7 @@ struct LaunchArgs {
   bool netns = false;     // hosts are network namespaces (scripts/cluster.sh)
   std::string agent;      // rsh agent; default with --netns: scripts/netns-agent.sh
   std::string tcp_if;     // interfaces or subnet for MPI's TCP traffic
+  int dead_host_s = 30;   // with --hosts: the daemons give up on a silent host after about this long
   std::vector<std::string> args;  // after --
 };
 
@@ -98,6 +100,24 @@ int run_launch(const LaunchArgs& a) {
     cmd.insert(cmd.end(), {"--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", a.tcp_if, "--mca",
                            "oob_tcp_if_include", a.tcp_if});
   }
+  if (!a.hosts.empty() && a.dead_host_s > 0 && std::getenv("OMPI_MCA_oob_tcp_keepalive_time") == nullptr) {
+    // OpenMPI's daemons notice a host that went silent (cut, powered off)
+    // through TCP keepalive on their idle control connections: by default
+    // 300 s idle, then 9 probes 20 s apart, while mpirun waits and the
+    // daemon on the lost host lives on. Probing once a second bounds both
+    // (issue #18 item 6). A connection with data in
+    // flight is bounded by the kernel's net.ipv4.tcp_retries2 instead
+    // (docs/cluster.md).
+    // The idle time runs from the connection's last packet, which may be
+    // before the host was lost: the probes alone (most of the time) are
+    // the least a host gets, so ranks with a shorter parallel.timeout report
+    // the lost peer first.
+    const int idle = std::max(1, a.dead_host_s / 5);
+    const int probes = std::max(1, a.dead_host_s - idle);
+    cmd.insert(cmd.end(), {"--mca", "oob_tcp_keepalive_time", std::to_string(idle), "--mca",
+                           "oob_tcp_keepalive_intvl", "1", "--mca", "oob_tcp_keepalive_probes",
+                           std::to_string(probes)});
+  }
   if (a.netns) {
     // Every namespace "host" runs its own daemon, which binds its ranks from
     // core 0 without knowing of the others on this machine: --bind-to core
@@ -123,11 +143,21 @@ int run_launch(const LaunchArgs& a) {
   return supervise(cmd);
 }
 
+// Whether mpirun's output says the job is over: a rank aborted it (a
+// deadline error), or mpirun lost a host's daemon (TCP keepalive; issue #18
+// item 6). OpenMPI files a daemon lost mid-job under either message.
+bool job_failed(const std::string& text) {
+  for (const char* m : {"MPI_ABORT was invoked", "lost communication with a remote daemon",
+                        "unable to reliably start one or more daemons"})
+    if (text.find(m) != std::string::npos) return true;
+  return false;
+}
+
 // Runs mpirun as a child, passing its stderr through line by line. When a
 // rank aborts the job (a deadline error), mpirun kills the other ranks; but
 // if a host has become unreachable (a cut link, a dead node) mpirun waits
-// for that host's daemon forever. So once mpirun reports MPI_ABORT, it gets
-// kAbortGrace to end by itself before the launcher ends it.
+// for that host's daemon forever. So once mpirun reports that the job
+// failed, it gets kAbortGrace to end by itself before the launcher ends it.
 int supervise(std::vector<std::string>& cmd) {
   constexpr auto kAbortGrace = std::chrono::seconds(10);
   int err_pipe[2];
@@ -179,8 +209,7 @@ int supervise(std::vector<std::string>& cmd) {
           fwrite(buf, 1, n, stderr);
           fflush(stderr);
           line.append(buf, n);
-          if (!aborted && line.find("MPI_ABORT was invoked") != std::string::npos)
-            aborted = std::chrono::steady_clock::now();
+          if (!aborted && job_failed(line)) aborted = std::chrono::steady_clock::now();
           if (line.size() > 4096) line.erase(0, line.size() - 256);
         }
       }
@@ -191,7 +220,7 @@ int supervise(std::vector<std::string>& cmd) {
     if (r == child) break;
     if (aborted && std::chrono::steady_clock::now() - *aborted > kAbortGrace) {
       std::fprintf(stderr,
-                   "tessera launch: mpirun did not end %lld s after a rank aborted the job (a host is probably "
+                   "tessera launch: mpirun did not end %lld s after the job failed (a host is probably "
                    "unreachable); ending it\n",
                    static_cast<long long>(kAbortGrace.count()));
       kill(child, SIGTERM);
@@ -201,8 +230,12 @@ int supervise(std::vector<std::string>& cmd) {
       return kExitError;
     }
   }
-  // Drain what is left of stderr.
-  while (open) {
+  // Drain what is left of stderr, for a bounded time: a daemon that outlived
+  // mpirun (on a host it could not reach) may hold the pipe open.
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (open && std::chrono::steady_clock::now() < drain_until) {
+    pollfd pfd{err_pipe[0], POLLIN, 0};
+    if (poll(&pfd, 1, 100) <= 0) continue;
     ssize_t n = read(err_pipe[0], buf, sizeof(buf));
     if (n <= 0) break;
     fwrite(buf, 1, n, stderr);
@@ -225,6 +258,11 @@ void add_launch_command(CLI::App& app) {
   cmd->add_flag("--netns", a->netns, "the hosts are network namespaces of scripts/cluster.sh");
   cmd->add_option("--agent", a->agent, "mpirun rsh agent (default with --netns: scripts/netns-agent.sh)");
   cmd->add_option("--tcp-if", a->tcp_if, "interfaces or subnet (CIDR) MPI's TCP traffic must use");
+  cmd->add_option("--dead-host-timeout", a->dead_host_s,
+                  "with --hosts: about how many seconds the job's daemons wait on a host that stopped answering "
+                  "before the job ends (0: OpenMPI's default, minutes)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 86400));
   cmd->add_option("args", a->args, "tessera arguments, after --")->required();
   cmd->callback([a] { exit_code() = run_launch(*a); });
 }

@@ -77,6 +77,12 @@ struct TrainArgs {
 
 int run_cuda_train_bench(const TrainArgs& a);
 
+// zero_grad() and backward() of the whole model, a device failure returned.
+Status step_backward(GPT& model) {
+  RETURN_IF_ERROR(model.zero_grad());
+  return model.backward_stage(0, 1.0f);
+}
+
 int run_train_bench(TrainArgs a) {
   if (a.backend == "cuda") return run_cuda_train_bench(a);
   if (a.model.context <= 0) a.model.context = a.seq;
@@ -86,10 +92,13 @@ int run_train_bench(TrainArgs a) {
   MatmulPrecision prec = parse_dtype(a.dtype);
   double peak = a.peak_gflops > 0 ? a.peak_gflops : cpu::measure_matmul_gflops(4096, prec, 3);
 
-  GPT model(a.model, Backend::kCPUProfiled);
+  Result<std::unique_ptr<GPT>> made = GPT::create(a.model, Backend::kCPUProfiled);
+  if (!made.ok()) return fail(made.status());
+  GPT& model = **made;
   model.set_precision(prec);
-  model.init_weights(1234);
-  AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
+  if (Status st = model.init_weights(1234); !st.ok()) return fail(st);
+  Result<AdamW> opt = AdamW::create(gpt_param_space(model), gpt_adamw_kernel(model));
+  if (!opt.ok()) return fail(opt.status());
   OptimizerConfig oc;
   oc.steps = a.warmup + a.steps;
   const int BT = a.batch * a.seq;
@@ -102,14 +111,14 @@ int run_train_bench(TrainArgs a) {
   for (int s = 0; s < a.warmup + a.steps; s++) {
     op_times().reset();
     auto t0 = Clock::now();
-    float loss = model.forward(inputs.data(), targets.data(), a.batch, a.seq);
+    Result<float> loss = model.try_forward(inputs.data(), targets.data(), a.batch, a.seq);
+    if (!loss.ok()) return fail(loss.status());
     double t_fwd = seconds_since(t0);
-    model.zero_grad();
-    model.backward();
+    if (Status st = step_backward(model); !st.ok()) return fail(st);
     double t_bwd = seconds_since(t0) - t_fwd;
-    opt.step(oc, lr_at(oc, s));
+    if (Result<float> norm = opt->try_step(oc, lr_at(oc, s)); !norm.ok()) return fail(norm.status());
     double total = seconds_since(t0);
-    std::fprintf(stderr, "step %d: loss %.4f, %.0f ms\n", s, loss, total * 1e3);
+    std::fprintf(stderr, "step %d: loss %.4f, %.0f ms\n", s, *loss, total * 1e3);
     if (s < a.warmup) continue;
     step_s.push_back(total);
     fwd_s += t_fwd;
@@ -149,37 +158,35 @@ int run_cuda_train_bench(const TrainArgs& a) {
   const double peak = a.peak_tflops * 1e3;  // GFLOP/s
   if (peak <= 0) return fail(Status::InvalidArgument("--peak-tflops must be positive"));
 
-  GPT model(a.model, Backend::kCUDA);
+  Result<std::unique_ptr<GPT>> made = GPT::create(a.model, Backend::kCUDA);
+  if (!made.ok()) return fail(made.status());
+  GPT& model = **made;
   model.set_precision(prec);
-  model.init_weights(1234);
-  AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
+  if (Status st = model.init_weights(1234); !st.ok()) return fail(st);
+  Result<AdamW> opt = AdamW::create(gpt_param_space(model), gpt_adamw_kernel(model));
+  if (!opt.ok()) return fail(opt.status());
   OptimizerConfig oc;
   oc.steps = a.warmup + a.steps;
   const int BT = a.batch * a.seq;
   std::vector<int> inputs, targets;
   random_batch(a.model.vocab, BT, &inputs, &targets);
-  auto sync = [] {
-    Status st = synchronize(Device::kCUDA);
-    if (!st.ok()) {
-      std::fprintf(stderr, "tessera: CUDA error: %s\n", st.message().c_str());
-      std::exit(kExitError);
-    }
-  };
-  model.reserve_activations(a.batch, a.seq, 1);
-  sync();
+  auto sync = [] { return synchronize(Device::kCUDA).With("CUDA error"); };
+  if (Status st = model.try_reserve_activations(a.batch, a.seq, 1); !st.ok()) return fail(st);
+  if (Status st = sync(); !st.ok()) return fail(st);
   std::vector<double> step_s;
   double fwd_s = 0, bwd_s = 0, opt_s = 0;
   float loss = 0.0f;
   for (int s = 0; s < a.warmup + a.steps; s++) {
     auto t0 = Clock::now();
-    loss = model.forward(inputs.data(), targets.data(), a.batch, a.seq);  // ends with a blocking copy
+    Result<float> fwd = model.try_forward(inputs.data(), targets.data(), a.batch, a.seq);  // ends with a blocking copy
+    if (!fwd.ok()) return fail(fwd.status());
+    loss = *fwd;
     double t_fwd = seconds_since(t0);
-    model.zero_grad();
-    model.backward();
-    sync();
+    if (Status st = step_backward(model); !st.ok()) return fail(st);
+    if (Status st = sync(); !st.ok()) return fail(st);
     double t_bwd = seconds_since(t0) - t_fwd;
-    opt.step(oc, lr_at(oc, s));
-    sync();
+    if (Result<float> norm = opt->try_step(oc, lr_at(oc, s)); !norm.ok()) return fail(norm.status());
+    if (Status st = sync(); !st.ok()) return fail(st);
     double total = seconds_since(t0);
     std::fprintf(stderr, "step %d: loss %.4f, %.1f ms\n", s, loss, total * 1e3);
     if (!std::isfinite(loss)) return fail(Status::Internal(fmt::format("loss became {} at step {}", loss, s)));

@@ -86,13 +86,15 @@ int run_decode_bench(const DecodeArgs& a) {
                                                     a.tokens, a.model.context)));
   const double bandwidth = triad_bandwidth();
   const int64_t rss0 = rss_bytes();
-  GPT model(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  Result<std::unique_ptr<GPT>> made = GPT::create(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  if (!made.ok()) return fail(made.status());
+  GPT& model = **made;
   model.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
-  model.init_weights(1234);
+  if (Status st = model.init_weights(1234); !st.ok()) return fail(st);
   if (a.dtype == "int8") {
     // As tessera serve --dtype int8: the fp32 matmul weights are given back.
-    CHECK_OK(model.quantize_int8());
-    CHECK_OK(model.release_fp32_matmul_weights().status());
+    if (Status st = model.quantize_int8(); !st.ok()) return fail(st);
+    if (Status st = model.release_fp32_matmul_weights().status(); !st.ok()) return fail(st);
   }
   const int64_t rss_model = rss_bytes();
   // Bytes a decode step reads: the matmul weights (int8 when quantized).
@@ -104,10 +106,17 @@ int run_decode_bench(const DecodeArgs& a) {
 
   for (const int B : a.batches) {
     const int per_seq = (a.prompt + a.tokens + a.block_size - 1) / a.block_size;
-    PagedKVCache cache(model, B * per_seq, a.block_size, std::max(B, 1));
+    Result<std::unique_ptr<PagedKVCache>> made_cache =
+        PagedKVCache::create(model, B * per_seq, a.block_size, std::max(B, 1));
+    if (!made_cache.ok()) return fail(made_cache.status());
+    PagedKVCache& cache = **made_cache;
     std::mt19937 rng(7);
     std::vector<int> ids(B);
-    for (int b = 0; b < B; b++) ids[b] = cache.add_sequence().value();
+    for (int b = 0; b < B; b++) {
+      Result<int> id = cache.add_sequence();
+      if (!id.ok()) return fail(id.status());
+      ids[b] = *id;
+    }
     // Prefill: every prompt in one ragged batch, logits of each last row.
     std::vector<int> tok, seq, pos, rows;
     for (int b = 0; b < B; b++) {

@@ -20,7 +20,7 @@ namespace tessera::tools {
 
 namespace {
 struct SampleArgs {
-  std::string weights, prompt, tokenizer, vocab_dir;
+  std::string weights, prompt, tokenizer, vocab_dir, backend = "cpu";
   int tokens = 64;
   float temperature = 1.0f;
   int top_k = 40;
@@ -38,7 +38,14 @@ std::string token_text(const data::Tokenizer& tok, int id) {
 }
 
 int run_sample(const SampleArgs& a) {
-  auto model = load_gpt2(a.weights, nullptr, Backend::kCPU, ModelUse::kInference);
+  const Backend backend = a.backend == "cuda" ? Backend::kCUDA : Backend::kCPU;
+  // Before the weights are read: a build or machine without CUDA is one line.
+  if (Status st = backend_available(backend); !st.ok()) return fail(st.With("--backend cuda"));
+  // The full-recompute baseline reads logits() for the whole sequence, which
+  // the chunked CUDA output layer does not keep.
+  if (a.no_cache && backend != Backend::kCPU)
+    return fail(Status::InvalidArgument("--no-cache runs on the CPU only (--backend cpu)"));
+  auto model = load_gpt2(a.weights, nullptr, backend, ModelUse::kInference);
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
   const GPTConfig& cfg = m.config();
@@ -122,6 +129,9 @@ void add_sample_command(CLI::App& app) {
       ->check(CLI::IsMember({"byte", "gpt2"}));
   cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe for gpt2 (default: data/raw/gpt2)");
   cmd->add_flag("--no-cache", a->no_cache, "recompute the whole sequence for every token (slow; the baseline)");
+  cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present (device 0)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([a] { exit_code() = run_sample(*a); });
 }
 

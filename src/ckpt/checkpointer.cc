@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <new>
 
 #include "ckpt/manifest.h"
 #include "core/check.h"
@@ -66,6 +67,17 @@ std::string Checkpointer::tmp_dir(int64_t step) const {
   return fmt::format("{}/.tmp-{}", options_.dir, step_dir_name(step));
 }
 
+Status Checkpointer::grow_staging(size_t floats) {
+  if (staging_.size() >= floats) return Status::OK();
+  try {
+    staging_.resize(floats);
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(fmt::format("cannot allocate the {:.1f} MB checkpoint staging buffer: out of memory",
+                                                 static_cast<double>(floats) * sizeof(float) / 1e6));
+  }
+  return Status::OK();
+}
+
 Result<bool> Checkpointer::save(comm::Communicator& world, int64_t step, std::span<const SavePiece> pieces,
                                 std::string_view state) {
   const auto t0 = Clock::now();
@@ -90,9 +102,9 @@ Result<bool> Checkpointer::save(comm::Communicator& world, int64_t step, std::sp
     staged_[i].offset = total;
     total += static_cast<size_t>(p.slice.numel());
   }
+  if (bad.ok()) bad = grow_staging(total);  // the first save (or a bigger one) allocates
   if (bad.ok()) {
     obs::trace::Span span("checkpoint stage", "checkpoint", {{"bytes", static_cast<int64_t>(total * sizeof(float))}});
-    if (staging_.size() < total) staging_.resize(total);  // the first save (or a bigger one) allocates
     for (size_t i = 0; i < pieces.size(); i++)
       if (pieces[i].slice.numel() > 0)
         std::memcpy(staging_.data() + staged_[i].offset, pieces[i].data, pieces[i].slice.numel() * sizeof(float));

@@ -121,9 +121,8 @@ class Checkpointer {
   size_t staging_bytes() const { return staging_.size() * sizeof(float); }
   // Allocates (and touches) the staging buffer for `floats` floats now, so
   // the first save() stalls only for its copy. Call with no save pending.
-  void reserve_staging(size_t floats) {
-    if (!pending_ && staging_.size() < floats) staging_.resize(floats);
-  }
+  // ResourceExhausted (naming the size) when the host cannot give it.
+  Status reserve_staging(size_t floats) { return pending_ ? Status::OK() : grow_staging(floats); }
 
  private:
   enum class WriterState { kIdle, kWriting, kDurable, kFailed };
@@ -133,6 +132,7 @@ class Checkpointer {
     size_t offset = 0;  // in floats, into staging_
   };
 
+  Status grow_staging(size_t floats);  // staging_ to at least floats, or out of memory
   void writer_loop();
   Status write_shard();  // the writer thread's job; fills shard_json_
   Result<PollResult> complete(comm::Communicator& world, bool wait_for_it);

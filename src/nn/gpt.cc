@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <random>
 
@@ -280,16 +281,28 @@ bool GPT::counts_in_norm(int id) const {
   }
 }
 
-void GPT::init_weights(uint64_t seed) {
+Status GPT::init_weights(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   const float proj_scale = 1.0f / std::sqrt(2.0f * config_.layers);
-  params_.zero();
+  RETURN_IF_ERROR(params_.try_zero());
   // Off the CPU: the same draws into a host copy, then one upload.
   Arena staging;
-  if (device_ != Device::kCPU) staging = params_.clone_layout(Device::kCPU);
+  if (device_ != Device::kCPU) {
+    Result<Arena> host = params_.try_clone_layout(Device::kCPU);
+    if (!host.ok()) return host.status().With(fmt::format("initialising {}", config_.str()));
+    staging = std::move(host).value();
+  }
   const Arena& dst = device_ == Device::kCPU ? params_ : staging;
   std::vector<float> full;  // one whole tensor at a time
+  int64_t largest = 0;
+  for (int id = 0; id < kNumParams; id++) largest = std::max(largest, param_slice(config_, shard_, id).global.numel());
+  try {
+    full.reserve(static_cast<size_t>(largest));
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(fmt::format("initialising {}: cannot allocate a {:.1f} MB host buffer: out of memory",
+                                                 config_.str(), static_cast<double>(largest) * sizeof(float) / 1e6));
+  }
   for (int id = 0; id < kNumParams; id++) {
     const TensorSlice t = param_slice(config_, shard_, id);
     int64_t n = t.global.numel();
@@ -303,7 +316,8 @@ void GPT::init_weights(uint64_t seed) {
     }
     if (t.block_numel() > 0) gather_block(full.data(), t, dst.tensor(id).f32());
   }
-  if (device_ != Device::kCPU) params_.copy_from(staging);
+  if (device_ != Device::kCPU) return params_.try_copy_from(staging).With(fmt::format("initialising {}", config_.str()));
+  return Status::OK();
 }
 
 Status GPT::check_batch(const int* inputs, const int* targets, int B, int T) const {
@@ -574,17 +588,21 @@ Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int 
   return Status::OK();
 }
 
-float GPT::forward(const int* inputs, const int* targets, int B, int T) {
+Result<float> GPT::try_forward(const int* inputs, const int* targets, int B, int T) {
   CHECK(shard_.tp == 1 && shard_.first && shard_.last);  // whole model; shards use forward_stage()
-  reserve_activations(B, T, 1);
+  RETURN_IF_ERROR(try_reserve_activations(B, T, 1));
   float loss = 0.0f;
-  CHECK(forward_stage(0, inputs, targets, B, T, &loss).ok());
+  RETURN_IF_ERROR(forward_stage(0, inputs, targets, B, T, &loss));
   return loss;
+}
+
+float GPT::forward(const int* inputs, const int* targets, int B, int T) {
+  return value_or_abort(try_forward(inputs, targets, B, T));
 }
 
 void GPT::backward(float loss_scale) {
   CHECK(shard_.tp == 1 && shard_.first && shard_.last);
-  CHECK(backward_stage(0, loss_scale).ok());
+  CHECK_OK(backward_stage(0, loss_scale));
 }
 
 Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss) {
@@ -684,7 +702,11 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   return Status::OK();
 }
 
-const float* GPT::logits() const {
+const float* GPT::logits() const { return value_or_abort(try_logits()); }
+
+const float* GPT::losses() const { return value_or_abort(try_losses()); }
+
+Result<const float*> GPT::try_logits() const {
   ActView act{&slot_acts_.at(0), &scratch_, &acts_idx_};
   const int64_t BT = int64_t{slot_state_.at(0).B} * slot_state_[0].T;
   if (chunked_head()) {
@@ -700,17 +722,17 @@ const float* GPT::logits() const {
   if (device_ == Device::kCPU) return x;
   const int64_t n = BT * Vl_;
   host_logits_.resize(n);
-  copy_to_host(device_, host_logits_.data(), x, sizeof(float) * n);
-  return host_logits_.data();
+  RETURN_IF_ERROR(try_copy_to_host(device_, host_logits_.data(), x, sizeof(float) * n));
+  return static_cast<const float*>(host_logits_.data());
 }
 
-const float* GPT::losses() const {
+Result<const float*> GPT::try_losses() const {
   const float* x = ActView{&slot_acts_.at(0), &scratch_, &acts_idx_}.f(kLosses);
   if (device_ == Device::kCPU) return x;
   const int64_t n = int64_t{slot_state_.at(0).B} * slot_state_[0].T;
   host_losses_out_.resize(n);
-  copy_to_host(device_, host_losses_out_.data(), x, sizeof(float) * n);
-  return host_losses_out_.data();
+  RETURN_IF_ERROR(try_copy_to_host(device_, host_losses_out_.data(), x, sizeof(float) * n));
+  return static_cast<const float*>(host_losses_out_.data());
 }
 
 Status GPT::backward_stage(int slot, float loss_scale) {
@@ -732,7 +754,7 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   ParamPtrs p = param_ptrs();
   ParamPtrs g = grad_ptrs();
   const Device dev = device_;
-  auto zero = [dev](float* x, int64_t n) { zero_on_device(dev, x, sizeof(float) * n); };
+  auto zero = [dev](float* x, int64_t n) { return try_zero_on_device(dev, x, sizeof(float) * n); };
 
   float* dresidual = act.f(kDResidual);
   std::optional<obs::trace::Span> head_span;
@@ -743,8 +765,8 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     // then d(lnf) and d(wte) for those rows.
     float* dlnf = act.f(kDLnf);
     float* chunk = act.f(kHeadChunk);
-    zero(dresidual, BTC);
-    zero(dlnf, BTC);
+    RETURN_IF_ERROR(zero(dresidual, BTC));
+    RETURN_IF_ERROR(zero(dlnf, BTC));
     const int head_rows = std::min(BT, head_chunk_rows_);
     for (int r0 = (BT - 1) / head_rows * head_rows; r0 >= 0; r0 -= head_rows) {
       const int rows = std::min(head_rows, BT - r0);
@@ -762,9 +784,9 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   } else if (shard_.last) {
     float* dlogits = act.f(kDLogits);
     float* dlnf = act.f(kDLnf);
-    zero(dlogits, int64_t{BT} * Vl);
-    zero(dresidual, BTC);
-    zero(dlnf, BTC);
+    RETURN_IF_ERROR(zero(dlogits, int64_t{BT} * Vl));
+    RETURN_IF_ERROR(zero(dresidual, BTC));
+    RETURN_IF_ERROR(zero(dlnf, BTC));
     if (tp == 1) {
       ops_.crossentropy_softmax_backward(dlogits, act.f(kProbs), act.i(kTargets), loss_scale / BT, BT, V, Vl);
     } else {
@@ -798,14 +820,14 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     float* datt = act.f(kDAtt);
     float* dqkv = act.f(kDQkv);
     float* dln1 = act.f(kDLn1);
-    zero(dfch_gelu, int64_t{BT} * Fl);
-    zero(dfch, int64_t{BT} * Fl);
-    zero(dln2, BTC);
-    zero(datty, int64_t{BT} * Cl);
-    zero(dpreatt, att_scratch);
-    zero(datt, att_scratch);
-    zero(dqkv, 3 * int64_t{BT} * Cl);
-    zero(dln1, BTC);
+    RETURN_IF_ERROR(zero(dfch_gelu, int64_t{BT} * Fl));
+    RETURN_IF_ERROR(zero(dfch, int64_t{BT} * Fl));
+    RETURN_IF_ERROR(zero(dln2, BTC));
+    RETURN_IF_ERROR(zero(datty, int64_t{BT} * Cl));
+    RETURN_IF_ERROR(zero(dpreatt, att_scratch));
+    RETURN_IF_ERROR(zero(datt, att_scratch));
+    RETURN_IF_ERROR(zero(dqkv, 3 * int64_t{BT} * Cl));
+    RETURN_IF_ERROR(zero(dln1, BTC));
 
     // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     // With tp > 1, fc is column-parallel and fcproj row-parallel: d(ln2) is

@@ -183,8 +183,9 @@ class GPT {
   // gradient arena (grads() is empty). Errors, nothing allocated:
   // InvalidArgument for a config or shard that does not validate (their
   // message) or tp > 1 off the CPU or without tp_comm; Unavailable for a
-  // backend this process cannot run (backend_available()) and for memory the
-  // host or device cannot give (the arena's message: size and device).
+  // backend this process cannot run (backend_available()) or a device that
+  // fails; ResourceExhausted for memory the host or device cannot give (the
+  // arena's message: what, its size and the device).
   static Result<std::unique_ptr<GPT>> create(const GPTConfig& config, Backend backend = Backend::kCPU,
                                              const ModelShard& shard = {}, comm::Communicator* tp_comm = nullptr,
                                              ModelUse use = ModelUse::kTraining);
@@ -249,8 +250,9 @@ class GPT {
   // GPT-2 initialisation: N(0, 0.02) weights, residual projections scaled by
   // 1/sqrt(2L), zero biases, unit layernorm weights. Deterministic for a seed
   // and the same for every shard layout (each rank draws the whole model's
-  // sequence and keeps its blocks).
-  void init_weights(uint64_t seed);
+  // sequence and keeps its blocks). Off the CPU the draws go through a host
+  // copy: memory the host cannot give or a failed upload is the error.
+  Status init_weights(uint64_t seed);
 
   // Token ids in [0, V) and T <= maxT, or an error naming the first bad one.
   Status check_batch(const int* inputs, const int* targets, int B, int T) const;
@@ -259,16 +261,22 @@ class GPT {
   // Forward pass over inputs (B,T). With targets, returns the mean
   // cross-entropy and keeps what backward() needs; without, returns 0 and only
   // logits() are meaningful. The caller checks the batch (check_batch).
+  // try_forward: out of memory for the activations or a device failure is
+  // returned; forward() aborts on it (tests and benches).
+  Result<float> try_forward(const int* inputs, const int* targets, int B, int T);
   float forward(const int* inputs, const int* targets, int B, int T);
   // Logits (B,T,Vp) of slot 0's last forward; columns >= V are padding. On a
   // tensor-parallel last stage, this rank's (B,T,Vp/tp) columns. Host
   // memory: on the CPU the activation itself, on CUDA a copy made by this
   // call (valid until the next call or forward). On CUDA only when that
   // forward's B*T rows fit in one head chunk (B*T <= head_chunk_rows()) and
-  // no other forward or backward ran since; CHECKed.
+  // no other forward or backward ran since; CHECKed. try_logits: a failed
+  // device copy is returned; logits() aborts on it (tests and benches).
+  Result<const float*> try_logits() const;
   const float* logits() const;
   // Per-position losses (B,T) of slot 0's last forward with targets; host
   // memory as logits().
+  Result<const float*> try_losses() const;
   const float* losses() const;
 
   // CUDA: rows of logits (each Vp/tp wide) the output layer materialises at
@@ -333,11 +341,14 @@ class GPT {
   // Bytes of the inference scratch (forward_tokens' activations).
   int64_t inference_scratch_bytes() const { return static_cast<int64_t>(infer_.bytes() + infer_ints_.bytes()); }
 
-  void zero_grad() { grads_.zero(); }
+  // A device failure is the error (one branch a step on the CPU).
+  Status zero_grad() { return grads_.try_zero(); }
   // Not owned; nullptr for none.
   void set_grad_listener(GradListener* l) { listener_ = l; }
   // Accumulates d(loss_scale * mean loss)/d(params) into grads() for the last
   // forward(); loss_scale is 1/grad_accum when accumulating micro-steps.
+  // Aborts on a device failure (tests and benches; training runs
+  // backward_stage(), which returns it).
   void backward(float loss_scale = 1.0f);
 
  private:

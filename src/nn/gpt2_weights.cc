@@ -321,12 +321,12 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
   return model;
 }
 
-std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& arena) {
+Result<std::vector<HfTensor>> to_hf_tensors(const GPT& model, const Arena& arena) {
   // A device arena is read through one host copy.
   Arena host;
   if (arena.device() != Device::kCPU) {
-    host = arena.clone_layout(Device::kCPU);
-    host.copy_from(arena);
+    ASSIGN_OR_RETURN(host, arena.try_clone_layout(Device::kCPU));
+    RETURN_IF_ERROR(host.try_copy_from(arena));
   }
   const Arena& a = arena.device() == Device::kCPU ? arena : host;
   std::vector<HfTensor> out;
@@ -348,7 +348,7 @@ std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& arena) {
 
 Status save_int8(const GPT& model, const std::string& path) {
   if (!model.int8()) return Status::InvalidArgument("save_int8: the model is not quantized (GPT::quantize_int8)");
-  std::vector<HfTensor> tensors = to_hf_tensors(model, model.params());
+  ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, to_hf_tensors(model, model.params()));
   const GPTConfig& c = model.config();
   std::vector<std::string> names(4 * c.layers + 1);
   for (const Slot& s : slots(c)) {
@@ -372,7 +372,7 @@ Status save_int8(const GPT& model, const std::string& path) {
 }
 
 Status save_hf(const GPT& model, const std::string& path) {
-  std::vector<HfTensor> tensors = to_hf_tensors(model, model.params());
+  ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, to_hf_tensors(model, model.params()));
   io::SafetensorsWriter w;
   for (const HfTensor& t : tensors) w.add(t.name, io::StDType::kF32, t.shape, t.data.data());
   w.set_metadata("format", "pt");

@@ -42,13 +42,14 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
 
 // An arena laid out like model's parameters (the parameters themselves, the
 // gradients, an optimizer moment) as HF-named, HF-shaped fp32 tensors, on
-// the host whatever device a is on.
+// the host whatever device a is on. A device arena is read through a host
+// copy: memory the host cannot give or a failed copy is the error.
 struct HfTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> data;
 };
-std::vector<HfTensor> to_hf_tensors(const GPT& model, const Arena& a);
+Result<std::vector<HfTensor>> to_hf_tensors(const GPT& model, const Arena& a);
 
 // Writes the parameters as HF-layout safetensors at path and config.json
 // beside it (both atomically).

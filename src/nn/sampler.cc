@@ -154,8 +154,10 @@ Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int m
   if (use_cache) {
     // One sequence in a pool just large enough for it.
     const int positions = P + count - 1;
-    PagedKVCache cache(model, std::max(1, (positions + PagedKVCache::kDefaultBlockSize - 1) /
-                                              PagedKVCache::kDefaultBlockSize));
+    ASSIGN_OR_RETURN(std::unique_ptr<PagedKVCache> made,
+                     PagedKVCache::create(model, std::max(1, (positions + PagedKVCache::kDefaultBlockSize - 1) /
+                                                                 PagedKVCache::kDefaultBlockSize)));
+    PagedKVCache& cache = *made;
     ASSIGN_OR_RETURN(const int seq, cache.add_sequence());
     std::vector<float> logits(Vp);
     std::vector<int> seq_ids(kPrefillChunk, seq), pos(kPrefillChunk);
@@ -189,13 +191,14 @@ Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int m
     std::vector<int> seq(prompt.begin(), prompt.end());
     seq.resize(P + count - 1, 0);  // padding, overwritten by the tokens drawn
     int T = P;
-    model.forward(seq.data(), nullptr, 1, static_cast<int>(seq.size()));
+    RETURN_IF_ERROR(model.try_forward(seq.data(), nullptr, 1, static_cast<int>(seq.size())).status());
     for (;;) {
-      const int token = sample_token(model.logits() + static_cast<size_t>(T - 1) * Vp, V, temperature, top_k, rng);
+      ASSIGN_OR_RETURN(const float* logits, model.try_logits());
+      const int token = sample_token(logits + static_cast<size_t>(T - 1) * Vp, V, temperature, top_k, rng);
       emit(token);
       if (static_cast<int>(out.size()) == count) break;
       seq[T++] = token;
-      model.forward(seq.data(), nullptr, 1, T);
+      RETURN_IF_ERROR(model.try_forward(seq.data(), nullptr, 1, T).status());
     }
   }
   return out;

@@ -93,7 +93,11 @@ Result<void*> device_malloc(size_t bytes) {
   const cudaError_t err = cudaMalloc(&ptr, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return Status::Unavailable(fmt::format("cudaMalloc({} bytes): {}", bytes, cudaGetErrorString(err)));
+    std::string msg = fmt::format("cudaMalloc({} bytes): {}", bytes, cudaGetErrorString(err));
+    // Out of device memory is a bounded resource (a smaller model, batch or
+    // cache may fit); anything else is the device failing.
+    if (err == cudaErrorMemoryAllocation) return Status::ResourceExhausted(std::move(msg));
+    return Status::Unavailable(std::move(msg));
   }
   return ptr;
 }

@@ -48,6 +48,7 @@ Result<MemoryInfo> memory_info();
 Result<int> select_device(int local_rank, size_t min_free_bytes = 0);
 
 // Device memory on the current device. device_free(nullptr) is a no-op.
+// device_malloc: ResourceExhausted when the device is out of memory.
 Result<void*> device_malloc(size_t bytes);
 Status device_free(void* ptr);
 Status memcpy_h2d(void* dst, const void* src, size_t bytes);

@@ -43,7 +43,8 @@ Status Arena::try_allocate() {
   if (device_ == Device::kCPU) {
     p = static_cast<char*>(std::aligned_alloc(kAlign, total));
     if (p == nullptr)
-      return Status::Unavailable(fmt::format("cannot allocate a {:.1f} MB host arena: out of memory", total / 1e6));
+      return Status::ResourceExhausted(
+          fmt::format("cannot allocate a {:.1f} MB host arena: out of memory", total / 1e6));
   } else {
     // cudaMalloc aligns to at least 256 bytes.
     Result<void*> d = cuda::device_malloc(total);

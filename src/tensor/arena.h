@@ -39,8 +39,9 @@ class Arena {
   // Returns the index of the reserved tensor.
   int reserve(std::string name, DType dtype, Shape shape);
   // Allocates and zero-fills the memory; views are valid from now on. Out of
-  // memory, a device that fails or a CUDA arena in a build without CUDA is
-  // an error naming the size and the device; the arena stays unallocated.
+  // memory (ResourceExhausted), a device that fails or a CUDA arena in a
+  // build without CUDA (Unavailable) is an error naming the size and the
+  // device; the arena stays unallocated.
   Status try_allocate();
   // try_allocate() for callers that cannot go on without the memory: a
   // failure prints the error and aborts.

@@ -1,6 +1,7 @@
 #include "train/checkpointing.h"
 
 #include <algorithm>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -47,8 +48,8 @@ TensorSlice sub_slice(const GPT& model, int id, int64_t a, int64_t b, int64_t be
 
 }  // namespace
 
-std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, const ShardedAdamW& opt, int dp_rank, int zero,
-                                               CheckpointMirror* mirror) {
+Result<std::vector<ckpt::SavePiece>> checkpoint_pieces(GPT& model, const ShardedAdamW& opt, int dp_rank, int zero,
+                                                       CheckpointMirror* mirror) {
   std::vector<ckpt::SavePiece> pieces;
   const Arena* host_params = &model.params();
   ShardedAdamW::State st = opt.state();
@@ -56,14 +57,26 @@ std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, const ShardedAdamW& o
     // Copy only what this rank saves (below): parameters on dp rank 0,
     // moments there or, with ZeRO, on every dp rank.
     CHECK(mirror != nullptr);
-    if (!mirror->params.allocated()) mirror->params = model.params().clone_layout(Device::kCPU);
-    if (dp_rank == 0) mirror->params.copy_from(model.params());
+    if (!mirror->params.allocated()) {
+      Result<Arena> host = model.params().try_clone_layout(Device::kCPU);
+      if (!host.ok()) return host.status().With("the checkpoint's host copy of the parameters");
+      mirror->params = std::move(host).value();
+    }
+    if (dp_rank == 0) RETURN_IF_ERROR(mirror->params.try_copy_from(model.params()).With("checkpoint: parameters"));
     const size_t n = static_cast<size_t>(st.hi - st.lo);
-    mirror->m.resize(n);
-    mirror->v.resize(n);
+    try {
+      mirror->m.resize(n);
+      mirror->v.resize(n);
+    } catch (const std::bad_alloc&) {
+      return Status::ResourceExhausted(fmt::format(
+          "cannot allocate the checkpoint's {:.1f} MB host copy of the AdamW moments: out of memory",
+          2.0 * static_cast<double>(n) * sizeof(float) / 1e6));
+    }
     if (zero == 1 || dp_rank == 0) {
-      copy_to_host(model.device(), mirror->m.data(), st.m, n * sizeof(float));
-      copy_to_host(model.device(), mirror->v.data(), st.v, n * sizeof(float));
+      RETURN_IF_ERROR(try_copy_to_host(model.device(), mirror->m.data(), st.m, n * sizeof(float))
+                          .With("checkpoint: AdamW first moments"));
+      RETURN_IF_ERROR(try_copy_to_host(model.device(), mirror->v.data(), st.v, n * sizeof(float))
+                          .With("checkpoint: AdamW second moments"));
     }
     host_params = &mirror->params;
     st.m = mirror->m.data();

@@ -45,9 +45,11 @@ struct CheckpointMirror {
 // model on a CUDA device, the parameters and AdamW moments are first copied
 // into *mirror (blocking device-to-host copies after the queued kernels:
 // the part of a save that stalls training longest) and the pieces point
-// there; mirror must then be non-null and outlive the pieces' use.
-std::vector<ckpt::SavePiece> checkpoint_pieces(GPT& model, const ShardedAdamW& opt, int dp_rank, int zero,
-                                               CheckpointMirror* mirror = nullptr);
+// there; mirror must then be non-null and outlive the pieces' use. Memory
+// the host cannot give for the mirror or a failed device copy is the error
+// (a host model's pieces need neither).
+Result<std::vector<ckpt::SavePiece>> checkpoint_pieces(GPT& model, const ShardedAdamW& opt, int dp_rank, int zero,
+                                                       CheckpointMirror* mirror = nullptr);
 
 struct ResumeState {
   int64_t step = 0;  // optimizer steps completed

@@ -381,7 +381,7 @@ Status Trainer::make_model(std::unique_ptr<GPT> whole, const ModelShard& shard) 
       copy_from_whole(*whole, *model_);
       whole.reset();
     } else {
-      model_->init_weights(static_cast<uint64_t>(c_.seed));
+      RETURN_IF_ERROR(model_->init_weights(static_cast<uint64_t>(c_.seed)));
     }
   }
   prec_ = c_.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32;
@@ -407,11 +407,16 @@ Status Trainer::setup_checkpointer() {
   o.layout = {{"dp", c_.dp},     {"tp", c_.tp},          {"pp", c_.pp},
               {"zero", c_.zero}, {"stages", stage_layers_}, {"schedule", c_.schedule}};
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
-  size_t floats = 0;
-  for (const ckpt::SavePiece& p : checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_))
-    floats += static_cast<size_t>(p.slice.numel());
-  checkpointer_->reserve_staging(floats);
-  return Status::OK();
+  // The staging buffer (and a CUDA model's host mirror) now, so that a host
+  // that cannot hold them is every rank's error before training starts.
+  Result<std::vector<ckpt::SavePiece>> pieces = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+  Status mine = pieces.status();
+  if (mine.ok()) {
+    size_t floats = 0;
+    for (const ckpt::SavePiece& p : *pieces) floats += static_cast<size_t>(p.slice.numel());
+    mine = checkpointer_->reserve_staging(floats);
+  }
+  return agree(mine, "cannot hold its checkpoint staging memory");
 }
 
 Status Trainer::setup() {
@@ -598,7 +603,7 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   obs::trace::set_step(step + 1);  // 1-based, as the logs count
   obs::trace::Span span("step", "train");
   auto t0 = Clock::now();
-  model_->zero_grad();
+  RETURN_IF_ERROR(model_->zero_grad());
   auto fill = [&](int micro, int* inputs, int* targets) -> Status {
     const int64_t row0 = (int64_t{dp_->rank()} * GA + micro) * B;
     train_->fill(step, rows_per_step_, row0, B, inputs, targets);
@@ -732,7 +737,12 @@ Status Trainer::save(int step, bool stop, bool last) {
   if (step % c_.checkpoint_every == 0 || stop) {
     // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
     auto ts = Clock::now();
-    const std::vector<ckpt::SavePiece> pieces = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+    // Only a CUDA model's pieces can fail (a device copy); the ranks agree
+    // then, so none waits in the save's collectives for a failed one.
+    Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+    if (on_cuda_) RETURN_IF_ERROR(agree(made.status(), "could not copy its tensors for the checkpoint"));
+    RETURN_IF_ERROR(made.status());
+    const std::vector<ckpt::SavePiece>& pieces = *made;
     const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
     ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, pieces, state));
     add_stall(std::chrono::duration<double>(Clock::now() - ts).count());

@@ -2,11 +2,13 @@
 // ZeRO flat ranges, padding, corruption, failing writes, publishing and
 // pruning. Multi-rank cases run ranks as threads (thread_comm.h); the MPI
 // version is tests/comm/mpi_checkpoint.cc.
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -268,6 +270,24 @@ TEST_F(CheckpointTest, RoundTripsWholeTensorsAndState) {
 }
 
 // ---- resharding ----
+
+// A staging buffer the host cannot give is a Status naming it (the trainer
+// makes it every rank's error before training), not std::bad_alloc. In a
+// forked child whose address space is capped, whatever the overcommit policy.
+TEST_F(CheckpointTest, StagingTheHostCannotGiveIsResourceExhausted) {
+  EXPECT_EXIT(
+      {
+        rlimit lim{};
+        lim.rlim_cur = lim.rlim_max = rlim_t{64} << 30;
+        setrlimit(RLIMIT_AS, &lim);
+        Checkpointer c(options());
+        const Status st = c.reserve_staging(size_t{1} << 36);  // 256 GiB of floats
+        std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        if (st.code() != StatusCode::kResourceExhausted || c.staging_bytes() != 0) std::exit(1);
+        std::exit(c.reserve_staging(1024).ok() && c.staging_bytes() == 4096 ? 0 : 2);
+      },
+      ::testing::ExitedWithCode(0), "resource exhausted: cannot allocate the 274877.9 MB checkpoint staging buffer: out of memory");
+}
 
 TEST_F(CheckpointTest, ReshardsTwoRowBlocksIntoColumnBlocksAndFlatRanges) {
   const Shape w{8, 6};

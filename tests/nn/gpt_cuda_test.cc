@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/try.h"
 #include "runtime/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
@@ -80,8 +81,8 @@ std::vector<char> host_bytes(const Arena& a) {
 
 void expect_arenas_close(const GPT& cuda_model, const Arena& cuda_arena, const GPT& cpu_model, const Arena& cpu_arena,
                          double tol) {
-  std::vector<HfTensor> ours = to_hf_tensors(cuda_model, cuda_arena);
-  std::vector<HfTensor> ref = to_hf_tensors(cpu_model, cpu_arena);
+  std::vector<HfTensor> ours = value_or_abort(to_hf_tensors(cuda_model, cuda_arena));
+  std::vector<HfTensor> ref = value_or_abort(to_hf_tensors(cpu_model, cpu_arena));
   ASSERT_EQ(ours.size(), ref.size());
   for (size_t i = 0; i < ours.size(); i++) {
     SCOPED_TRACE(ref[i].name);

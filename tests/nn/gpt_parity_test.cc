@@ -12,6 +12,7 @@
 #include "test_util.h"
 #include <nlohmann/json.hpp>
 
+#include "core/try.h"
 #include "data/shard.h"
 #include "io/safetensors.h"
 #include "nn/gpt.h"
@@ -104,7 +105,7 @@ TEST_P(GptParity, LogitsLossAndEveryGradient) {
   model->zero_grad();
   model->backward();
   int checked = 0;
-  for (const HfTensor& g : to_hf_tensors(*model, model->grads())) {
+  for (const HfTensor& g : value_or_abort(to_hf_tensors(*model, model->grads()))) {
     SCOPED_TRACE(g.name);
     std::vector<float> ref(g.data.size());
     ASSERT_TRUE(expected->read_f32("grad." + g.name, ref).ok());

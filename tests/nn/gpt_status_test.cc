@@ -31,10 +31,27 @@ void cap_address_space() {
   setrlimit(RLIMIT_AS, &lim);
 }
 
-// Exits 0 after printing the error when st is one; 1 when it is OK.
-[[noreturn]] void exit_with(const Status& st) {
+// In a forked child: address space for `bytes` more than is mapped now
+// (VmSize), so that an allocation of about that size is the first to fail.
+void cap_address_space_at(int64_t bytes) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) std::exit(4);
+  char line[256];
+  long long vm_kb = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmSize: %lld kB", &vm_kb) == 1) break;
+  std::fclose(f);
+  if (vm_kb < 0) std::exit(4);
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(vm_kb * 1024 + bytes);
+  setrlimit(RLIMIT_AS, &lim);
+}
+
+// Prints the error and exits 0 when st is an error with code `want`; 1 when
+// it is OK, 2 for another code.
+[[noreturn]] void exit_with(const Status& st, StatusCode want) {
   std::fprintf(stderr, "%s\n", st.ToString().c_str());
-  std::exit(st.ok() ? 1 : 0);
+  std::exit(st.ok() ? 1 : st.code() == want ? 0 : 2);
 }
 
 TEST(GptStatus, CreateRejectsAnInvalidConfig) {
@@ -84,7 +101,7 @@ TEST(GptStatusDeathTest, CreateOfAModelTooBigForMemoryIsAStatus) {
   EXPECT_EXIT(
       {
         cap_address_space();
-        exit_with(GPT::create(kHuge).status());
+        exit_with(GPT::create(kHuge).status(), StatusCode::kResourceExhausted);
       },
       ::testing::ExitedWithCode(0), "the parameters of L=8 NH=1 C=65536.*out of memory");
 }
@@ -98,9 +115,47 @@ TEST(GptStatusDeathTest, ActivationsTooBigForMemoryAreAStatusAndKeepTheOld) {
         const int64_t before = model.activation_bytes();
         const Status st = model.try_reserve_activations(1 << 16, 1 << 16, 1);
         if (model.activation_bytes() != before || model.activation_slots() != 1) std::exit(3);
-        exit_with(st);
+        exit_with(st, StatusCode::kResourceExhausted);
       },
       ::testing::ExitedWithCode(0), "activations.*out of memory");
+}
+
+// The parameters fit, the gradients do not: the error names the gradients
+// and nothing is left allocated (the model is never returned).
+TEST(GptStatusDeathTest, GradientsTooBigForMemoryAreAStatusNamingThem) {
+  const GPTConfig c{2, 4, 1024, 256, 16};  // about 101 MB of parameters
+  const int64_t param_bytes = static_cast<int64_t>(param_layout(c, {}).bytes());
+  EXPECT_EXIT(
+      {
+        cap_address_space_at(param_bytes * 3 / 2);
+        exit_with(GPT::create(c).status(), StatusCode::kResourceExhausted);
+      },
+      ::testing::ExitedWithCode(0), "resource exhausted: the gradients of L=2 NH=4 C=1024.*host arena: out of memory");
+}
+
+// The same model for inference has no gradients: it fits where training's did not.
+TEST(GptStatusDeathTest, AnInferenceModelNeedsNoRoomForGradients) {
+  const GPTConfig c{2, 4, 1024, 256, 16};
+  const int64_t param_bytes = static_cast<int64_t>(param_layout(c, {}).bytes());
+  EXPECT_EXIT(
+      {
+        cap_address_space_at(param_bytes * 3 / 2);
+        Result<std::unique_ptr<GPT>> m = GPT::create(c, Backend::kCPU, {}, nullptr, ModelUse::kInference);
+        if (!m.ok()) exit_with(m.status(), StatusCode::kOk);
+        std::exit((*m)->params().allocated() && !(*m)->grads().allocated() ? 0 : 3);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(KvCacheStatusDeathTest, APoolTooBigForMemoryIsAStatus) {
+  EXPECT_EXIT(
+      {
+        cap_address_space();
+        GPT model(kTiny, Backend::kCPU, {}, nullptr, ModelUse::kInference);
+        // 2^24 blocks of 16 positions: 2 x 2 layers x 2^28 rows x 64 floats, 256 GiB.
+        exit_with(PagedKVCache::create(model, 1 << 24).status(), StatusCode::kResourceExhausted);
+      },
+      ::testing::ExitedWithCode(0), "the KV cache \\(16777216 blocks of 16\\).*out of memory");
 }
 
 TEST(KvCacheStatus, CreateRejectsSizesBelowOne) {

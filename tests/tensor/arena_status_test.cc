@@ -18,7 +18,7 @@ TEST(ArenaStatus, HostOutOfMemoryIsAStatusNamingTheSize) {
   a.reserve("huge", DType::kF32, Shape{int64_t{1} << 40, int64_t{1} << 20});  // 4 EiB
   Status st = a.try_allocate();
   ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("host arena"), std::string::npos) << st.message();
   EXPECT_FALSE(a.allocated());
 }

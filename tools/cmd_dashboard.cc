@@ -46,7 +46,10 @@ struct DashboardArgs {
   std::string host = "127.0.0.1", assets;
   int port = 8080;
   double checkpoint_share = 0.05;  // alert above this share of training time
-  double busbw = 0.9;              // alert below this share of the link
+  // Below this share of the link's speed: training's achieved all-reduce
+  // bus bandwidth (docs/monitoring.md) measured 85-91% of a shaped link when
+  // the link is the bottleneck, so half the link means something is wrong.
+  double busbw = 0.5;
   double device_util = 0.9;        // alert below this utilisation
   int samples = 3;                 // ... for this many consecutive samples (steps)
 };

@@ -630,7 +630,9 @@ void Trainer::log_traffic(nlohmann::json& record) {
     record[fmt::format("busbw_{}_gbps", comm::op_kind_name(static_cast<comm::OpKind>(k)))] =
         d.busbw[static_cast<size_t>(k)] * 8 / 1e9;
   }
-  record["link_gbps"] = link_.known() ? nlohmann::json(link_.bytes_per_second * 8 / 1e9) : nlohmann::json(nullptr);
+  // To 6 significant digits: log.link_gbps is a float (0.2 is 0.200000003).
+  record["link_gbps"] = link_.known() ? nlohmann::json(std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9)))
+                                      : nlohmann::json(nullptr);
   traffic_prev_ = now;
 }
 

@@ -1,6 +1,9 @@
 #include "comm/traffic.h"
 
+#include <chrono>
+#include <cstdio>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -125,6 +128,24 @@ TEST(Traffic, AnOpenIntervalCountsUpToTheSnapshot) {
   EXPECT_GT(open, 0.005);
   t.op_finished(OpKind::kSendRecv);
   EXPECT_GE(t.snapshot().kinds[4].busy_seconds, open);
+}
+
+// The hot path's cost: what an all-reduce of a gradient bucket adds to its
+// posting and completion (docs/performance.md, "Network accounting").
+TEST(Traffic, AccountingAnOperationCostsUnderAMicrosecond) {
+  constexpr int kOps = 200'000;
+  Traffic t;
+  t.set_world_size(4);
+  const std::vector<int> ranks = {0, 1, 2, 3};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kOps; i++) {
+    t.account_collective(OpKind::kAllReduce, 1 << 20, 1, ranks);
+    t.op_finished(OpKind::kAllReduce);
+  }
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kOps;
+  std::printf("accounting an all-reduce (post and completion): %.1f ns\n", ns);
+  EXPECT_LT(ns, 5000.0);  // generous: a loaded machine
+  EXPECT_EQ(t.snapshot().kinds[0].ops, static_cast<uint64_t>(kOps));
 }
 
 }  // namespace

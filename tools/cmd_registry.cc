@@ -97,7 +97,8 @@ int run_add(const RegistryArgs& a) {
   // An fp32 model is stored as fp32; an INT8 file (tessera quantize) as it is.
   bar.update(++step, "writing the fp32 weights");
   if (!m.int8()) {
-    if (Status st = save_hf(m, staged->dir() + "/" + serve::kRegistryFp32File); !st.ok()) return bar.interrupt(), fail(st);
+    if (Status st = save_hf(m, staged->dir() + "/" + serve::kRegistryFp32File); !st.ok())
+      return bar.interrupt(), fail(st);
     man.dtypes.push_back("fp32");
   }
   bar.update(++step, "quantizing");
@@ -106,7 +107,8 @@ int run_add(const RegistryArgs& a) {
       if (Status st = m.quantize_int8(); !st.ok()) return bar.interrupt(), fail(st);
     }
     bar.update(++step, "writing the int8 weights");
-    if (Status st = save_int8(m, staged->dir() + "/" + serve::kRegistryInt8File); !st.ok()) return bar.interrupt(), fail(st);
+    if (Status st = save_int8(m, staged->dir() + "/" + serve::kRegistryInt8File); !st.ok())
+      return bar.interrupt(), fail(st);
     man.dtypes.push_back("int8");
   } else {
     ++step;

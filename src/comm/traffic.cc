@@ -60,7 +60,8 @@ void Traffic::op_posted(OpKind k, double bus_bytes) {
   KindCounters& c = kinds_[static_cast<int>(k)];
   c.ops.fetch_add(1, std::memory_order_relaxed);
   if (bus_bytes > 0) c.bus_bytes.fetch_add(static_cast<uint64_t>(bus_bytes), std::memory_order_relaxed);
-  if (c.in_flight.fetch_add(1, std::memory_order_acq_rel) == 0) c.busy_since_ns.store(now_ns(), std::memory_order_release);
+  if (c.in_flight.fetch_add(1, std::memory_order_acq_rel) == 0)
+    c.busy_since_ns.store(now_ns(), std::memory_order_release);
 }
 
 void Traffic::op_finished(OpKind k) {

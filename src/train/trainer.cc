@@ -610,7 +610,8 @@ void Trainer::log_traffic(nlohmann::json& record) {
   uint64_t sent = 0, received = 0;
   for (const comm::Traffic::PeerBytes& p : now.peers) {
     const std::string peer = std::to_string(p.peer);
-    const char* help = "Bytes this rank sent to / received from a peer (world rank); collectives by their algorithm's model";
+    const char* help =
+        "Bytes this rank sent to / received from a peer (world rank); collectives by their algorithm's model";
     registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "sent"}})
         .advance_to(static_cast<double>(p.sent));
     registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "received"}})
@@ -631,8 +632,8 @@ void Trainer::log_traffic(nlohmann::json& record) {
         d.busbw[static_cast<size_t>(k)] * 8 / 1e9;
   }
   // To 6 significant digits: log.link_gbps is a float (0.2 is 0.200000003).
-  record["link_gbps"] = link_.known() ? nlohmann::json(std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9)))
-                                      : nlohmann::json(nullptr);
+  const double link_gbps = std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9));
+  record["link_gbps"] = link_.known() ? nlohmann::json(link_gbps) : nlohmann::json(nullptr);
   traffic_prev_ = now;
 }
 

@@ -475,7 +475,8 @@ int NcclCommunicator::device() const { return state_->device; }
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                                          ReduceOp op) {
   NcclState& s = *state_;
-  return post(state_, {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce), count * elem_size(type), check_count(count),
+  return post(state_, {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce), count * elem_size(type),
+              check_count(count),
               [&](const std::string& what) {
                 if (count == 0) return Status::OK();
                 return s.settle(ncclAllReduce(send, recv, static_cast<size_t>(count), nccl_type(type), nccl_op(op),

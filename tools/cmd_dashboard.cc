@@ -47,7 +47,7 @@ struct DashboardArgs {
   int port = 8080;
   double checkpoint_share = 0.05;  // alert above this share of training time
   // Below this share of the link's speed: training's achieved all-reduce
-  // bus bandwidth (docs/monitoring.md) measured 85-91% of a shaped link when
+  // bus bandwidth (docs/monitoring.md) measured 83-91% of a shaped link when
   // the link is the bottleneck, so half the link means something is wrong.
   double busbw = 0.5;
   double device_util = 0.9;        // alert below this utilisation

@@ -2,7 +2,10 @@
 // tessera checkpoint verify.
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include "ckpt/checkpoint.h"
+#include "core/progress.h"
 #include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "tools/commands.h"
@@ -20,12 +23,17 @@ int run_export(const ExportArgs& a) {
   // The target first: its folder created and writable, the file itself not
   // a folder or a FIFO; before the model is read, not after.
   if (Status st = io::check_writable_file(a.out); !st.ok()) return fail(st.With("--out"));
+  ProgressBar bar(ProgressBar::tty(stderr), 3, "steps");
+  bar.update(0, "opening the checkpoint");
   auto ck = ckpt::Checkpoint::open(a.checkpoint);
-  if (!ck.ok()) return fail(ck.status());
+  if (!ck.ok()) return bar.interrupt(), fail(ck.status());
+  bar.update(1, fmt::format("reading {} shard(s)", ck->world_size()));
   auto model = load_whole_model(*ck);
-  if (!model.ok()) return fail(model.status());
+  if (!model.ok()) return bar.interrupt(), fail(model.status());
+  bar.update(2, "writing " + a.out);
   Status st = save_hf(**model, a.out);
-  if (!st.ok()) return fail(st);
+  if (!st.ok()) return bar.interrupt(), fail(st);
+  bar.finish("done");
   std::printf("exported %s (step %lld, %s) to %s (+ config.json)\n", ck->dir().c_str(),
               static_cast<long long>(ck->step()), (*model)->config().str().c_str(), a.out.c_str());
   return kExitOk;

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,8 +46,12 @@ struct DashboardArgs {
   std::string host = "127.0.0.1", assets;
   int port = 8080;
   double checkpoint_share = 0.05;  // alert above this share of training time
-  double busbw = 0.9;              // alert below this share of the link
+  // Below this share of the link's speed: training's achieved all-reduce
+  // bus bandwidth (docs/monitoring.md) measured 83-91% of a shaped link when
+  // the link is the bottleneck, so half the link means something is wrong.
+  double busbw = 0.5;
   double device_util = 0.9;        // alert below this utilisation
+  int samples = 3;                 // ... for this many consecutive samples (steps)
 };
 
 // The web/ folder: --assets, else beside this binary's source tree.
@@ -92,7 +97,8 @@ json read_run(const std::string& run) {
     } else if (j.contains("loss") && j.contains("step")) {
       json s = json::object();
       for (const char* k : {"step", "loss", "tokens_per_s", "mfu", "step_ms", "compute_ms", "comm_ms", "bubble_ms",
-                            "p2p_ms", "lr", "grad_norm"})
+                            "p2p_ms", "lr", "grad_norm", "busbw_all_reduce_gbps", "link_gbps", "comm_sent_bytes",
+                            "comm_received_bytes", "gpu_util"})
         if (j.contains(k)) s[k] = j[k];
       steps.push_back(std::move(s));
     }
@@ -202,6 +208,11 @@ json scrape(const std::string& url) {
       key += fmt::format("{{{}={}}}", k, v);
     }
     values[key] = s.value;
+    // Series whose label values are not known in advance, under their bare
+    // name too (the first one): the link's speed, the GPU's utilisation.
+    if ((s.name == "tessera_train_link_speed_bytes_per_second" || s.name == "tessera_gpu_utilization_ratio") &&
+        !values.contains(s.name))
+      values[s.name] = s.value;
   }
   for (const auto& [name, b] : hist) {
     for (double q : {0.5, 0.9}) {
@@ -213,9 +224,83 @@ json scrape(const std::string& url) {
   return t;
 }
 
+// A threshold alert over consecutive samples: fires when the last
+// `a.samples` values are all below `threshold`; "unknown" without values.
+struct Streak {
+  int below = 0;      // consecutive samples below the threshold, up to now
+  double last = NAN;  // the last value
+};
+
+// Per scraped target, what the alerts over consecutive samples remember
+// between polls: a sample is a new step (tessera_train_steps_total moved).
+class TargetHistory {
+ public:
+  struct Entry {
+    double steps = -1;
+    Streak busbw, util;
+  };
+  // Updates the target's streaks with its values when they are a new step.
+  Entry update(const std::string& url, const json& values, const DashboardArgs& a) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = entries_[url];
+    const double steps = values.value("tessera_train_steps_total", -1.0);
+    if (steps == e.steps) return e;
+    e.steps = steps;
+    const double link = values.value("tessera_train_link_speed_bytes_per_second", 0.0);
+    const char* ar = "tessera_train_comm_bus_bandwidth_bytes_per_second{op=all_reduce}";
+    if (link > 0 && values.contains(ar) && values[ar].get<double>() > 0) {
+      e.busbw.last = values[ar].get<double>() / link;
+      e.busbw.below = e.busbw.last < a.busbw ? e.busbw.below + 1 : 0;
+    }
+    if (values.contains("tessera_gpu_utilization_ratio")) {
+      e.util.last = values["tessera_gpu_utilization_ratio"].get<double>();
+      e.util.below = e.util.last < a.device_util ? e.util.below + 1 : 0;
+    }
+    return e;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, Entry> entries_;
+};
+
+// The streak of a run's step records' values of `key` (scaled by `scale`
+// of the same record, when given) against `threshold`.
+Streak run_streak(const json& steps, const char* key, const char* scale, double threshold) {
+  Streak s;
+  for (const json& r : steps) {
+    if (!r.contains(key) || !r[key].is_number()) continue;
+    double v = r[key].get<double>();
+    if (scale) {
+      if (!r.contains(scale) || !r[scale].is_number() || r[scale].get<double>() <= 0) continue;
+      v /= r[scale].get<double>();
+    }
+    s.last = v;
+    s.below = v < threshold ? s.below + 1 : 0;
+  }
+  return s;
+}
+
+// The all-reduce bandwidth and device utilisation alerts from a streak.
+json streak_alert(const char* name, const json& target, const Streak& s, double threshold, int samples,
+                  const std::string& unknown_why, const char* what) {
+  json al = {{"alert", name}, {"target", target}, {"threshold", threshold}, {"samples", samples}};
+  if (std::isnan(s.last)) {
+    al["state"] = "unknown";
+    al["detail"] = unknown_why;
+    return al;
+  }
+  al["value"] = s.last;
+  al["state"] = s.below >= samples ? "firing" : "ok";
+  al["detail"] = fmt::format("{}: {:.1f}% ({} consecutive samples below {:.0f}%; fires at {})", what, 100 * s.last,
+                             s.below, 100 * threshold, samples);
+  return al;
+}
+
 // The alerts of the state: one per (alert, target), firing or not, or
-// "unknown" when what it needs is not measured.
-json alerts(const json& runs, const json& targets, const DashboardArgs& a) {
+// "unknown" when what it needs is not measured. `history` (null for a
+// report) keeps scraped targets' streaks between calls.
+json alerts(const json& runs, const json& targets, const DashboardArgs& a, TargetHistory* history = nullptr) {
   json out = json::array();
   for (const json& r : runs) {
     json al = {{"alert", "checkpoint_share"}, {"target", r["name"]}, {"threshold", a.checkpoint_share}};
@@ -231,16 +316,21 @@ json alerts(const json& runs, const json& targets, const DashboardArgs& a) {
                                  100 * a.checkpoint_share);
     }
     out.push_back(al);
-    out.push_back({{"alert", "allreduce_busbw"},
-                   {"target", r["name"]},
-                   {"threshold", a.busbw},
-                   {"state", "unknown"},
-                   {"detail", "per-link bandwidth is not in the metrics file yet"}});
-    out.push_back({{"alert", "device_utilization"},
-                   {"target", r["name"]},
-                   {"threshold", a.device_util},
-                   {"state", "unknown"},
-                   {"detail", "no device utilisation recorded (CPU run)"}});
+    const json& steps = r["steps"];
+    bool any_busbw = false, any_link = false;
+    for (const json& st : steps) {
+      any_busbw = any_busbw || st.contains("busbw_all_reduce_gbps");
+      any_link = any_link || (st.contains("link_gbps") && st["link_gbps"].is_number());
+    }
+    out.push_back(streak_alert(
+        "allreduce_busbw", r["name"], run_streak(steps, "busbw_all_reduce_gbps", "link_gbps", a.busbw), a.busbw,
+        a.samples,
+        !any_busbw ? "no all-reduce between ranks recorded (a single-rank run)"
+                   : !any_link ? "the link's speed is unknown (set log.link_gbps)" : "no sample yet",
+        "all-reduce bus bandwidth, share of the link"));
+    out.push_back(streak_alert("device_utilization", r["name"], run_streak(steps, "gpu_util", nullptr, a.device_util),
+                               a.device_util, a.samples,
+                               "no device utilisation recorded (a CPU run, or NVML absent)", "device utilisation"));
   }
   for (const json& t : targets) {
     if (t.contains("error")) {
@@ -248,6 +338,16 @@ json alerts(const json& runs, const json& targets, const DashboardArgs& a) {
       continue;
     }
     const json& v = t["values"];
+    if (history && v.contains("tessera_train_steps_total")) {
+      const TargetHistory::Entry e = history->update(t["url"], v, a);
+      out.push_back(streak_alert("allreduce_busbw", t["url"], e.busbw, a.busbw, a.samples,
+                                 v.contains("tessera_train_link_speed_bytes_per_second")
+                                     ? "no all-reduce between ranks yet"
+                                     : "the link's speed is unknown (set log.link_gbps)",
+                                 "all-reduce bus bandwidth, share of the link"));
+      out.push_back(streak_alert("device_utilization", t["url"], e.util, a.device_util, a.samples,
+                                 "no device utilisation reported (a CPU rank, or NVML absent)", "device utilisation"));
+    }
     if (v.contains("tessera_route_tier_active{tier=gpu}") && v["tessera_route_tier_active{tier=gpu}"] == 0.0)
       out.push_back({{"alert", "failover"}, {"target", t["url"]}, {"state", "firing"},
                      {"detail", "the router is not on its gpu tier"}});
@@ -296,11 +396,12 @@ int run_dashboard(const DashboardArgs& a) {
   file("/uPlot.iife.min.js", uplot / "uPlot.iife.min.js", "text/javascript; charset=utf-8");
   file("/uPlot.min.css", uplot / "uPlot.min.css", "text/css; charset=utf-8");
 
-  auto state = [a, &registry]() {
+  TargetHistory history;
+  auto state = [a, &registry, &history]() {
     json runs = json::array(), targets = json::array();
     for (const std::string& r : a.runs) runs.push_back(read_run(r));
     for (const std::string& u : a.scrapes) targets.push_back(scrape(u));
-    json al = alerts(runs, targets, a);
+    json al = alerts(runs, targets, a, &history);
     for (const json& x : al) {
       const obs::Labels l{{"alert", x["alert"].get<std::string>()}, {"target", x["target"].get<std::string>()}};
       registry.gauge("tessera_dashboard_alert", "1 while the alert fires, 0 otherwise (-1: not measured)", l)
@@ -444,6 +545,10 @@ void add_dashboard_command(CLI::App& app) {
   cmd->add_option("--alert-device-util", a->device_util, "alert below this device utilisation")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--alert-samples", a->samples,
+                  "the bandwidth and utilisation alerts fire after this many consecutive samples (steps) below")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   cmd->callback([a] {
     if (a->runs.empty() && a->scrapes.empty()) {
       exit_code() = fail(Status::InvalidArgument("nothing to show: give --run DIR or --scrape URL"));

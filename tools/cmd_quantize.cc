@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "core/progress.h"
 #include "nn/gpt2_weights.h"
 #include "tools/commands.h"
 
@@ -16,13 +17,18 @@ struct QuantizeArgs {
 };
 
 int run_quantize(const QuantizeArgs& a) {
+  ProgressBar bar(ProgressBar::tty(stderr), 3, "steps");
+  bar.update(0, "reading " + a.weights);
   auto model = load_gpt2(a.weights, nullptr, Backend::kCPU, ModelUse::kInference);
-  if (!model.ok()) return fail(model.status());
+  if (!model.ok()) return bar.interrupt(), fail(model.status());
   GPT& m = *model.value();
+  bar.update(1, "quantizing");
   if (!m.int8()) {
-    if (Status st = m.quantize_int8(); !st.ok()) return fail(st);
+    if (Status st = m.quantize_int8(); !st.ok()) return bar.interrupt(), fail(st);
   }
-  if (Status st = save_int8(m, a.out); !st.ok()) return fail(st);
+  bar.update(2, "writing " + a.out);
+  if (Status st = save_int8(m, a.out); !st.ok()) return bar.interrupt(), fail(st);
+  bar.finish("done");
   std::printf("quantized %s: %s; %.1f MB of int8 matmul weights and scales -> %s (+ config.json)\n",
               a.weights.c_str(), m.config().str().c_str(), m.int8_bytes() / 1e6, a.out.c_str());
   return kExitOk;

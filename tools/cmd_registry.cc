@@ -15,6 +15,7 @@
 #include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "serve/registry.h"
+#include "core/progress.h"
 #include "tools/commands.h"
 #include "train/checkpointing.h"
 
@@ -77,12 +78,16 @@ int run_add(const RegistryArgs& a) {
         fmt::format("'{}': add assigns the version itself; give only the name", a.name)));
   auto reg = open_registry(a, /*create=*/true);
   if (!reg.ok()) return fail(reg.status());
+  // Steps: read, fp32 and/or int8 (quantize, write), publish.
+  ProgressBar bar(ProgressBar::tty(stderr), 5, "steps");
+  int step = 0;
+  bar.update(step, "reading " + a.from);
   auto model = load_source(a.from);
-  if (!model.ok()) return fail(model.status());
+  if (!model.ok()) return bar.interrupt(), fail(model.status());
   GPT& m = **model;
 
   auto staged = reg->stage(ref->name);
-  if (!staged.ok()) return fail(staged.status());
+  if (!staged.ok()) return bar.interrupt(), fail(staged.status());
   serve::VersionManifest man;
   std::error_code ec;
   man.source = fs::absolute(a.from, ec).lexically_normal().string();
@@ -90,19 +95,28 @@ int run_add(const RegistryArgs& a) {
   man.model = {{"n_layer", c.layers}, {"n_head", c.heads}, {"n_embd", c.channels},
                {"vocab_size", c.vocab}, {"n_positions", c.context}};
   // An fp32 model is stored as fp32; an INT8 file (tessera quantize) as it is.
+  bar.update(++step, "writing the fp32 weights");
   if (!m.int8()) {
-    if (Status st = save_hf(m, staged->dir() + "/" + serve::kRegistryFp32File); !st.ok()) return fail(st);
+    if (Status st = save_hf(m, staged->dir() + "/" + serve::kRegistryFp32File); !st.ok())
+      return bar.interrupt(), fail(st);
     man.dtypes.push_back("fp32");
   }
+  bar.update(++step, "quantizing");
   if (a.quantize == "int8" || m.int8()) {
     if (!m.int8()) {
-      if (Status st = m.quantize_int8(); !st.ok()) return fail(st);
+      if (Status st = m.quantize_int8(); !st.ok()) return bar.interrupt(), fail(st);
     }
-    if (Status st = save_int8(m, staged->dir() + "/" + serve::kRegistryInt8File); !st.ok()) return fail(st);
+    bar.update(++step, "writing the int8 weights");
+    if (Status st = save_int8(m, staged->dir() + "/" + serve::kRegistryInt8File); !st.ok())
+      return bar.interrupt(), fail(st);
     man.dtypes.push_back("int8");
+  } else {
+    ++step;
   }
+  bar.update(++step, "publishing");
   auto version = reg->publish(*staged, man);
-  if (!version.ok()) return fail(version.status());
+  if (!version.ok()) return bar.interrupt(), fail(version.status());
+  bar.finish("done");
   std::printf("added %s:%d (%s; %s) from %s -> %s\n", ref->name.c_str(), *version,
               fmt::format("{}", fmt::join(man.dtypes, ", ")).c_str(), c.str().c_str(), man.source.c_str(),
               reg->version_dir(ref->name, *version).c_str());

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "core/progress.h"
+
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -58,15 +60,9 @@ Result<std::string> read_text(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-void draw_progress(std::FILE* f, int64_t done, int64_t total, int64_t tokens, double seconds) {
-  const int width = 30;
-  int filled = total > 0 ? static_cast<int>(width * done / total) : width;
-  std::string bar(filled, '#');
-  bar.resize(width, '.');
-  std::fprintf(f, "\r[%s] %lld/%lld documents, %.1fM tokens, %.0fk tokens/s", bar.c_str(),
-               static_cast<long long>(done), static_cast<long long>(total), tokens / 1e6,
-               tokens / std::max(seconds, 1e-9) / 1e3);
-  std::fflush(f);
+// "1.2M tokens, 340k tokens/s": the progress bar's detail.
+std::string token_rate(int64_t tokens, double seconds) {
+  return fmt::format("{:.1f}M tokens, {:.0f}k tokens/s", tokens / 1e6, tokens / std::max(seconds, 1e-9) / 1e3);
 }
 
 // Writes tokens as shards of at most shard_tokens: prefix_000000.bin, ...
@@ -144,6 +140,7 @@ Result<PrepareSummary> prepare_shards(const PrepareOptions& o) {
   std::vector<std::vector<uint16_t>> encoded(docs);
   std::vector<Status> errors(docs);
   std::atomic<int64_t> done{0}, tokens_done{0};
+  ProgressBar bar(o.progress, docs, "documents");
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t d = 0; d < docs; d++) {
     auto text = read_text(files[d]);
@@ -157,12 +154,9 @@ Result<PrepareSummary> prepare_shards(const PrepareOptions& o) {
     }
     tokens_done += static_cast<int64_t>(encoded[d].size());
     int64_t k = ++done;
-    if (o.progress && omp_get_thread_num() == 0) draw_progress(o.progress, k, docs, tokens_done, elapsed());
+    if (bar.drawing() && omp_get_thread_num() == 0) bar.update(k, token_rate(tokens_done, elapsed()));
   }
-  if (o.progress) {
-    draw_progress(o.progress, docs, docs, tokens_done, elapsed());
-    std::fputc('\n', o.progress);
-  }
+  bar.finish(token_rate(tokens_done, elapsed()));
   for (const Status& st : errors) RETURN_IF_ERROR(st);
 
   std::vector<uint16_t> train, val;

@@ -59,6 +59,16 @@ std::string device_summary(int device) {
                      static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
 }
 
+Result<std::string> pci_bus_id(int device) {
+  char id[32] = {};
+  const cudaError_t err = cudaDeviceGetPCIBusId(id, sizeof(id), device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Unavailable(fmt::format("cudaDeviceGetPCIBusId({}): {}", device, cudaGetErrorString(err)));
+  }
+  return std::string(id);
+}
+
 Result<MemoryInfo> memory_info() {
   MemoryInfo m;
   TRY_CUDA(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));

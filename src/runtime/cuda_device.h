@@ -31,6 +31,9 @@ Result<int> query_device_count();
 Status set_device(int device);
 // "NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB, compute 9.0", or the error.
 std::string device_summary(int device);
+// "0000:3b:00.0": the device's PCI bus id (how NVML finds the same device,
+// whatever CUDA_VISIBLE_DEVICES renumbered).
+Result<std::string> pci_bus_id(int device);
 
 // Memory of the current device, bytes (cudaMemGetInfo).
 struct MemoryInfo {

@@ -16,6 +16,7 @@ int device_count() { return 0; }
 Result<int> query_device_count() { return not_compiled(); }
 Status set_device(int) { return not_compiled(); }
 std::string device_summary(int device) { return "device " + std::to_string(device) + ": " + not_compiled().message(); }
+Result<std::string> pci_bus_id(int) { return not_compiled(); }
 Result<MemoryInfo> memory_info() { return not_compiled(); }
 Result<int> select_device(int, size_t) {
   return Status::Unavailable("no CUDA device: " + not_compiled().message());

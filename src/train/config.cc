@@ -96,6 +96,10 @@ const std::vector<Key>& keys() {
        "address the /metrics port binds (\"0.0.0.0\": every interface, for a Prometheus on another machine)"},
       {"log.trace", &TrainConfig::trace,
        "timeline trace folder: each rank writes trace-rank-N.json (Chrome trace events) there; empty: off (--trace sets it)"},
+      {"log.link_gbps", &TrainConfig::link_gbps,
+       "the inter-host link's speed in Gbit/s, which achieved bus bandwidth is compared with (0: the interface's "
+       "speed from /sys/class/net, else unknown)",
+       0},
       {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
   };
   return k;

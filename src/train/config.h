@@ -43,6 +43,7 @@ struct TrainConfig {
   int metrics_port = 0;
   std::string metrics_host = "127.0.0.1";
   std::string trace;  // timeline trace folder (trace-rank-N.json per rank); empty: off
+  float link_gbps = 0;  // the inter-host link's speed in Gbit/s; 0: read it from sysfs, or unknown
   std::string job;  // the `job` label of every series; load_train_config: the config file's stem when empty
 };
 

@@ -19,8 +19,11 @@
 #include "comm/mpi/local_device.h"
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
+#include "comm/traffic.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/dir_lock.h"
+#include "obs/gpu.h"
+#include "obs/link.h"
 #include "obs/metrics.h"
 #include "obs/process.h"
 #include "obs/trace.h"
@@ -149,6 +152,7 @@ class Trainer {
 
   Status setup();
   Status setup_device();
+  void start_gpu_monitor(int device);
   Status setup_model();
   Status make_model(std::unique_ptr<GPT> whole, const ModelShard& shard);
   // A collective: every rank gives its own status and gets it back if it
@@ -218,8 +222,15 @@ class Trainer {
     obs::Gauge* compute_s;
     obs::Gauge* comm_kind_s[5];
     obs::Counter* checkpoint_stall_s;  // with a checkpointer
+    obs::Gauge* busbw[comm::kOpKinds];
+    obs::Counter* bus_bytes[comm::kOpKinds];
+    obs::Counter* busy_s[comm::kOpKinds];
   };
   void setup_metrics();
+  void setup_traffic_metrics();
+  // The network figures of the last step (comm/traffic.h): into the
+  // registry, and rank 0's into its JSONL record.
+  void log_traffic(nlohmann::json& record);
   void add_stall(double seconds);
   obs::Registry own_registry_;  // when the caller passes none
   obs::Registry& registry_;
@@ -227,6 +238,9 @@ class Trainer {
   // GET /metrics of registry_ (log.metrics_port); declared after it, so it
   // stops before the registry goes.
   std::unique_ptr<obs::MetricsExporter> exporter_;
+  // NVML's figures of this rank's GPU (train.device = "cuda" and NVML
+  // present); samples into registry_ from its own thread.
+  std::unique_ptr<obs::GpuMonitor> gpu_;
   int start_step_ = 0;
   bool already_finished_ = false;  // resumed at or past train.steps
   // Rank 0 holds checkpoint.dir's lock from setup to the end of the job, so
@@ -242,6 +256,8 @@ class Trainer {
   int64_t rows_per_step_ = 0;
   double tokens_per_step_ = 0.0;
   double peak_ = 0.0;  // matmul GFLOP/s per rank
+  obs::LinkSpeed link_;  // log.link_gbps, else the interface's, else unknown
+  comm::Traffic::Snapshot traffic_prev_;  // at the last log()
   // Memory per rank, the largest over ranks (bytes): parameters, gradients,
   // optimizer state, activations, and checkpoint staging (the host buffer
   // every save copies into, plus a CUDA model's host mirror; 0 without
@@ -275,12 +291,25 @@ Status Trainer::setup_device() {
   RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status(), kNoDevice));
   say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
       world_.size() > 1 ? " on rank 0, one GPU per rank" : "");
+  start_gpu_monitor(*device);
   if (c_.dp > 1) {
     comm::CommOptions o;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000));
     ASSIGN_OR_RETURN(nccl_dp_, comm::make_nccl_communicator(*dp_, "dp-nccl", o));
   }
   return Status::OK();
+}
+
+void Trainer::start_gpu_monitor(int device) {
+  Result<std::string> bus = cuda::pci_bus_id(device);
+  Result<std::unique_ptr<obs::GpuMonitor>> gpu =
+      bus.ok() ? obs::GpuMonitor::open(*bus) : Result<std::unique_ptr<obs::GpuMonitor>>(bus.status());
+  if (!gpu.ok()) {  // not an error: training goes on without the GPU's figures
+    say("gpu metrics: off (%s)\n", gpu.status().message().c_str());
+    return;
+  }
+  gpu_ = std::move(gpu).value();
+  gpu_->start(registry_);
 }
 
 Status Trainer::agree(const Status& mine, const char* what) {
@@ -500,6 +529,15 @@ Status Trainer::setup() {
     say("layout: dp=%d tp=%d pp=%d (layers per stage %s, %s), %s, %d gradient bucket(s)\n", c_.dp, c_.tp, c_.pp,
         stages.c_str(), c_.schedule.c_str(), c_.zero ? "ZeRO-1" : "all-reduce", ddp_->buckets());
   }
+  link_ = obs::detect_link_speed(c_.link_gbps);
+  if (world_.size() > 1) {
+    if (link_.known())
+      say("link: %.3g Gbit/s (%s); achieved bus bandwidth is compared with it\n", link_.bytes_per_second * 8 / 1e9,
+          link_.source.c_str());
+    else
+      say("link: speed unknown (set log.link_gbps to compare achieved bus bandwidth with it)\n");
+  }
+  setup_traffic_metrics();
   say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, checkpoint "
       "staging %.1f MB; total %.1f MB\n",
       mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6, mem_[4] / 1e6,
@@ -546,6 +584,62 @@ void Trainer::setup_metrics() {
     step_metrics_.checkpoint_stall_s =
         &registry_.counter("tessera_train_checkpoint_stall_seconds_total", kCheckpointStallHelp);
   }
+}
+
+void Trainer::setup_traffic_metrics() {
+  for (int k = 0; k < comm::kOpKinds; k++) {
+    const obs::Labels op{{"op", comm::op_kind_name(static_cast<comm::OpKind>(k))}};
+    step_metrics_.busbw[k] = &registry_.gauge(
+        "tessera_train_comm_bus_bandwidth_bytes_per_second",
+        "Achieved bus bandwidth of this rank's operations of a kind in the last step where it ran (nccl-tests' busbw: "
+        "bus bytes over the time operations of the kind were in flight)",
+        op);
+    step_metrics_.bus_bytes[k] = &registry_.counter(
+        "tessera_train_comm_bus_bytes_total", "Bus bytes of this rank's operations by kind (nccl-tests' convention)", op);
+    step_metrics_.busy_s[k] = &registry_.counter(
+        "tessera_train_comm_busy_seconds_total", "Time at least one operation of the kind was in flight on this rank",
+        op);
+  }
+  if (link_.known())
+    registry_
+        .gauge("tessera_train_link_speed_bytes_per_second",
+               "Speed of the inter-host link (log.link_gbps, else the interface's sysfs speed)",
+               {{"source", link_.source}})
+        .set(link_.bytes_per_second);
+  traffic_prev_ = comm::traffic().snapshot();
+}
+
+void Trainer::log_traffic(nlohmann::json& record) {
+  const comm::Traffic::Snapshot now = comm::traffic().snapshot();
+  const comm::TrafficDelta d = comm::traffic_delta(traffic_prev_, now);
+  uint64_t sent = 0, received = 0;
+  for (const comm::Traffic::PeerBytes& p : now.peers) {
+    const std::string peer = std::to_string(p.peer);
+    const char* help =
+        "Bytes this rank sent to / received from a peer (world rank); collectives by their algorithm's model";
+    registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "sent"}})
+        .advance_to(static_cast<double>(p.sent));
+    registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "received"}})
+        .advance_to(static_cast<double>(p.received));
+    sent += p.sent;
+    received += p.received;
+  }
+  uint64_t sent_before = 0, received_before = 0;
+  for (const comm::Traffic::PeerBytes& p : traffic_prev_.peers) sent_before += p.sent, received_before += p.received;
+  record["comm_sent_bytes"] = sent - sent_before;
+  record["comm_received_bytes"] = received - received_before;
+  for (int k = 0; k < comm::kOpKinds; k++) {
+    step_metrics_.bus_bytes[k]->advance_to(now.kinds[static_cast<size_t>(k)].bus_bytes);
+    step_metrics_.busy_s[k]->advance_to(now.kinds[static_cast<size_t>(k)].busy_seconds);
+    if (d.bus_bytes[static_cast<size_t>(k)] <= 0 || d.busy_seconds[static_cast<size_t>(k)] <= 0) continue;
+    step_metrics_.busbw[k]->set(d.busbw[static_cast<size_t>(k)]);
+    record[fmt::format("busbw_{}_gbps", comm::op_kind_name(static_cast<comm::OpKind>(k)))] =
+        d.busbw[static_cast<size_t>(k)] * 8 / 1e9;
+  }
+  // To 6 significant digits: log.link_gbps is a float (0.2 is 0.200000003).
+  const double link_gbps = std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9));
+  record["link_gbps"] = link_.known() ? nlohmann::json(link_gbps) : nlohmann::json(nullptr);
+  traffic_prev_ = now;
 }
 
 // Training time this rank spent in the checkpointer.
@@ -699,6 +793,8 @@ void Trainer::log(const StepStats& s) {
                   {"mem_activations_mb", mem_[3] / 1e6},
                   {"mem_checkpoint_staging_mb", mem_[4] / 1e6}};
   for (int k = 0; k < 5; k++) record[fmt::format("comm_{}_ms", kCommKinds[k])] = s.comm_kind_s[k] * 1e3;
+  log_traffic(record);
+  if (gpu_ && gpu_->last_utilization() >= 0) record["gpu_util"] = gpu_->last_utilization();
   metrics_.write(record);
 }
 
@@ -810,6 +906,7 @@ Result<TrainSummary> Trainer::run() {
   RETURN_IF_ERROR(evaluate(0));
   pipe_->take_times();
   model_->take_tp_comm_seconds();
+  traffic_prev_ = comm::traffic().snapshot();  // the first step's figures leave out the evaluation's
   for (int step = start_step_; step < c_.steps; step++) {
     ASSIGN_OR_RETURN(StepStats s, this->step(step));
     log(s);

@@ -155,6 +155,20 @@ for r in 0 1; do
   then pass "two ranks: port $port serves rank=\"$r\" dp=\"$r\" at 5 steps"
   else flunk "two ranks: port $port:"; scrape "$port" | grep steps_total; cat "$tmp/two.out" "$tmp/two.err"; fi
 done
+# Network figures (comm/traffic.h): bytes to and from the other rank, the
+# all-reduce's achieved bus bandwidth; promtool accepts the 2-rank text.
+scrape "$p2" >"$tmp/two.prom"
+for dir in sent received; do
+  v=$(grep "^tessera_train_comm_bytes_total{direction=\"$dir\",.*peer=\"1\"" "$tmp/two.prom" | awk '{print $NF}')
+  awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' && pass "two ranks: rank 0 $dir $v bytes to/from peer 1" ||
+    flunk "two ranks: tessera_train_comm_bytes_total{direction=\"$dir\",peer=\"1\"} is '$v', want > 0"
+done
+v=$(grep '^tessera_train_comm_bus_bandwidth_bytes_per_second{.*op="all_reduce"' "$tmp/two.prom" | awk '{print $NF}')
+awk -v v="$v" 'BEGIN { exit !(v + 0 > 0) }' && pass "two ranks: all-reduce busbw $v B/s" ||
+  flunk "two ranks: all-reduce busbw '$v', want > 0"
+promtool check metrics <"$tmp/two.prom" >"$tmp/promtool2.out" 2>&1 && [ ! -s "$tmp/promtool2.out" ] &&
+  pass "two ranks: promtool check metrics accepts rank 0's text" ||
+  { flunk "two ranks: promtool:"; cat "$tmp/promtool2.out"; }
 # A second 2-rank job on b: its rank 1 wants b+1, which rank 0 above holds.
 # Every rank stops before training; rank 0 says which rank and address.
 "$tessera" launch -n 2 -- train --config "$tmp/mjob.toml" --metrics-port "$b" --set parallel.dp=2 \

@@ -62,9 +62,13 @@ TEST(Trainer, RecordsStepsIntoTheGivenRegistryAndKeepsTheJsonlKeys) {
   std::string keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys += it.key() + " ";
   EXPECT_EQ(keys,
-            "bubble_ms comm_gradient_ms comm_ms comm_optimizer_ms comm_step_stats_ms comm_tensor_parallel_ms "
-            "comm_tied_embedding_ms compute_ms grad_norm loss lr mem_activations_mb mem_checkpoint_staging_mb "
-            "mem_grads_mb mem_optimizer_mb mem_params_mb mfu p2p_ms step step_ms tokens_per_s ");
+            "bubble_ms comm_gradient_ms comm_ms comm_optimizer_ms comm_received_bytes comm_sent_bytes "
+            "comm_step_stats_ms comm_tensor_parallel_ms comm_tied_embedding_ms compute_ms grad_norm link_gbps loss lr "
+            "mem_activations_mb mem_checkpoint_staging_mb mem_grads_mb mem_optimizer_mb mem_params_mb mfu p2p_ms step "
+            "step_ms tokens_per_s ");
+  // One rank: nothing crosses a link, so no bus bandwidth is recorded.
+  EXPECT_EQ(j["comm_sent_bytes"], 0);
+  EXPECT_EQ(j["comm_received_bytes"], 0);
   EXPECT_EQ(j["step"], 3);
   // The kinds add up to the step's communication time.
   double kinds = 0;

@@ -1,7 +1,8 @@
 // The dashboard page (and, with the state inline, `tessera report`'s page):
 // polls /api/state every 2 s and draws, with uPlot, each
 // run's metrics file (loss, validation loss, tokens/s, MFU, the step-time
-// breakdown, checkpoint stall share) and each scraped endpoint's series over
+// breakdown, all-reduce bus bandwidth against the link, device utilisation,
+// checkpoint stall share) and each scraped endpoint's series over
 // the time the page has been open. Each chart's element carries
 // data-points (the points drawn), which the tests read.
 "use strict";
@@ -68,6 +69,15 @@ function drawRun(run, i) {
   const stacked = parts.map(p => (acc = acc.map((a, k) => a + (s[k][p] || 0))));
   chart(box, "run" + i + "-parts", "step time (ms), stacked", ["compute", "+ communication", "+ bubble", "+ p2p"],
         [steps].concat(stacked), {fill: true});
+  // Network: the all-reduce's achieved bus bandwidth against the link's
+  // speed (both Gbit/s), when the run had more than one rank.
+  if (s.some(r => r.busbw_all_reduce_gbps !== undefined)) {
+    chart(box, "run" + i + "-busbw", "all-reduce bus bandwidth vs link (Gbit/s)", ["busbw", "link"],
+          [steps, col(s, "busbw_all_reduce_gbps"), col(s, "link_gbps")]);
+  }
+  if (s.some(r => r.gpu_util !== undefined)) {
+    chart(box, "run" + i + "-gpu", "device utilisation", ["gpu util"], [steps, col(s, "gpu_util")]);
+  }
   const ck = run.checkpoints.filter(c => c.stall_share !== undefined);
   chart(box, "run" + i + "-ckpt", "checkpoint stall share of training time", ["stall share"],
         [col(ck, "checkpoint_step"), col(ck, "stall_share")]);
@@ -81,6 +91,9 @@ const TARGET_SERIES = [
   ["TTFT (s)", ["tessera_time_to_first_token_seconds:p50", "tessera_time_to_first_token_seconds:p90"]],
   ["inter-token latency (s)", ["tessera_inter_token_latency_seconds:p50", "tessera_inter_token_latency_seconds:p90"]],
   ["active tier (router)", ["tessera_route_tier_active{tier=gpu}", "tessera_route_tier_active{tier=cpu}"]],
+  ["all-reduce bus bandwidth vs link (B/s)", ["tessera_train_comm_bus_bandwidth_bytes_per_second{op=all_reduce}",
+                                              "tessera_train_link_speed_bytes_per_second"]],
+  ["device utilisation", ["tessera_gpu_utilization_ratio"]],
 ];
 
 function drawTarget(t, i) {

@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/traffic.h"
 #include "core/check.h"
 
 namespace tessera::comm {
@@ -216,6 +217,7 @@ class MpiWork final : public Work {
   MpiWork(std::shared_ptr<const CommInfo> comm, const OpDesc& desc, int64_t bytes)
       : comm_(std::move(comm)), desc_(desc), bytes_(bytes) {}
   ~MpiWork() override {
+    untrack();
     if (done_ || !mpi_active()) return;
     for (MPI_Request& r : reqs_) {
       int flag = 0;
@@ -225,12 +227,20 @@ class MpiWork final : public Work {
   }
 
   void add(MPI_Request r) { reqs_.push_back(r); }
+  // Counted in traffic() as in flight until seen complete (or abandoned).
+  void track(OpKind k) { kind_ = static_cast<int>(k); }
   // Posting failed: wait() reports it (after whatever was posted is orphaned).
   void fail(const Status& st) {
     if (status_.ok()) status_ = st.With(describe_on(desc_, *comm_));
   }
 
   bool test() override {
+    if (!poll()) return false;
+    untrack();
+    return true;
+  }
+
+  bool poll() {
     if (done_) return true;
     if (!status_.ok()) return true;
     if (reqs_.empty()) return done_ = true;
@@ -299,9 +309,16 @@ class MpiWork final : public Work {
                                            format_peer_hosts(peers), me, my_host, verdict));
   }
 
+  void untrack() {
+    if (kind_ < 0) return;
+    traffic().op_finished(static_cast<OpKind>(kind_));
+    kind_ = -1;
+  }
+
   std::shared_ptr<const CommInfo> comm_;
   OpDesc desc_;
   int64_t bytes_;  // bytes this rank moves, for the spin budget
+  int kind_ = -1;  // the OpKind in flight in traffic(); -1: none
   std::vector<MPI_Request> reqs_;
   std::vector<MPI_Status> statuses_;
   Status status_;
@@ -326,6 +343,7 @@ class MpiCommunicator final : public Communicator {
     const size_t esz = elem_size(type);
     auto w = begin({"all_reduce", 0, count, type}, count * esz);
     if (count < 0) return invalid(std::move(w), "negative count");
+    account(*w, OpKind::kAllReduce, count * static_cast<int64_t>(esz));
     const bool in_place = send == recv;
     for_each_chunk(*w, count, [&](int64_t off, int n, MPI_Request* req) {
       return TESSERA_MPI(MPI_Iallreduce, in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + off * esz,
@@ -344,6 +362,7 @@ class MpiCommunicator final : public Communicator {
       return invalid(std::move(w), fmt::format("{} x {} elements exceed the {} elements one MPI reduce_scatter "
                                                "carries; reduce in smaller buckets",
                                                size(), recv_count, mpi_chunk_limit()));
+    account(*w, OpKind::kReduceScatter, recv_count * size() * static_cast<int64_t>(elem_size(type)));
     MPI_Request req;
     Status st = TESSERA_MPI(MPI_Ireduce_scatter_block, send == recv ? MPI_IN_PLACE : send, recv,
                             static_cast<int>(recv_count), mpi_type(type), mpi_op(op), comm_, &req);
@@ -357,6 +376,7 @@ class MpiCommunicator final : public Communicator {
     if (send_count < 0) return invalid(std::move(w), "negative count");
     const bool in_place = send == static_cast<char*>(recv) + rank() * send_count * esz;
     const MPI_Datatype dt = mpi_type(type);
+    account(*w, OpKind::kAllGather, send_count * size() * static_cast<int64_t>(esz));
     if (send_count * size() <= mpi_chunk_limit()) {
       MPI_Request req;
       const int n = static_cast<int>(send_count);
@@ -387,6 +407,7 @@ class MpiCommunicator final : public Communicator {
     auto w = begin({"broadcast", 0, count, type}, count * esz);
     if (count < 0) return invalid(std::move(w), "negative count");
     if (root < 0 || root >= size()) return invalid(std::move(w), fmt::format("root {} out of range", root));
+    account(*w, OpKind::kBroadcast, count * static_cast<int64_t>(esz), root);
     for_each_chunk(*w, count, [&](int64_t off, int n, MPI_Request* req) {
       return TESSERA_MPI(MPI_Ibcast, static_cast<char*>(data) + off * esz, n, mpi_type(type), root, comm_, req);
     });
@@ -396,6 +417,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> send_async(const void* data, int64_t bytes, int peer, int tag) override {
     auto w = begin({"send", 0, bytes, ElemType::kU8, true, peer}, bytes);
     if (Status st = check_p2p(bytes, peer, tag); !st.ok()) return invalid(std::move(w), st.message());
+    account_p2p(*w, peer, bytes, 0);
     for_each_chunk(*w, bytes, [&](int64_t off, int n, MPI_Request* req) {
       return TESSERA_MPI(MPI_Isend, static_cast<const char*>(data) + off, n, MPI_BYTE, peer, tag, comm_, req);
     });
@@ -405,6 +427,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) override {
     auto w = begin({"recv", 0, bytes, ElemType::kU8, true, peer}, bytes);
     if (Status st = check_p2p(bytes, peer, tag); !st.ok()) return invalid(std::move(w), st.message());
+    account_p2p(*w, peer, 0, bytes);
     for_each_chunk(*w, bytes, [&](int64_t off, int n, MPI_Request* req) {
       return TESSERA_MPI(MPI_Irecv, static_cast<char*>(data) + off, n, MPI_BYTE, peer, tag, comm_, req);
     });
@@ -448,6 +471,18 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<MpiWork> begin(OpDesc desc, int64_t bytes) {
     desc.seq = ++seq_;
     return std::make_unique<MpiWork>(info_, desc, bytes);
+  }
+
+  // traffic(): a collective by its algorithm's model, a send or receive exactly.
+  void account(MpiWork& w, OpKind k, int64_t bytes, int root = 0) {
+    traffic().account_collective(k, bytes, info_->rank, info_->world_ranks, root);
+    w.track(k);
+  }
+  void account_p2p(MpiWork& w, int peer, int64_t sent, int64_t received) {
+    traffic().op_posted(OpKind::kSendRecv, static_cast<double>(sent + received));
+    traffic().add_peer_bytes(info_->world_ranks[static_cast<size_t>(peer)], static_cast<uint64_t>(sent),
+                             static_cast<uint64_t>(received));
+    w.track(OpKind::kSendRecv);
   }
 
   std::unique_ptr<Work> invalid(std::unique_ptr<MpiWork> w, const std::string& why) {
@@ -700,6 +735,7 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   TRY_MPI(MPI_Comm_rank, MPI_COMM_WORLD, &info->rank);
   TRY_MPI(MPI_Comm_size, MPI_COMM_WORLD, &size);
   for (int r = 0; r < size; r++) info->world_ranks.push_back(r);
+  traffic().set_world_size(size);
   // Our own duplicate, so Tessera's traffic never matches anyone else's.
   MPI_Comm comm;
   MPI_Request req;

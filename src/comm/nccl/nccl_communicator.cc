@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/traffic.h"
 #include "core/check.h"
 #include "runtime/cuda_check.h"
 
@@ -342,8 +343,18 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<NcclState> state, const OpDesc& desc, std::shared_ptr<Launch> launch, int64_t bytes)
       : state_(std::move(state)), desc_(desc), launch_(std::move(launch)), bytes_(bytes) {}
+  ~NcclWork() override { untrack(); }
+
+  // Counted in traffic() as in flight until seen complete (or abandoned).
+  void track(OpKind k) { kind_ = static_cast<int>(k); }
 
   bool test() override {
+    if (!poll()) return false;
+    untrack();
+    return true;
+  }
+
+  bool poll() {
     if (finished_) return true;
     if (!launch_->issued) state_->flush_p2p();
     if (!launch_->status.ok() || launch_->complete) return finished_ = true;
@@ -404,17 +415,26 @@ class NcclWork final : public Work {
         state_->hosts_of(members), me, state_->hosts_of({state_->rank}), state_->device));
   }
 
+  void untrack() {
+    if (kind_ < 0) return;
+    traffic().op_finished(static_cast<OpKind>(kind_));
+    kind_ = -1;
+  }
+
   std::shared_ptr<NcclState> state_;
   OpDesc desc_;
   std::shared_ptr<Launch> launch_;
   int64_t bytes_;
   bool finished_ = false;
+  int kind_ = -1;  // the OpKind in flight in traffic(); -1: none
 };
 
 // Posts one collective: checks, then issues `enqueue` (after any queued p2p).
+// `kind` (-1: not counted, the barrier) and `root` (broadcast) account it
+// in traffic() by its algorithm's model, over `bytes`.
 template <typename Enqueue>
-std::unique_ptr<Work> post(const std::shared_ptr<NcclState>& s, OpDesc desc, int64_t bytes, const std::string& invalid,
-                           Enqueue enqueue) {
+std::unique_ptr<Work> post(const std::shared_ptr<NcclState>& s, OpDesc desc, int kind, int64_t bytes,
+                           const std::string& invalid, Enqueue enqueue, int root = 0) {
   desc.seq = ++s->seq;
   auto launch = std::make_shared<Launch>();
   auto work = std::make_unique<NcclWork>(s, desc, launch, bytes);
@@ -422,6 +442,10 @@ std::unique_ptr<Work> post(const std::shared_ptr<NcclState>& s, OpDesc desc, int
     launch->issued = true;
     launch->status = Status::InvalidArgument(fmt::format("{}: {}", s->describe_on(desc), invalid));
     return work;
+  }
+  if (kind >= 0) {
+    traffic().account_collective(static_cast<OpKind>(kind), bytes, s->rank, s->world_ranks, root);
+    work->track(static_cast<OpKind>(kind));
   }
   if (Status st = s->flush_p2p(); !st.ok()) {
     launch->issued = true;
@@ -451,7 +475,8 @@ int NcclCommunicator::device() const { return state_->device; }
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                                          ReduceOp op) {
   NcclState& s = *state_;
-  return post(state_, {"all_reduce", 0, count, type}, count * elem_size(type), check_count(count),
+  return post(state_, {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce), count * elem_size(type),
+              check_count(count),
               [&](const std::string& what) {
                 if (count == 0) return Status::OK();
                 return s.settle(ncclAllReduce(send, recv, static_cast<size_t>(count), nccl_type(type), nccl_op(op),
@@ -464,7 +489,8 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const void* send, v
                                                              ElemType type, ReduceOp op) {
   NcclState& s = *state_;
   const size_t esz = elem_size(type);
-  return post(state_, {"reduce_scatter", 0, recv_count, type}, recv_count * size() * esz, check_count(recv_count),
+  return post(state_, {"reduce_scatter", 0, recv_count, type}, static_cast<int>(OpKind::kReduceScatter),
+              recv_count * size() * esz, check_count(recv_count),
               [&](const std::string& what) {
                 if (recv_count == 0) return Status::OK();
                 const size_t n = static_cast<size_t>(recv_count);
@@ -490,7 +516,8 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(const void* send, void*
                                                          ElemType type) {
   NcclState& s = *state_;
   // In place (send == recv + rank * send_count) is NCCL's own in-place form.
-  return post(state_, {"all_gather", 0, send_count, type}, send_count * size() * elem_size(type),
+  return post(state_, {"all_gather", 0, send_count, type}, static_cast<int>(OpKind::kAllGather),
+              send_count * size() * elem_size(type),
               check_count(send_count), [&](const std::string& what) {
                 if (send_count == 0) return Status::OK();
                 return s.settle(
@@ -503,11 +530,12 @@ std::unique_ptr<Work> NcclCommunicator::broadcast_async(void* data, int64_t coun
   NcclState& s = *state_;
   std::string invalid = check_count(count);
   if (invalid.empty() && (root < 0 || root >= size())) invalid = fmt::format("root {} out of range", root);
-  return post(state_, {"broadcast", 0, count, type}, count * elem_size(type), invalid, [&](const std::string& what) {
+  return post(state_, {"broadcast", 0, count, type}, static_cast<int>(OpKind::kBroadcast), count * elem_size(type),
+              invalid, [&](const std::string& what) {
     if (count == 0) return Status::OK();
     return s.settle(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(type), root, s.comm, s.stream),
                     "ncclBroadcast", what);
-  });
+  }, root);
 }
 
 namespace {
@@ -532,6 +560,10 @@ std::unique_ptr<Work> queue_p2p(const std::shared_ptr<NcclState>& s, bool is_sen
     launch->complete = true;
   } else {
     s->p2p.push_back({is_send, data, bytes, peer, launch});
+    traffic().op_posted(OpKind::kSendRecv, static_cast<double>(bytes));
+    const uint64_t b = static_cast<uint64_t>(bytes);
+    traffic().add_peer_bytes(s->world_ranks[static_cast<size_t>(peer)], is_send ? b : 0, is_send ? 0 : b);
+    work->track(OpKind::kSendRecv);
   }
   return work;
 }
@@ -548,7 +580,7 @@ std::unique_ptr<Work> NcclCommunicator::recv_async(void* data, int64_t bytes, in
 
 std::unique_ptr<Work> NcclCommunicator::barrier_async() {
   NcclState& s = *state_;
-  return post(state_, {"barrier"}, 4, "", [&](const std::string& what) {
+  return post(state_, {"barrier"}, -1, 4, "", [&](const std::string& what) {
     return s.settle(ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm, s.stream), "ncclAllReduce",
                     what);
   });

@@ -96,6 +96,8 @@ const std::vector<Key>& keys() {
        "address the /metrics port binds (\"0.0.0.0\": every interface, for a Prometheus on another machine)"},
       {"log.trace", &TrainConfig::trace,
        "timeline trace folder: each rank writes trace-rank-N.json (Chrome trace events) there; empty: off (--trace sets it)"},
+      {"log.profile", &TrainConfig::profile,
+       "doctor profile (tessera doctor --save) for MFU and GEMM efficiency; empty: $TESSERA_PROFILE, else MFU against the theoretical peak"},
       {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
   };
   return k;

@@ -60,11 +60,19 @@ struct MachineInfo {
 // initialises the CUDA runtime) and CUDA is compiled in.
 MachineInfo detect_machine(bool probe_device);
 
-// The clock from the texts the kernel shows, in this order: cpufreq's
-// cpuinfo_max_freq (kHz), the "@ 2.60GHz" of the brand string, /proc/cpuinfo's
-// "cpu MHz" (the current clock: a VM often has nothing better). GHz, and which
-// one it came from in *source; 0 when none parses.
-double clock_ghz_from(const std::string& cpufreq_max_khz, const std::string& brand, const std::string& cpuinfo,
-                      std::string* source);
+// The clock one core runs at, measured: a chain of dependent register adds
+// (one cycle each on every x86 core since the Pentium 4) timed on the
+// calling thread, best of 300 samples of ~70 us (a preempted sample is
+// slower, never faster). Boost included: what a VM without cpufreq cannot
+// tell. GHz; ~25 ms.
+double measure_clock_ghz();
+
+// The clock for the theoretical peak, in this order: cpufreq's
+// cpuinfo_max_freq (kHz), the measured clock (measured_ghz, 0: none), the
+// "@ 2.60GHz" of the brand string (a base clock), /proc/cpuinfo's "cpu MHz"
+// (the current clock). GHz, and which one it came from in *source; 0 when
+// none is known.
+double clock_ghz_from(const std::string& cpufreq_max_khz, double measured_ghz, const std::string& brand,
+                      const std::string& cpuinfo, std::string* source);
 
 }  // namespace tessera::perf

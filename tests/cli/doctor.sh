@@ -115,7 +115,8 @@ fi
 # --- Bad input: one error line each, before any measuring.
 echo '{"schema": "tessera.profile", "version": 1' >"$tmp/trunc.json"
 sed 's/"tessera.profile"/"something.else"/' "$tmp/p.json" >"$tmp/schema.json"
-sed 's/"version": 1,/"version": 7,/' "$tmp/p.json" >"$tmp/version.json"
+python3 -c "
+import json,sys; p=json.load(open(sys.argv[1])); p['version']=7; json.dump(p,open(sys.argv[2],'w'))" "$tmp/p.json" "$tmp/version.json"
 python3 -c "
 import json,sys; p=json.load(open(sys.argv[1])); p['figures'][0]['value']='fast'; json.dump(p,open(sys.argv[2],'w'))" "$tmp/p.json" "$tmp/type.json"
 check_bad() {  # name, want exit, want regex, args...
@@ -136,6 +137,69 @@ check_bad "figure type" 1 ".*type\.json: not a tessera profile: figures\[0\]\.va
 check_bad "tolerance" 2 "--tolerance: bad value 'lots'" --baseline "$tmp/p.json" --tolerance lots
 check_bad "dir" 1 "--dir $tmp/no/such: not a writable directory" --dir "$tmp/no/such"
 check_bad "compare" 1 ".*nothing\.json: cannot read the profile" --compare "$tmp/nothing.json"
+
+# --- MFU against the profile (bench train --profile, the trainer's log.profile):
+# MFU over the profile's theoretical peak, GEMM efficiency over its measured
+# GEMM peak; without one, the theoretical peak and no GEMM efficiency.
+tiny_model=(--layers 1 --heads 2 --dim 64 --vocab 256 --batch 2 --seq 32 --steps 2 --warmup 1)
+if "$tessera" bench train "${tiny_model[@]}" --profile "$tmp/p.json" >"$tmp/bt.json" 2>"$tmp/bt.err" \
+   && python3 - "$tmp/bt.json" "$tmp/p.json" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+p = json.load(open(sys.argv[2]))
+peak = p["machine"]["theoretical_peak_gflops"]["fp32"]
+gemm = [f["value"] for f in p["figures"] if f["name"] == "cpu.gemm.fp32.peak"][0]
+assert r["peak_source"] == "the profile's theoretical peak", r
+assert abs(r["peak_gflops"] - peak) < 0.1, (r, peak)
+assert abs(r["mfu"] - r["achieved_gflops"] / peak) < 1e-3, r
+assert abs(r["gemm_efficiency"] - r["achieved_gflops"] / gemm) < 2e-3 * max(1, r["gemm_efficiency"]), (r, gemm)
+PY
+then ok "bench train --profile: mfu against the profile's theoretical peak, gemm_efficiency against its GEMM peak"
+else fail "bench train --profile"; cat "$tmp/bt.json" "$tmp/bt.err"
+fi
+if "$tessera" bench train "${tiny_model[@]}" >"$tmp/bt0.json" 2>"$tmp/bt0.err" \
+   && [ -n "$(grep -E '"gemm_efficiency": null, .*"peak_source": "theoretical: [0-9]+ cores x [0-9]+ FLOP/cycle' "$tmp/bt0.json")" ]; then
+  ok "bench train without a profile: theoretical peak, no gemm efficiency"
+else fail "bench train without a profile"; cat "$tmp/bt0.json" "$tmp/bt0.err"
+fi
+TESSERA_PROFILE="$tmp/trunc.json" "$tessera" bench train "${tiny_model[@]}" >/dev/null 2>"$tmp/bt1.err"
+rc=$?
+[ $rc -eq 1 ] && [ "$(wc -l <"$tmp/bt1.err")" -eq 1 ] && [ -n "$(grep -E '^tessera: error: .*trunc\.json: not a tessera profile' "$tmp/bt1.err")" ] \
+  && ok "bench train with a bad \$TESSERA_PROFILE: one error line" || { fail "bench train bad profile: exit $rc"; cat "$tmp/bt1.err"; }
+mkdir -p "$tmp/data"
+python3 -c "
+import struct, random, sys
+random.seed(1)
+toks = [random.randrange(256) for _ in range(20000)]
+hdr = [20240520, 1, len(toks)] + [0] * 253
+open(sys.argv[1], 'wb').write(struct.pack('<256i', *hdr) + struct.pack('<%dH' % len(toks), *toks))" "$tmp/data/train_000.bin"
+cat >"$tmp/cfg.toml" <<TOML
+[model]
+layers = 1
+heads = 2
+dim = 32
+vocab = 256
+context = 32
+[data]
+train = "$tmp/data/train_*.bin"
+[train]
+micro_batch = 2
+seq = 32
+steps = 3
+eval_every = 0
+[checkpoint]
+dir = "$tmp/run"
+[log]
+metrics = "$tmp/run/metrics.jsonl"
+profile = "$tmp/p.json"
+TOML
+if "$tessera" train --config "$tmp/cfg.toml" >"$tmp/train.out" 2>&1 \
+   && [ -n "$(grep -E '^mfu against [0-9]+ GFLOP/s/rank \(the profile.s theoretical peak\); gemm efficiency against' "$tmp/train.out")" ] \
+   && [ -n "$(grep -E '\| mfu [0-9.]+ \(gemm [0-9.]+\) \|' "$tmp/train.out")" ] \
+   && [ "$(grep -c '"gemm_efficiency"' "$tmp/run/metrics.jsonl")" -eq 3 ]; then
+  ok "train with log.profile: mfu and gemm efficiency on the console and in the metrics file"
+else fail "train with log.profile"; cat "$tmp/train.out"; cat "$tmp/run/metrics.jsonl" 2>/dev/null
+fi
 
 # --- Under mpirun with 2 ranks: the communication figures, rank 0 writes.
 if timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x TESSERA_DOCTOR_TINY=1 -x OMP_NUM_THREADS=1 \

@@ -88,14 +88,23 @@ TEST(TheoreticalPeak, Avx2AmxAndBaseline) {
   EXPECT_DOUBLE_EQ(theoretical_peak(avx2, 4, 0.0).fp32, 0.0);  // unknown clock: no peak
 }
 
-TEST(Clock, CpufreqThenBrandThenCpuinfo) {
+TEST(Clock, CpufreqThenMeasuredThenBrandThenCpuinfo) {
   std::string src;
-  EXPECT_DOUBLE_EQ(clock_ghz_from("3700000\n", "Intel Xeon @ 2.60GHz", "cpu MHz : 1200.0\n", &src), 3.7);
+  EXPECT_DOUBLE_EQ(clock_ghz_from("3700000\n", 3.4, "Intel Xeon @ 2.60GHz", "cpu MHz : 1200.0\n", &src), 3.7);
   EXPECT_EQ(src, "cpufreq cpuinfo_max_freq");
-  EXPECT_DOUBLE_EQ(clock_ghz_from("", "Intel(R) Xeon(R) Platinum 8480 CPU @ 2.00GHz", "cpu MHz : 1200.0\n", &src), 2.0);
+  EXPECT_DOUBLE_EQ(clock_ghz_from("", 3.4, "Intel Xeon @ 2.60GHz", "cpu MHz : 1200.0\n", &src), 3.4);
+  EXPECT_EQ(src, "measured (dependent adds, one core)");
+  EXPECT_DOUBLE_EQ(clock_ghz_from("", 0, "Intel(R) Xeon(R) Platinum 8480 CPU @ 2.00GHz", "cpu MHz : 1200.0\n", &src),
+                   2.0);
   EXPECT_EQ(src, "brand string");
-  EXPECT_DOUBLE_EQ(clock_ghz_from("", "AMD EPYC", "processor : 0\ncpu MHz\t\t: 2596.122\n", &src), 2.596122);
-  EXPECT_DOUBLE_EQ(clock_ghz_from("", "", "", &src), 0.0);
+  EXPECT_DOUBLE_EQ(clock_ghz_from("", 0, "AMD EPYC", "processor : 0\ncpu MHz\t\t: 2596.122\n", &src), 2.596122);
+  EXPECT_DOUBLE_EQ(clock_ghz_from("", 0, "", "", &src), 0.0);
+}
+
+TEST(Clock, MeasuredClockIsPlausible) {
+  const double ghz = measure_clock_ghz();
+  EXPECT_GT(ghz, 0.3);
+  EXPECT_LT(ghz, 7.0);
 }
 
 TEST(GpuPeak, DatasheetTable) {

@@ -1,6 +1,8 @@
 #include "perf/doctor.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,7 +41,7 @@ void gemm_checks(const DoctorOptions& o, Profile* p) {
   std::vector<GemmShape> shapes = doctor_gemm_shapes(o.quick);
   if (o.tiny)
     shapes = {{128, 128, 128}, {256, 256, 256}, {64, 768, 768}, {64, 3072, 768}};
-  const int iters = o.tiny ? 1 : o.quick ? 2 : 5;
+  const int iters = o.tiny ? 1 : o.quick ? 3 : 10;
   for (GemmDtype d : {GemmDtype::kFP32, GemmDtype::kBF16, GemmDtype::kINT8}) {
     const char* name = gemm_dtype_name(d);
     if (std::string why = gemm_skip_reason(d); !why.empty()) {
@@ -58,6 +60,19 @@ void gemm_checks(const DoctorOptions& o, Profile* p) {
   }
 }
 
+// A launcher binds each rank to a core and sets OMP_NUM_THREADS=1 (tessera
+// launch does); the machine's figures need every CPU: widen this thread's
+// affinity (OpenMP's threads, created later, inherit it) and the OpenMP
+// thread count. Before any parallel region, so the pool starts wide.
+void use_whole_machine(int threads) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  const long n = sysconf(_SC_NPROCESSORS_CONF);
+  for (long i = 0; i < n && i < CPU_SETSIZE; i++) CPU_SET(i, &all);
+  sched_setaffinity(0, sizeof(all), &all);  // the cpuset still limits it; failure leaves the old mask
+  omp_set_num_threads(std::max(threads, 1));
+}
+
 }  // namespace
 
 std::string utc_now_iso8601() {
@@ -71,11 +86,12 @@ std::string utc_now_iso8601() {
 
 Status run_local_checks(const DoctorOptions& o, Profile* p) {
   const int cores = p->machine.cores;
+  use_whole_machine(p->machine.threads);
   gemm_checks(o, p);
 
   say(o, "memory: STREAM triad");
   const int64_t triad_n = o.tiny ? int64_t{1} << 22 : o.quick ? int64_t{1} << 24 : int64_t{1} << 25;
-  add(p, "cpu.mem.triad", triad_gb_per_s(triad_n, o.tiny ? 2 : o.quick ? 3 : 5), "GB/s", Better::kHigher);
+  add(p, "cpu.mem.triad", triad_gb_per_s(triad_n, o.tiny ? 2 : o.quick ? 5 : 10), "GB/s", Better::kHigher);
 
   say(o, "allocation: malloc 1 MiB, page faults");
   add(p, "cpu.alloc.malloc_1mb_ns", malloc_ns(size_t{1} << 20, o.tiny ? 200 : o.quick ? 1000 : 5000), "ns",
@@ -87,7 +103,7 @@ Status run_local_checks(const DoctorOptions& o, Profile* p) {
   say(o, fmt::format("thread scaling: fp32 gemm on {} thread count(s)", counts.size()));
   const int n = o.tiny ? 256 : 1024;
   for (int t : counts)
-    add(p, fmt::format("cpu.threads.{}.fp32", t), threads_fp32_gflops(t, n, o.tiny ? 1 : 3), "GFLOP/s",
+    add(p, fmt::format("cpu.threads.{}.fp32", t), threads_fp32_gflops(t, n, o.tiny ? 1 : o.quick ? 3 : 10), "GFLOP/s",
         Better::kHigher);
 
   const int64_t disk_bytes = int64_t{o.tiny ? 8 : o.quick ? 64 : 256} << 20;

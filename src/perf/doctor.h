@@ -31,8 +31,10 @@ struct DoctorOptions {
 // appended to `out` on every rank (the same values). `ranks`, `hosts` set.
 Status run_comm_checks(comm::Communicator& world, const DoctorOptions& o, Profile* out);
 
-// The machine and the CPU and GPU figures of this process's host, appended
-// to `out`; skipped checks are reported through o.progress ("skipped: ...").
+// The CPU and GPU figures of this process's host (out->machine already
+// detected), appended to `out`, on every CPU of the host (the thread's
+// affinity and the OpenMP thread count are widened first: a launcher may have
+// bound the rank to one core); skipped checks are reported through o.progress ("skipped: ...").
 // Errors: the disk check's directory cannot be written.
 Status run_local_checks(const DoctorOptions& o, Profile* out);
 

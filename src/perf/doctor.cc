@@ -41,7 +41,7 @@ void gemm_checks(const DoctorOptions& o, Profile* p) {
   std::vector<GemmShape> shapes = doctor_gemm_shapes(o.quick);
   if (o.tiny)
     shapes = {{128, 128, 128}, {256, 256, 256}, {64, 768, 768}, {64, 3072, 768}};
-  const int iters = o.tiny ? 1 : o.quick ? 3 : 10;
+  const int iters = o.tiny ? 1 : o.quick ? 3 : 20;
   for (GemmDtype d : {GemmDtype::kFP32, GemmDtype::kBF16, GemmDtype::kINT8}) {
     const char* name = gemm_dtype_name(d);
     if (std::string why = gemm_skip_reason(d); !why.empty()) {
@@ -103,7 +103,7 @@ Status run_local_checks(const DoctorOptions& o, Profile* p) {
   say(o, fmt::format("thread scaling: fp32 gemm on {} thread count(s)", counts.size()));
   const int n = o.tiny ? 256 : 1024;
   for (int t : counts)
-    add(p, fmt::format("cpu.threads.{}.fp32", t), threads_fp32_gflops(t, n, o.tiny ? 1 : o.quick ? 3 : 10), "GFLOP/s",
+    add(p, fmt::format("cpu.threads.{}.fp32", t), threads_fp32_gflops(t, n, o.tiny ? 1 : o.quick ? 3 : 20), "GFLOP/s",
         Better::kHigher);
 
   const int64_t disk_bytes = int64_t{o.tiny ? 8 : o.quick ? 64 : 256} << 20;

@@ -6,6 +6,7 @@
 // host, prints and writes the profile. docs/doctor.md.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -68,10 +69,12 @@ std::string of_peak(const perf::Profile& p, const perf::Figure& f) {
     const int n = std::atoi(f.name.c_str() + 12);
     peak = p.machine.cores > 0 ? t.fp32 * n / p.machine.cores : 0;
   }
+  if (f.name == "gpu.gemm.bf16.peak" && p.machine.device && p.machine.device->datasheet_bf16_tflops > 0)
+    return fmt::format("{:.0f}% of the datasheet peak", f.value / (p.machine.device->datasheet_bf16_tflops * 1e3) * 100);
   return peak > 0 ? fmt::format("{:.0f}% of theoretical", f.value / peak * 100) : "";
 }
 
-std::string num(double v) { return v >= 100 ? fmt::format("{:.1f}", v) : fmt::format("{:.3g}", v); }
+std::string num(double v) { return std::fabs(v) >= 10 ? fmt::format("{:.1f}", v) : fmt::format("{:.3g}", v); }
 
 // Runs the checks into *p; true when this process reports them. Under MPI,
 // the ranks other than 0 return false after the communication checks.

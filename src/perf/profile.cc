@@ -127,6 +127,9 @@ Status parse_machine(const json& j, Profile* p) {
   return Status::OK();
 }
 
+// 45.0, 1320.4, 0.125: one decimal from 10 up, three significant digits below.
+std::string value_text(double v) { return std::fabs(v) >= 10 ? fmt::format("{:.1f}", v) : fmt::format("{:.3g}", v); }
+
 std::string pct(double fraction) {
   const double v = fraction * 100;
   return std::fabs(v) >= 10 || v == std::round(v) ? fmt::format("{:.0f}%", v) : fmt::format("{:.1f}%", v);
@@ -258,8 +261,8 @@ std::vector<Comparison> compare_profiles(const Profile& current, const Profile& 
 }
 
 std::string regression_line(const Comparison& c, double tolerance) {
-  return fmt::format("REGRESSED {}: {:.4g} {}, baseline {:.4g} ({}{}, tolerance {})", c.name, c.value, c.unit,
-                     c.baseline, c.change > 0 ? "+" : "", pct(c.change), pct(tolerance));
+  return fmt::format("REGRESSED {}: {} {}, baseline {} ({}{}, tolerance {})", c.name, value_text(c.value), c.unit,
+                     value_text(c.baseline), c.change > 0 ? "+" : "", pct(c.change), pct(tolerance));
 }
 
 PeakReference cpu_peak_reference(const std::optional<Profile>& profile, const MachineInfo& here,

@@ -52,7 +52,13 @@ TEST(Compare, ZeroBaselinePassesUnlessWorse) {
 TEST(Compare, RegressionLineNamesFigureValueBaselineChangeAndTolerance) {
   const Figure base = fig("cpu.mem.triad", 45.0, Better::kHigher);
   const Comparison c = compare_figure(fig("cpu.mem.triad", 20.1, Better::kHigher), &base, 0.10);
-  EXPECT_EQ(regression_line(c, 0.10), "REGRESSED cpu.mem.triad: 20.1 GB/s, baseline 45 (-55%, tolerance 10%)");
+  EXPECT_EQ(regression_line(c, 0.10), "REGRESSED cpu.mem.triad: 20.1 GB/s, baseline 45.0 (-55%, tolerance 10%)");
+}
+
+TEST(Compare, RegressionLineOfALowerIsBetterFigure) {
+  const Figure base{"cpu.alloc.page_fault_ns", 0.5, "us", Better::kLower};
+  const Comparison c = compare_figure({"cpu.alloc.page_fault_ns", 0.625, "us", Better::kLower}, &base, 0.05);
+  EXPECT_EQ(regression_line(c, 0.05), "REGRESSED cpu.alloc.page_fault_ns: 0.625 us, baseline 0.5 (+25%, tolerance 5%)");
 }
 
 TEST(Tolerance, ParsesPercentages) {

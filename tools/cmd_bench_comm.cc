@@ -1,15 +1,8 @@
 // tessera bench allreduce | reduce_scatter | all_gather | broadcast | sendrecv:
 // collective bandwidth with nccl-tests' semantics (its doc/PERFORMANCE.md).
 //
-// For a size S bytes of the given type (count = S / typesize):
-//   all_reduce      count elements in and out; algbw = S/t, busbw = algbw * 2(n-1)/n
-//   reduce_scatter  n*(count/n) in, count/n out; algbw = n*(count/n)*ts/t, busbw = algbw * (n-1)/n
-//   all_gather      count/n in, n*(count/n) out; algbw = n*(count/n)*ts/t, busbw = algbw * (n-1)/n
-//   broadcast       count elements from rank 0; busbw = algbw = S/t
-//   sendrecv        S bytes to the next rank, S from the previous; busbw = algbw = S/t
-// The size column is the larger of the two buffers, the count column the
-// count passed to the operation (per rank), as nccl-tests prints them. time is
-// the mean over -n iterations after -w warm-up ones, the maximum over ranks.
+// The measurement and its semantics (nccl-tests' algbw and busbw) are in
+// perf/comm_bench.h; this file owns the flags and the table.
 // Run under mpirun for n ranks; without it, one rank (the self communicator).
 //
 // --backend nccl: the same operations on the NCCL communicator, one GPU per
@@ -32,6 +25,7 @@
 #include "comm/mpi/local_device.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_factory.h"
+#include "perf/comm_bench.h"
 #include "runtime/cuda_device.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
@@ -42,9 +36,8 @@ namespace {
 
 using comm::Communicator;
 using comm::ElemType;
-using Clock = std::chrono::steady_clock;
 
-enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
+using perf::CommOp;
 
 struct CommBenchArgs {
   CommOp op = CommOp::kAllReduce;
@@ -65,216 +58,12 @@ Result<ElemType> parse_dtype(const std::string& s) {
       fmt::format("--dtype: unknown type '{}' (float, double, int32, int64, uint64, uint8)", s));
 }
 
-// Buffer sizes and bandwidth factors of one row.
-struct Layout {
-  int64_t send_count = 0, recv_count = 0;  // elements in each buffer
-  int64_t param_count = 0;                 // the count passed to the operation
-  int64_t size_bytes = 0;                  // the larger buffer (the size column)
-  double alg_bytes = 0;                    // bytes algbw divides by the time
-  double bus_factor = 1;                   // busbw = algbw * bus_factor
-};
-
-Layout layout_of(CommOp op, int64_t bytes, int64_t ts, int n) {
-  const int64_t count = bytes / ts;
-  Layout l;
-  switch (op) {
-    case CommOp::kAllReduce:
-      l.send_count = l.recv_count = l.param_count = count;
-      l.bus_factor = 2.0 * (n - 1) / n;
-      break;
-    case CommOp::kReduceScatter:
-      l.param_count = l.recv_count = count / n;
-      l.send_count = l.recv_count * n;
-      l.bus_factor = double(n - 1) / n;
-      break;
-    case CommOp::kAllGather:
-      l.param_count = l.send_count = count / n;
-      l.recv_count = l.send_count * n;
-      l.bus_factor = double(n - 1) / n;
-      break;
-    case CommOp::kBroadcast:
-    case CommOp::kSendRecv:
-      l.send_count = l.recv_count = l.param_count = count;
-      break;
-  }
-  l.size_bytes = std::max(l.send_count, l.recv_count) * ts;
-  l.alg_bytes = (op == CommOp::kReduceScatter || op == CommOp::kAllGather) ? double(l.param_count) * n * ts
-                                                                           : double(count) * ts;
-  return l;
-}
-
-// Rank r's element i: small integers, so float sums are exact and every
-// rank can compute every other rank's data to check results.
-template <typename T>
-T pattern(int64_t i, int r) {
-  return static_cast<T>((i * 7 + r * 3 + 1) % 17);
-}
-
-// Host vectors, and with --backend nccl their device twins (which the
-// operations then use; the host side only fills and checks).
-template <typename T>
-struct Buffers {
-  std::vector<T> send, recv;
-  void* dev_send = nullptr;
-  void* dev_recv = nullptr;
-  bool on_device = false;
-
-  Buffers() = default;
-  Buffers(const Buffers&) = delete;
-  Buffers& operator=(const Buffers&) = delete;
-  ~Buffers() {
-    (void)cuda::device_free(dev_send);
-    (void)cuda::device_free(dev_recv);
-  }
-  // Device buffers of the host ones' sizes (at least one element each).
-  Status to_device() {
-    on_device = true;
-    ASSIGN_OR_RETURN(dev_send, cuda::device_malloc(std::max<size_t>(send.size(), 1) * sizeof(T)));
-    ASSIGN_OR_RETURN(dev_recv, cuda::device_malloc(std::max<size_t>(recv.size(), 1) * sizeof(T)));
-    return upload();
-  }
-  Status upload() {
-    if (!on_device) return Status::OK();
-    RETURN_IF_ERROR(cuda::memcpy_h2d(dev_send, send.data(), send.size() * sizeof(T)));
-    return cuda::memcpy_h2d(dev_recv, recv.data(), recv.size() * sizeof(T));
-  }
-  Status download_recv() {
-    if (!on_device) return Status::OK();
-    return cuda::memcpy_d2h(recv.data(), dev_recv, recv.size() * sizeof(T));
-  }
-  void* send_ptr() { return on_device ? dev_send : send.data(); }
-  void* recv_ptr() { return on_device ? dev_recv : recv.data(); }
-};
-
-// Posts one iteration of the operation; its Works go to `out`.
-template <typename T>
-void post_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et,
-               std::vector<std::unique_ptr<comm::Work>>& out) {
-  const int n = c.size(), r = c.rank();
-  switch (op) {
-    case CommOp::kAllReduce:
-      out.push_back(c.all_reduce_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, comm::ReduceOp::kSum));
-      return;
-    case CommOp::kReduceScatter:
-      out.push_back(c.reduce_scatter_async(b.send_ptr(), b.recv_ptr(), l.param_count, et, comm::ReduceOp::kSum));
-      return;
-    case CommOp::kAllGather: out.push_back(c.all_gather_async(b.send_ptr(), b.recv_ptr(), l.param_count, et)); return;
-    case CommOp::kBroadcast: out.push_back(c.broadcast_async(b.recv_ptr(), l.param_count, et, 0)); return;
-    case CommOp::kSendRecv: {
-      const int64_t bytes = l.param_count * static_cast<int64_t>(sizeof(T));
-      out.push_back(c.recv_async(b.recv_ptr(), bytes, (r + n - 1) % n, 0));
-      out.push_back(c.send_async(b.send_ptr(), bytes, (r + 1) % n, 0));
-      out.back()->test();  // starts the pair now (NCCL queues p2p until a Work is tested or waited)
-      return;
-    }
-  }
-}
-
-Status wait_all(std::vector<std::unique_ptr<comm::Work>>& works) {
-  Status first;
-  for (auto& w : works) {
-    Status st = w->wait();
-    if (first.ok()) first = st;
-  }
-  works.clear();
-  return first;
-}
-
-template <typename T>
-Status run_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et) {
-  std::vector<std::unique_ptr<comm::Work>> works;
-  post_once(c, op, b, l, et, works);
-  return wait_all(works);
-}
-
-// Fills the inputs, runs the operation once and counts the wrong elements of
-// this rank's output.
-template <typename T>
-Result<int64_t> check_once(Communicator& c, CommOp op, Buffers<T>& b, const Layout& l, ElemType et) {
-  const int n = c.size(), r = c.rank();
-  for (int64_t i = 0; i < l.send_count; i++) b.send[i] = pattern<T>(i, r);
-  std::fill(b.recv.begin(), b.recv.end(), T(99));
-  if (op == CommOp::kBroadcast && r == 0)
-    for (int64_t i = 0; i < l.recv_count; i++) b.recv[i] = pattern<T>(i, 0);
-  RETURN_IF_ERROR(b.upload());
-  RETURN_IF_ERROR(run_once(c, op, b, l, et));
-  RETURN_IF_ERROR(b.download_recv());
-  int64_t wrong = 0;
-  for (int64_t i = 0; i < l.recv_count; i++) {
-    T want{};
-    switch (op) {
-      case CommOp::kAllReduce:
-        for (int q = 0; q < n; q++) want = static_cast<T>(want + pattern<T>(i, q));
-        break;
-      case CommOp::kReduceScatter:
-        for (int q = 0; q < n; q++) want = static_cast<T>(want + pattern<T>(r * l.recv_count + i, q));
-        break;
-      case CommOp::kAllGather: want = pattern<T>(i % l.send_count, static_cast<int>(i / l.send_count)); break;
-      case CommOp::kBroadcast: want = pattern<T>(i, 0); break;
-      case CommOp::kSendRecv: want = pattern<T>(i, (r + n - 1) % n); break;
-    }
-    wrong += b.recv[i] != want;
-  }
-  return wrong;
-}
-
-struct Row {
-  Layout layout;
-  double time_us = 0, algbw = 0, busbw = 0;
-  int64_t wrong = -1;  // -1: not checked
-};
-
-// c: the communicator measured; host: the MPI (or self) one, for the
-// timing and error-count reductions on host memory.
-template <typename T>
-Result<Row> bench_size(Communicator& c, Communicator& host, const CommBenchArgs& a, int64_t bytes, ElemType et) {
-  Row row;
-  row.layout = layout_of(a.op, bytes, sizeof(T), c.size());
-  const Layout& l = row.layout;
-  const bool on_device = &c != &host;
-  Buffers<T> b;
-  b.send.assign(l.send_count, T(1));
-  b.recv.assign(l.recv_count, T(0));
-  if (on_device) RETURN_IF_ERROR(b.to_device());
-  for (int i = 0; i < a.warmup; i++) RETURN_IF_ERROR(run_once(c, a.op, b, l, et));
-  RETURN_IF_ERROR(c.barrier());
-  const auto t0 = Clock::now();
-  if (on_device) {
-    // Back to back on the stream; done when the last has completed.
-    std::vector<std::unique_ptr<comm::Work>> works;
-    for (int i = 0; i < a.iters; i++) post_once(c, a.op, b, l, et, works);
-    RETURN_IF_ERROR(wait_all(works));
-  } else {
-    for (int i = 0; i < a.iters; i++) RETURN_IF_ERROR(run_once(c, a.op, b, l, et));
-  }
-  double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / a.iters;
-  RETURN_IF_ERROR(host.all_reduce(&seconds, &seconds, 1, ElemType::kF64, comm::ReduceOp::kMax));
-  row.time_us = seconds * 1e6;
-  row.algbw = l.alg_bytes / seconds / 1e9;
-  row.busbw = row.algbw * l.bus_factor;
-  if (a.check) {
-    ASSIGN_OR_RETURN(row.wrong, check_once(c, a.op, b, l, et));
-    RETURN_IF_ERROR(host.all_reduce(&row.wrong, &row.wrong, 1, ElemType::kI64));
-  }
-  return row;
-}
-
-Result<Row> bench_size(Communicator& c, Communicator& host, const CommBenchArgs& a, int64_t bytes, ElemType et) {
-  switch (et) {
-    case ElemType::kF32: return bench_size<float>(c, host, a, bytes, et);
-    case ElemType::kF64: return bench_size<double>(c, host, a, bytes, et);
-    case ElemType::kI32: return bench_size<int32_t>(c, host, a, bytes, et);
-    case ElemType::kI64: return bench_size<int64_t>(c, host, a, bytes, et);
-    case ElemType::kU64: return bench_size<uint64_t>(c, host, a, bytes, et);
-    case ElemType::kU8: return bench_size<uint8_t>(c, host, a, bytes, et);
-  }
-  return Status::Internal("unknown type");
-}
+using Row = perf::CollectiveResult;
 
 double pct_of_link(double busbw_gbs, double link_gbps) { return busbw_gbs * 8.0 / link_gbps * 100.0; }
 
 void print_row(const CommBenchArgs& a, const Row& r, const char* type) {
-  const Layout& l = r.layout;
+  const perf::CommLayout& l = r.layout;
   if (a.json) {
     std::string wrong = r.wrong < 0 ? "null" : fmt::format("{}", r.wrong);
     std::string pct = a.link_gbps > 0 ? fmt::format(", \"pct_of_link\": {:.2f}", pct_of_link(r.busbw, a.link_gbps)) : "";
@@ -342,7 +131,12 @@ int run_comm_bench(const CommBenchArgs& a) {
   std::vector<Row> rows;
   int64_t total_wrong = 0;
   for (int64_t bytes = *min_bytes; bytes <= *max_bytes; bytes *= a.factor) {
-    Result<Row> row = bench_size(c, **world, a, bytes, *dtype);
+    perf::CollectiveOptions o;
+    o.op = a.op;
+    o.iters = a.iters;
+    o.warmup = a.warmup;
+    o.check = a.check != 0;
+    Result<Row> row = perf::bench_collective(c, **world, o, bytes, *dtype, /*on_device=*/nccl != nullptr);
     if (!row.ok()) comm::abort_job(row.status().With(fmt::format("bench {} at {} bytes", a.name, bytes)));
     rows.push_back(*row);
     total_wrong += std::max<int64_t>(row->wrong, 0);

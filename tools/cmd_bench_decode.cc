@@ -25,6 +25,7 @@
 #include "core/try.h"
 #include "nn/gpt.h"
 #include "nn/kv_cache.h"
+#include "perf/cpu_checks.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -57,27 +58,8 @@ int64_t rss_bytes() {
   return 0;
 }
 
-// STREAM triad bandwidth, bytes/s.
-double triad_bandwidth() {
-  const int64_t n = int64_t{1} << 25;  // 32M floats: 128 MB an array
-  std::vector<float> a(n), b(n), c(n);
-#pragma omp parallel for
-  for (int64_t i = 0; i < n; i++) {
-    a[i] = 0.0f;
-    b[i] = 1.0f;
-    c[i] = 2.0f;
-  }
-  double best = 0.0;
-  for (int rep = 0; rep < 5; rep++) {
-    auto t0 = Clock::now();
-    const float s = 0.5f + rep;
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::max(best, 3.0 * n * sizeof(float) / secs);
-  }
-  return best;
-}
+// STREAM triad bandwidth, bytes/s (perf/cpu_checks.h).
+double triad_bandwidth() { return perf::triad_gb_per_s() * 1e9; }
 
 int run_decode_bench(const DecodeArgs& a) {
   if (Status st = a.model.validate(); !st.ok()) return fail(st);

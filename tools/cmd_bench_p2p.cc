@@ -1,22 +1,8 @@
 // tessera bench p2p: iperf-style point-to-point bandwidth and latency between
 // every ordered pair of ranks. Run under mpirun with at least 2 ranks.
 //
-// Pairs (src -> dst) are measured one at a time, in the same order on every
-// rank; the ranks outside the pair wait in the pair's result all_reduce, so
-// each link is measured alone. For one pair:
-//   bandwidth, 1 stream   src sends -b bytes to dst as one message, dst acks
-//                         with 1 byte; time per transfer = the mean over -n
-//                         iterations (after -w warm-up ones), the larger of
-//                         src's and dst's; bandwidth = bytes / time.
-//   bandwidth, N streams  the same -b bytes split into N messages (distinct
-//                         tags) posted at once, then one ack. "Streams" are
-//                         concurrent MPI messages on the existing connection,
-//                         not separate TCP connections (OpenMPI's TCP
-//                         transport stripes across more sockets only with
-//                         --mca btl_tcp_links N).
-//   latency               src ping-pongs --lat-size bytes with dst; half the
-//                         round trip, median of --lat-iters (after 10
-//                         untimed round trips).
+// Pairs (src -> dst) are measured one at a time by perf::bench_pair
+// (perf/comm_bench.h: what a transfer, a stream and the latency are).
 // Rows are senders, columns receivers; both directions are measured, since
 // links and NIC queues need not be symmetric. Gbit/s = 8 * bytes / time / 1e9
 // (the unit links are sold in), GB/s = bytes / time / 1e9.
@@ -36,6 +22,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "perf/comm_bench.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 
@@ -45,12 +32,8 @@ namespace {
 
 using comm::Communicator;
 using comm::ElemType;
-using Clock = std::chrono::steady_clock;
 
-// Message tags; stream s of a transfer uses kDataTag + s.
-constexpr int kAckTag = 1, kPingTag = 2, kPongTag = 3, kDataTag = 16;
 constexpr int kMaxStreams = 1024;  // keeps tags far below MPI's guaranteed 32767
-constexpr int kLatencyWarmup = 10;
 
 struct P2pArgs {
   std::string bytes = "64M";
@@ -63,103 +46,16 @@ struct P2pArgs {
   double timeout_s = 300;  // the Communicator's deadline per wait
 };
 
-Status wait_all(std::vector<std::unique_ptr<comm::Work>>& works) {
-  Status first;
-  for (auto& w : works) {
-    Status st = w->wait();
-    if (first.ok() && !st.ok()) first = st;
-  }
-  return first;
-}
+using perf::PairResult;
 
-// One transfer of buf (bytes) from src to dst as `streams` concurrent
-// messages, then a 1-byte ack back. Called on src and dst only.
-Status transfer(Communicator& c, std::vector<char>& buf, int64_t bytes, int streams, int src, int dst) {
-  const bool sending = c.rank() == src;
-  const int peer = sending ? dst : src;
-  std::vector<std::unique_ptr<comm::Work>> works;
-  works.reserve(streams);
-  int64_t offset = 0;
-  for (int s = 0; s < streams; s++) {
-    // The first bytes % streams streams carry one byte more.
-    const int64_t len = bytes / streams + (s < bytes % streams ? 1 : 0);
-    works.push_back(sending ? c.send_async(buf.data() + offset, len, peer, kDataTag + s)
-                            : c.recv_async(buf.data() + offset, len, peer, kDataTag + s));
-    offset += len;
-  }
-  RETURN_IF_ERROR(wait_all(works));
-  char ack = 1;
-  return sending ? c.recv(&ack, 1, peer, kAckTag) : c.send(&ack, 1, peer, kAckTag);
-}
-
-// Mean seconds per transfer over a.iters, after a.warmup; this rank's view.
-Result<double> time_transfers(Communicator& c, const P2pArgs& a, std::vector<char>& buf, int64_t bytes, int streams,
-                              int src, int dst) {
-  for (int i = 0; i < a.warmup; i++) RETURN_IF_ERROR(transfer(c, buf, bytes, streams, src, dst));
-  const auto t0 = Clock::now();
-  for (int i = 0; i < a.iters; i++) RETURN_IF_ERROR(transfer(c, buf, bytes, streams, src, dst));
-  return std::chrono::duration<double>(Clock::now() - t0).count() / a.iters;
-}
-
-// Median one-way latency in seconds on src (half the round trip); 0 on dst,
-// which only echoes.
-Result<double> time_latency(Communicator& c, const P2pArgs& a, std::vector<char>& msg, int src, int dst) {
-  const int64_t n = static_cast<int64_t>(msg.size());
-  const bool pinging = c.rank() == src;
-  std::vector<double> half_rtt;
-  half_rtt.reserve(a.lat_iters);
-  for (int i = 0; i < kLatencyWarmup + a.lat_iters; i++) {
-    const auto t0 = Clock::now();
-    if (pinging) {
-      RETURN_IF_ERROR(c.send(msg.data(), n, dst, kPingTag));
-      RETURN_IF_ERROR(c.recv(msg.data(), n, dst, kPongTag));
-    } else {
-      RETURN_IF_ERROR(c.recv(msg.data(), n, src, kPingTag));
-      RETURN_IF_ERROR(c.send(msg.data(), n, src, kPongTag));
-    }
-    if (i >= kLatencyWarmup) half_rtt.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 2);
-  }
-  if (!pinging) return 0.0;
-  std::nth_element(half_rtt.begin(), half_rtt.begin() + half_rtt.size() / 2, half_rtt.end());
-  return half_rtt[half_rtt.size() / 2];
-}
-
-// One pair's results, the same on every rank after the pair's all_reduce.
-struct PairResult {
-  double seconds_1 = 0, seconds_n = 0;  // mean time per transfer, max of src and dst
-  double latency_s = 0;                 // median half round trip
-};
-
-// The most waits src or dst makes in one pair. Each of them ends within the
-// Communicator's deadline or the job is aborted by the rank that timed out,
-// so a pair lasts at most this many deadlines.
-int64_t max_waits_per_pair(const P2pArgs& a) {
-  const int64_t transfers = a.warmup + a.iters;
-  return transfers * (1 + 1) + transfers * (a.streams + 1) + 2 * (kLatencyWarmup + a.lat_iters) + 1;
-}
-
-// Collective over c: src and dst measure, the others wait in the all_reduce.
 Result<PairResult> bench_pair(Communicator& c, const P2pArgs& a, std::vector<char>& buf, std::vector<char>& msg,
                               int64_t bytes, int src, int dst) {
-  double r[3] = {0, 0, 0};  // seconds_1, seconds_n, latency_s
-  const bool in_pair = c.rank() == src || c.rank() == dst;
-  if (in_pair) {
-    ASSIGN_OR_RETURN(r[0], time_transfers(c, a, buf, bytes, 1, src, dst));
-    ASSIGN_OR_RETURN(r[1], time_transfers(c, a, buf, bytes, a.streams, src, dst));
-    ASSIGN_OR_RETURN(r[2], time_latency(c, a, msg, src, dst));
-  }
-  auto reduce = c.all_reduce_async(r, r, 3, ElemType::kF64, comm::ReduceOp::kMax);
-  Status st = reduce->wait();
-  // The pair's ranks arrive here within one wait of each other, so one
-  // deadline is theirs. The idle ranks wait for the whole measurement, which
-  // may legitimately take longer than one deadline (large -b, -n, slow
-  // link): they wait again (the Work stays valid after a timeout) for as many
-  // deadlines as the pair may take; a stalled pair is reported, and the job
-  // ended, by the pair rank whose own wait timed out.
-  for (int64_t i = 1; !in_pair && st.code() == StatusCode::kUnavailable && i < max_waits_per_pair(a); i++)
-    st = reduce->wait();
-  RETURN_IF_ERROR(st);
-  return PairResult{r[0], r[1], r[2]};
+  perf::P2pOptions o;
+  o.streams = a.streams;
+  o.iters = a.iters;
+  o.warmup = a.warmup;
+  o.lat_iters = a.lat_iters;
+  return perf::bench_pair(c, o, buf, msg, bytes, src, dst);
 }
 
 double gbit_per_s(int64_t bytes, double seconds) { return bytes * 8.0 / seconds / 1e9; }

@@ -18,8 +18,11 @@ CpuFeatures detect() {
     f.avx2 = (b >> 5) & 1;
     f.avx512f = (b >> 16) & 1;
     f.amx_bf16 = ((d >> 22) & 1) && ((d >> 24) & 1);
+    f.amx_int8 = ((d >> 25) & 1) && ((d >> 24) & 1);
+    f.avx512_vnni = f.avx512f && ((c >> 11) & 1);
     __cpuid_count(7, 1, a, b, c, d);
     f.avx512_bf16 = (a >> 5) & 1;
+    f.avx_vnni = (a >> 4) & 1;
   }
   // The OS must also save the wide registers; oneDNN checks XCR0 itself, and
   // a kernel of ours only runs where oneDNN agrees (see has_bf16_matmul use).
@@ -54,6 +57,9 @@ std::string CpuFeatures::summary() const {
   add(avx512f, "avx512f");
   add(avx512_bf16, "avx512_bf16");
   add(amx_bf16, "amx_bf16");
+  add(avx512_vnni, "avx512_vnni");
+  add(avx_vnni, "avx_vnni");
+  add(amx_int8, "amx_int8");
   return s.empty() ? "baseline x86-64" : s;
 }
 

@@ -13,6 +13,9 @@ struct CpuFeatures {
   bool avx512f = false;
   bool avx512_bf16 = false;  // bf16 dot products (vdpbf16ps)
   bool amx_bf16 = false;     // AMX tiles with bf16
+  bool avx512_vnni = false;  // int8 dot products, 512-bit (vpdpbusd)
+  bool avx_vnni = false;     // int8 dot products, 256-bit VEX
+  bool amx_int8 = false;     // AMX tiles with int8
   int logical_cores = 1;
   // True when bf16 matmuls run natively (AVX512-BF16 or AMX); elsewhere
   // Tessera computes them in fp32 and says so once.

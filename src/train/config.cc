@@ -100,6 +100,8 @@ const std::vector<Key>& keys() {
        "the inter-host link's speed in Gbit/s, which achieved bus bandwidth is compared with (0: the interface's "
        "speed from /sys/class/net, else unknown)",
        0},
+      {"log.profile", &TrainConfig::profile,
+       "doctor profile (tessera doctor --save) for MFU and GEMM efficiency; empty: $TESSERA_PROFILE, else MFU against the theoretical peak"},
       {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
   };
   return k;

@@ -44,6 +44,10 @@ struct TrainConfig {
   std::string metrics_host = "127.0.0.1";
   std::string trace;  // timeline trace folder (trace-rank-N.json per rank); empty: off
   float link_gbps = 0;  // the inter-host link's speed in Gbit/s; 0: read it from sysfs, or unknown
+  // A `tessera doctor --save` profile: MFU against its theoretical peak and
+  // GEMM efficiency against its measured GEMM peak. Empty: $TESSERA_PROFILE,
+  // else MFU against this machine's theoretical peak (perf/profile.h).
+  std::string profile;
   std::string job;  // the `job` label of every series; load_train_config: the config file's stem when empty
 };
 

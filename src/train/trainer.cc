@@ -31,13 +31,14 @@
 #include "parallel/data_parallel.h"
 #include "parallel/model_parallel.h"
 #include "parallel/pipeline.h"
-#include "kernels/cpu/matmul_peak.h"
+#include "perf/gpu_checks.h"
+#include "perf/profile.h"
 #include "runtime/cuda_device.h"
 #include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
-#include "train/flops.h"
+#include "perf/flops.h"
 #include "train/memory_plan.h"
 #include "train/monitoring.h"
 #include "train/tracing.h"
@@ -139,6 +140,7 @@ class Trainer {
     double loss = 0.0;
     float lr = 0.0f, norm = 0.0f;
     double step_s = 0.0, comm_s = 0.0, bubble_s = 0.0, p2p_s = 0.0, tokens_per_s = 0.0, mfu = 0.0;
+    double gemm_efficiency = 0.0;  // achieved / the profile's measured GEMM peak; 0 without a profile
     // comm_s by kind (means over ranks): kCommKinds below.
     double comm_kind_s[5] = {0, 0, 0, 0, 0};
   };
@@ -215,6 +217,7 @@ class Trainer {
     obs::Gauge* grad_norm;
     obs::Gauge* tokens_per_s;
     obs::Gauge* mfu;
+    obs::Gauge* gemm_efficiency;  // with a profile
     obs::Histogram* step_seconds;
     obs::Gauge* comm_s;
     obs::Gauge* bubble_s;
@@ -255,7 +258,12 @@ class Trainer {
   std::vector<uint16_t> val_tokens_;
   int64_t rows_per_step_ = 0;
   double tokens_per_step_ = 0.0;
-  double peak_ = 0.0;  // matmul GFLOP/s per rank
+  // The MFU denominator per rank (GFLOP/s): the profile's theoretical peak
+  // or this machine's (a GPU's datasheet peak), shared by the host's ranks;
+  // never measured in this run (perf/profile.h). gemm_peak_: the profile's
+  // measured GEMM peak per rank, 0 without a profile.
+  double peak_ = 0.0, gemm_peak_ = 0.0;
+  std::string peak_source_;
   obs::LinkSpeed link_;  // log.link_gbps, else the interface's, else unknown
   comm::Traffic::Snapshot traffic_prev_;  // at the last log()
   // Memory per rank, the largest over ranks (bytes): parameters, gradients,
@@ -509,8 +517,22 @@ Status Trainer::setup() {
   // parallel replica reads the same rows.
   rows_per_step_ = int64_t{B} * GA * dp_->size();
   tokens_per_step_ = static_cast<double>(rows_per_step_) * T;
-  // On a GPU the stated peak (train/flops.h), not a measurement.
-  peak_ = on_cuda_ ? kCudaPeakTflops * 1e3 : cpu::measure_matmul_gflops(1536, prec_, 3);
+  {
+    Result<std::optional<perf::Profile>> profile = perf::find_profile(c_.profile);
+    RETURN_IF_ERROR(agree(profile.status(), "could not read its doctor profile (log.profile or TESSERA_PROFILE)"));
+    perf::PeakReference ref;
+    if (on_cuda_) {
+      const std::optional<perf::DeviceInfo> here = perf::probe_gpu();  // the rank's current device
+      ref = perf::gpu_peak_reference(*profile, here ? here->name : "", kCudaPeakTflops);
+    } else {
+      Result<comm::LocalRank> local = comm::local_rank();
+      const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
+      ref = perf::cpu_peak_reference(*profile, perf::detect_machine(false), c_.dtype, ranks_here);
+    }
+    peak_ = ref.peak_gflops;
+    gemm_peak_ = ref.gemm_peak_gflops;
+    peak_source_ = ref.source;
+  }
   RETURN_IF_ERROR(agree(model_->try_reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA)),
                         "could not allocate its activations"));
   double mem[kMemParts] = {static_cast<double>(model_->params().bytes()),
@@ -521,8 +543,11 @@ Status Trainer::setup() {
   setup_metrics();
   say("model: %s, %.2fM parameters, %s; data: %lld train tokens in %zu shard(s)\n", mc_.str().c_str(),
       mc_.num_parameters() / 1e6, c_.dtype.c_str(), static_cast<long long>(train_->tokens()), train_->files().size());
-  say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step; matmul peak %.0f GFLOP/s/rank\n", B,
-      T, GA, dp_->size(), tokens_per_step_, peak_);
+  say("batch: %d x %d tokens x %d micro-steps x %d dp ranks = %.0f tokens/step\n", B, T, GA, dp_->size(),
+      tokens_per_step_);
+  say("mfu against %.0f GFLOP/s/rank (%s)%s\n", peak_, peak_source_.c_str(),
+      gemm_peak_ > 0 ? fmt::format("; gemm efficiency against the profile's GEMM peak, {:.0f} GFLOP/s/rank", gemm_peak_).c_str()
+                     : "");
   if (world_.size() > 1) {
     std::string stages;
     for (int n : stage_layers_) stages += fmt::format("{}{}", stages.empty() ? "" : ",", n);
@@ -564,6 +589,10 @@ void Trainer::setup_metrics() {
   step_metrics_.grad_norm = &registry_.gauge("tessera_train_grad_norm", "Global gradient norm before clipping");
   step_metrics_.tokens_per_s = &registry_.gauge("tessera_train_tokens_per_second", "Throughput of the last step");
   step_metrics_.mfu = &registry_.gauge("tessera_train_mfu", "Model FLOPs utilisation of the last step");
+  step_metrics_.gemm_efficiency =
+      gemm_peak_ > 0 ? &registry_.gauge("tessera_train_gemm_efficiency",
+                                        "Achieved FLOP/s over the doctor profile's measured GEMM peak, last step")
+                     : nullptr;
   step_metrics_.step_seconds = &registry_.histogram("tessera_train_step_seconds", "Wall time of an optimizer step",
                                          obs::exponential_buckets(0.001, 2, 20));
   const char* help = "Time of the last step by part (means over ranks)";
@@ -742,6 +771,8 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   s.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
   s.tokens_per_s = tokens_per_step_ / s.step_s;
   s.mfu = flops_per_token(mc_, T) * tokens_per_step_ / s.step_s / (peak_ * 1e9 * world_.size());
+  if (gemm_peak_ > 0)
+    s.gemm_efficiency = flops_per_token(mc_, T) * tokens_per_step_ / s.step_s / (gemm_peak_ * 1e9 * world_.size());
   summary_.last_train_loss = s.loss;
   train_s_ += s.step_s;
   return s;
@@ -757,6 +788,7 @@ void Trainer::log(const StepStats& s) {
   step_metrics_.grad_norm->set(s.norm);
   step_metrics_.tokens_per_s->set(s.tokens_per_s);
   step_metrics_.mfu->set(s.mfu);
+  if (step_metrics_.gemm_efficiency) step_metrics_.gemm_efficiency->set(s.gemm_efficiency);
   step_metrics_.step_seconds->observe(s.step_s);
   step_metrics_.comm_s->set(s.comm_s);
   step_metrics_.bubble_s->set(s.bubble_s);
@@ -767,14 +799,17 @@ void Trainer::log(const StepStats& s) {
   // The time left at the mean step time of this run so far.
   const int done = s.step - start_step_;
   const std::string eta = done > 0 ? format_duration(train_s_ / done * (c_.steps - s.step)) : "?";
+  const std::string mfu = gemm_peak_ > 0 ? fmt::format("{:.2f} (gemm {:.2f})", s.mfu, s.gemm_efficiency)
+                                         : fmt::format("{:.2f}", s.mfu);
   if (c_.pp > 1)
     say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f, bubble %.0f, p2p %.0f) | %.0f tok/s | "
-        "mfu %.2f | eta %s\n",
+        "mfu %s | eta %s\n",
         s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.bubble_s * 1e3, s.p2p_s * 1e3,
-        s.tokens_per_s, s.mfu, eta.c_str());
+        s.tokens_per_s, mfu.c_str(), eta.c_str());
   else
-    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %.2f | eta %s\n",
-        s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.tokens_per_s, s.mfu, eta.c_str());
+    say("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f ms (comm %.0f) | %.0f tok/s | mfu %s | eta %s\n",
+        s.step, c_.steps, s.loss, s.lr, s.norm, s.step_s * 1e3, s.comm_s * 1e3, s.tokens_per_s, mfu.c_str(),
+        eta.c_str());
   if (out_) std::fflush(out_);
   nlohmann::json record = {{"step", s.step},
                   {"loss", s.loss},
@@ -795,6 +830,7 @@ void Trainer::log(const StepStats& s) {
   for (int k = 0; k < 5; k++) record[fmt::format("comm_{}_ms", kCommKinds[k])] = s.comm_kind_s[k] * 1e3;
   log_traffic(record);
   if (gpu_ && gpu_->last_utilization() >= 0) record["gpu_util"] = gpu_->last_utilization();
+  if (gemm_peak_ > 0) record["gemm_efficiency"] = s.gemm_efficiency;
   metrics_.write(record);
 }
 

@@ -723,6 +723,16 @@ bool launched_under_mpi() {
   return init != 0;
 }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string s(text, std::max(0, len));
+  if (size_t nl = s.find_first_of("\r\n"); nl != std::string::npos) s.resize(nl);
+  if (size_t comma = s.find(','); comma != std::string::npos) s.resize(comma);
+  return s;
+}
+
 Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   StartupWatchdog watchdog(options.timeout);
   maybe_stop_at_start();

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -34,6 +35,9 @@ namespace tessera::comm {
 // OMPI_COMM_WORLD_SIZE variable) or a PMI launcher such as srun (PMI_SIZE,
 // PMIX_RANK), or MPI is already initialised.
 bool launched_under_mpi();
+// The MPI library's own name and version, first line ("Open MPI v4.1.4, ..."),
+// callable before initialisation.
+std::string mpi_library_version();
 
 // Initialises MPI if needed and returns a communicator named "world" over
 // all ranks of the job (a duplicate of MPI_COMM_WORLD; may be called again

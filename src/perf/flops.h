@@ -11,8 +11,10 @@
 
 namespace tessera {
 
-// The MFU denominator on a GPU: NVIDIA's H100/H200 SXM dense (no sparsity)
-// bf16 tensor-core peak, TFLOP/s. fp32 runs are measured against it too.
+// The MFU denominator on a GPU that is not in the datasheet table
+// (perf/machine.h: gpu_datasheet_peak_tflops): NVIDIA's H100/H200 SXM dense
+// (no sparsity) bf16 tensor-core peak, TFLOP/s. fp32 runs are measured
+// against the bf16 peak too.
 constexpr double kCudaPeakTflops = 989.0;
 
 inline double flops_per_token(const GPTConfig& c, int T) {

@@ -1,0 +1,180 @@
+#include "perf/cpu_checks.h"
+
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/cpu_features.h"
+#include "kernels/cpu/ops.h"
+
+namespace tessera::perf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<float> random_floats(int64_t n, unsigned seed) {
+  std::vector<float> v(n);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+}  // namespace
+
+const char* gemm_dtype_name(GemmDtype d) {
+  switch (d) {
+    case GemmDtype::kFP32: return "fp32";
+    case GemmDtype::kBF16: return "bf16";
+    case GemmDtype::kINT8: return "int8";
+  }
+  return "?";
+}
+
+double gemm_gflops(const GemmShape& s, GemmDtype dtype, int iters) {
+  const std::vector<float> a = random_floats(int64_t{s.M} * s.K, 1), w = random_floats(int64_t{s.N} * s.K, 2);
+  std::vector<float> out(int64_t{s.M} * s.N);
+  std::vector<int8_t> wq;
+  std::vector<float> wscale;
+  if (dtype == GemmDtype::kINT8) {
+    wq.resize(w.size());
+    wscale.resize(s.N);
+    cpu::quantize_weights_int8(wq.data(), wscale.data(), w.data(), s.N, s.K);
+  }
+  auto run = [&] {
+    if (dtype == GemmDtype::kINT8)
+      cpu::matmul_int8_forward(out.data(), a.data(), wq.data(), wscale.data(), nullptr, s.M, s.K, s.N);
+    else
+      cpu::matmul_forward(out.data(), a.data(), w.data(), nullptr, s.M, s.K, s.N,
+                          dtype == GemmDtype::kBF16 ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  };
+  // The untimed first run builds the primitive; the second sizes a sample:
+  // small shapes repeat until a sample lasts ~10 ms, so that a preemption or
+  // the timer's resolution does not decide the figure.
+  run();
+  auto t0 = Clock::now();
+  run();
+  const double once = std::max(seconds_since(t0), 1e-7);
+  const int reps = static_cast<int>(std::clamp(0.01 / once, 1.0, 1000.0));
+  double best = 0.0;
+  for (int i = 0; i < iters; i++) {
+    t0 = Clock::now();
+    for (int r = 0; r < reps; r++) run();
+    best = std::max(best, 2.0 * s.M * s.N * s.K * reps / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+double measure_matmul_gflops(int n, MatmulPrecision prec, int iters) {
+  return gemm_gflops({n, n, n}, prec == MatmulPrecision::kBF16 ? GemmDtype::kBF16 : GemmDtype::kFP32, iters);
+}
+
+std::vector<GemmShape> doctor_gemm_shapes(bool quick) {
+  std::vector<GemmShape> shapes;
+  for (int n : {128, 256, 512, 1024, 2048}) shapes.push_back({n, n, n});
+  if (!quick) shapes.push_back({4096, 4096, 4096});
+  for (int m : {64, 256, 1024, 2048})
+    for (auto [n, k] : {std::pair{768, 768}, std::pair{2304, 768}, std::pair{3072, 768}, std::pair{768, 3072}})
+      shapes.push_back({m, n, k});
+  return shapes;
+}
+
+std::string gemm_skip_reason(GemmDtype dtype) {
+  const CpuFeatures& f = cpu_features();
+  if (dtype == GemmDtype::kBF16 && !f.has_bf16_matmul())
+    return "no AVX512-BF16 or AMX: bf16 matmuls run in fp32 here";
+  if (dtype == GemmDtype::kINT8 && !(f.avx2 || f.avx512_vnni || f.avx_vnni || f.amx_int8))
+    return "no AVX2 or VNNI: no int8 kernels";
+  return "";
+}
+
+double triad_gb_per_s(int64_t n, int reps) {
+  std::vector<float> a(n), b(n), c(n);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; i++) {
+    a[i] = 0.0f;
+    b[i] = 1.0f;
+    c[i] = 2.0f;
+  }
+  double best = 0.0;
+  for (int rep = 0; rep < reps; rep++) {
+    const auto t0 = Clock::now();
+    const float s = 0.5f + rep;
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+    best = std::max(best, 3.0 * n * sizeof(float) / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+double malloc_ns(size_t bytes, int iters) {
+  // One untimed pair first: glibc raises its mmap threshold after freeing a
+  // large mmapped block, so the steady state is what a training loop sees.
+  free(std::malloc(bytes));
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; i++) {
+    volatile char* p = static_cast<char*>(std::malloc(bytes));
+    p[0] = 1;
+    std::free(const_cast<char*>(p));
+  }
+  return seconds_since(t0) / iters * 1e9;
+}
+
+double page_fault_ns(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return 0.0;
+  // No transparent huge pages: one fault per 4 KiB page is what is measured.
+  madvise(mem, bytes, MADV_NOHUGEPAGE);
+  char* p = static_cast<char*>(mem);
+  const auto t0 = Clock::now();
+  for (size_t off = 0; off < bytes; off += kPage) p[off] = 1;
+  const double s = seconds_since(t0);
+  munmap(mem, bytes);
+  return s / (bytes / kPage) * 1e9;
+}
+
+double threads_fp32_gflops(int threads, int n, int iters) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  const double g = gemm_gflops({n, n + 16 * threads, n}, GemmDtype::kFP32, iters);
+  omp_set_num_threads(saved);
+  return g;
+}
+
+Result<double> disk_write_fsync_mb_per_s(const std::string& dir, int64_t bytes) {
+  const std::string path = fmt::format("{}/.tessera-doctor-{}.tmp", dir, getpid());
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::IOError(fmt::format("{}: cannot create a file for the disk check: {}", dir, std::strerror(errno)));
+  std::vector<char> block(1 << 20);
+  for (size_t i = 0; i < block.size(); i++) block[i] = static_cast<char>(i * 131 + 7);
+  const auto t0 = Clock::now();
+  Status st;
+  for (int64_t done = 0; done < bytes && st.ok();) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(block.size(), bytes - done));
+    const ssize_t n = write(fd, block.data(), want);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) st = Status::IOError(fmt::format("{}: write: {}", path, std::strerror(errno)));
+    else done += n;
+  }
+  if (st.ok() && fsync(fd) != 0) st = Status::IOError(fmt::format("{}: fsync: {}", path, std::strerror(errno)));
+  const double s = seconds_since(t0);
+  close(fd);
+  unlink(path.c_str());
+  RETURN_IF_ERROR(st);
+  return bytes / s / 1e6;
+}
+
+}  // namespace tessera::perf

@@ -1,0 +1,65 @@
+// The CPU measurements of `tessera doctor`, `bench gemm` and `bench decode`:
+// GEMM throughput through the kernels training and serving use, STREAM triad
+// bandwidth, allocation and page-fault cost, thread scaling, disk write
+// bandwidth with fsync. Each returns the best (or mean, as stated) of a few
+// runs and allocates its own buffers. Not thread-safe with each other: each
+// uses every core (run one at a time).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/precision.h"
+
+namespace tessera::perf {
+
+enum class GemmDtype { kFP32, kBF16, kINT8 };
+const char* gemm_dtype_name(GemmDtype d);  // "fp32", "bf16", "int8"
+
+struct GemmShape {
+  int M, N, K;  // out (M,N) = inp (M,K) @ weight (N,K)^T; name "MxNxK"
+};
+
+// Best GFLOP/s (int8: GOP/s) of one shape over `iters` timed samples (each
+// repeating the product until it lasts about 10 ms), after one untimed run
+// that builds the primitive. fp32 and bf16 through
+// cpu::matmul_forward (the training path), int8 through
+// cpu::matmul_int8_forward (the inference tier; its per-row quantisation of
+// the input is inside the timing, as in serving).
+double gemm_gflops(const GemmShape& s, GemmDtype dtype, int iters);
+// Square n x n x n, fp32 or bf16 (what `bench gemm` reports).
+double measure_matmul_gflops(int n, MatmulPrecision prec, int iters);
+
+// The doctor's sizes: squares 128..2048 (and 4096 when !quick), and GPT
+// shapes with M in {64, 256, 1024, 2048} and (N,K) in {(768,768),
+// (2304,768), (3072,768), (768,3072)}.
+std::vector<GemmShape> doctor_gemm_shapes(bool quick);
+
+// Why `dtype` is not measured on this CPU ("" when it is): bf16 needs
+// AVX512-BF16 or AMX (elsewhere Tessera computes it in fp32), int8 needs
+// AVX2 at least.
+std::string gemm_skip_reason(GemmDtype dtype);
+
+// STREAM triad a = b + s*c over three arrays of `n` floats each (far larger
+// than the caches), all OpenMP threads, best of `reps`; 3 arrays of traffic
+// per element as STREAM counts. GB/s (1e9 bytes).
+double triad_gb_per_s(int64_t n = int64_t{1} << 25, int reps = 5);
+
+// Mean ns of one malloc(bytes) + touching its first byte + free, over iters.
+double malloc_ns(size_t bytes, int iters);
+// Mean ns per page of first-touching `bytes` of fresh anonymous memory
+// (mmap, a write to every 4 KiB page, munmap): the page-fault cost.
+double page_fault_ns(size_t bytes);
+
+// fp32 GEMM GFLOP/s on `threads` OpenMP threads (out (n, n+16*threads) =
+// (n,n) @ (n, n+16*threads)^T: each count gets its own primitive, since
+// oneDNN fixes the thread count when it builds one).
+double threads_fp32_gflops(int threads, int n, int iters);
+
+// Writes `bytes` in 1 MiB blocks to a new file in `dir`, fsyncs it and
+// removes it: MB/s (1e6 bytes) including the fsync. Errors name the path.
+Result<double> disk_write_fsync_mb_per_s(const std::string& dir, int64_t bytes);
+
+}  // namespace tessera::perf

@@ -425,7 +425,9 @@ int run_dashboard(const DashboardArgs& a) {
 
   Result<int> port = serve::bind_http(http, a.host, a.port);
   if (!port.ok()) return fail(port.status());
-  std::thread listener = serve::listen_http(http);
+  Result<std::thread> listening = serve::listen_http(http, ho.threads);
+  if (!listening.ok()) return fail(listening.status());
+  std::thread listener = std::move(*listening);
   std::fprintf(stderr, "dashboard: listening on http://%s:%d (%zu runs, %zu targets)\n", a.host.c_str(), *port,
                a.runs.size(), a.scrapes.size());
   std::fflush(stderr);

@@ -2,7 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <exception>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -21,10 +27,6 @@ ApiError api_error(int http, std::string message, std::string type, std::string 
 
 void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,
                     std::function<void(const std::string& path)> pre_route) {
-  // Threads are made up front; past them a connection waits in
-  // cpp-httplib's queue for one (docs/serving.md).
-  const size_t threads = static_cast<size_t>(std::max(opts.threads, 1));
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(opts.max_body_bytes);
   s.set_read_timeout(10, 0);
   s.set_write_timeout(10, 0);
@@ -116,8 +118,85 @@ Result<int> bind_http(httplib::Server& s, const std::string& host, int port) {
   return port;
 }
 
-std::thread listen_http(httplib::Server& s) {
-  std::thread t([&s] { s.listen_after_bind(); });
+namespace {
+
+// The request threads, all made before the server listens. cpp-httplib's
+// own ThreadPool makes them inside the listen thread, where a thread that
+// cannot be made (an address-space limit: each reserves a stack) throws
+// into std::terminate; here it is a Status for the caller. Past the threads
+// a connection waits in the queue for one (docs/serving.md).
+class RequestThreads : public httplib::TaskQueue {
+ public:
+  ~RequestThreads() override { shutdown(); }
+
+  Status start(int n) {
+    try {
+      for (int i = 0; i < n; i++) threads_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      const size_t made = threads_.size();
+      shutdown();
+      return Status::ResourceExhausted(
+          fmt::format("cannot start {} HTTP request threads ({} started): {}", n, made, e.what()));
+    }
+    return Status::OK();
+  }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and nothing left to run
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+Result<std::thread> listen_http(httplib::Server& s, int threads) {
+  auto pool = std::make_unique<RequestThreads>();
+  RETURN_IF_ERROR(pool->start(std::max(threads, 1)));
+  // cpp-httplib asks for its queue once per listen and deletes it after.
+  RequestThreads* handed = pool.get();
+  s.new_task_queue = [handed] { return handed; };
+  std::thread t;
+  try {
+    t = std::thread([&s] { s.listen_after_bind(); });
+  } catch (const std::system_error& e) {
+    return Status::ResourceExhausted(fmt::format("cannot start the HTTP listener thread: {}", e.what()));
+  }
+  pool.release();  // the listen loop owns it now
   // cpp-httplib's stop() does nothing before the listen loop runs: wait for
   // it, so that a shutdown right after the start is not lost.
   for (int i = 0; i < 10000 && !s.is_running(); i++) std::this_thread::sleep_for(std::chrono::microseconds(100));

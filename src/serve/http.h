@@ -27,7 +27,7 @@ struct HttpOptions {
 // Writes an error answer (and counts it). Called from any request thread.
 using ErrorSender = std::function<void(httplib::Response&, const ApiError&)>;
 
-// Threads, limits, timeouts, TCP_NODELAY, SO_REUSEADDR without SO_REUSEPORT,
+// Limits, timeouts, TCP_NODELAY, SO_REUSEADDR without SO_REUSEPORT,
 // the pre-routing refusals (411, 415) and the error and exception handlers.
 // `pre_route` (may be empty) runs after the refusals for every request.
 void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,
@@ -37,8 +37,10 @@ void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSend
 // naming the address otherwise.
 Result<int> bind_http(httplib::Server& s, const std::string& host, int port);
 
-// Runs s.listen_after_bind() on a new thread and returns once it listens.
-std::thread listen_http(httplib::Server& s);
+// Starts `threads` request threads, then runs s.listen_after_bind() on a
+// new thread and returns it once it listens; ResourceExhausted when the
+// threads cannot be made (nothing is left running then).
+Result<std::thread> listen_http(httplib::Server& s, int threads);
 
 // Server-sent events as bytes arrive: calls on_data with each "data:" line's
 // payload (without "data:" and one leading space). Works on lines, so "\n"

@@ -927,7 +927,7 @@ Status Router::start() {
             [complete](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
 
   ASSIGN_OR_RETURN(port_, bind_http(http, opts_.host, opts_.port));
-  listener_ = listen_http(http);
+  ASSIGN_OR_RETURN(listener_, listen_http(http, ho.threads));
   return Status::OK();
 }
 

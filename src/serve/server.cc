@@ -658,7 +658,7 @@ Status Server::start(int threads_hint) {
   s.Post("/v1/chat/completions",
          [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, true); });
   ASSIGN_OR_RETURN(port_, bind_http(s, opts_.host, opts_.port));
-  listener_ = listen_http(s);
+  ASSIGN_OR_RETURN(listener_, listen_http(s, ho.threads));
   return Status::OK();
 }
 

@@ -6,8 +6,8 @@
 #     train (train.device = "cuda"), sample, serve and bench train
 #     --backend cuda. Skipped on a machine with a GPU.
 #   - Memory the process cannot get, under an address-space limit (ulimit -v)
-#     the host-memory checks do not see: train's model, serve's KV cache,
-#     bench train's model.
+#     the host-memory checks do not see: train's model, serve's KV cache
+#     and HTTP request threads, bench train's model.
 set -uo pipefail
 tessera=$1; tests=$2
 ref=$tests/reference
@@ -85,6 +85,11 @@ else
   timeout 120 "$tessera" train --config "$(cfg small)" >"$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; exit 1; }
   expect_fail_last serve-kv-oom "the KV cache \(300000 blocks of 16\): cannot allocate a [0-9.]+ MB host arena: $oom" -- \
     limited 3000000 timeout 60 "$tessera" serve --model "$tmp/run_small/model.safetensors" --port 0 --kv-blocks 300000 --max-seqs 1 --max-queue 1
+  # Its HTTP request threads (one per place in the batch and the queue, 512
+  # here) each reserve a stack: under a 2 GB limit they cannot all be made.
+  # cpp-httplib's own pool threw into std::terminate from its listen thread.
+  expect_fail_last serve-threads "cannot start 512 HTTP request threads \([0-9]+ started\)" -- \
+    limited 2000000 timeout 60 "$tessera" serve --model "$tmp/run_small/model.safetensors" --port 0 --kv-blocks 64 --max-seqs 8 --max-queue 1000
 fi
 
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A machine profile (docs/formats/profile.md, schema tessera.profile v1) from
+# `tessera bench gemm` and the STREAM triad of `tessera bench decode`, for
+# calibrating `tessera plan` where `tessera doctor --save` is not available.
+# Usage: scripts/plan-profile.sh TESSERA OUT.json [ITERS]
+set -euo pipefail
+tessera=$1; out=$2; iters=${3:-10}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# One thread (machine.threads = 1): on a shared machine 2-thread OpenMP
+# figures measure the other jobs' load more than the machine.
+export OMP_NUM_THREADS=1
+for dt in fp32 bf16; do
+  "$tessera" bench gemm --dtype $dt --sizes 64 128 256 512 1024 2048 --iters "$iters" >"$tmp/gemm_$dt.jsonl" 2>/dev/null
+done
+"$tessera" bench decode --layers 2 --heads 2 --dim 64 --vocab 256 --context 64 --prompt 8 --tokens 4 --batch 1 \
+  >/dev/null 2>"$tmp/decode.err" || true
+triad=$(sed -n 's/.*triad bandwidth \([0-9.]*\) GB\/s.*/\1/p' "$tmp/decode.err" | head -1)
+python3 - "$tmp" "$out" "${triad:-0}" "$("$tessera" --version 2>/dev/null || echo unknown)" <<'PY'
+import json, os, socket, sys, time, platform
+tmp, out, triad, version = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+figs = []
+for dt in ("fp32", "bf16"):
+    peak = 0
+    for line in open(f"{tmp}/gemm_{dt}.jsonl"):
+        r = json.loads(line)
+        if "m" in r:
+            figs.append({"name": f"cpu.gemm.{dt}.{r['m']}x{r['n']}x{r['k']}", "value": r["gflops"], "unit": "GFLOP/s", "better": "higher"})
+        elif "peak_gflops" in r:
+            peak = r["peak_gflops"]
+    figs.append({"name": f"cpu.gemm.{dt}.peak", "value": peak, "unit": "GFLOP/s", "better": "higher"})
+if triad > 0:
+    figs.append({"name": "cpu.mem.triad", "value": triad, "unit": "GB/s", "better": "higher"})
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+prof = {"schema": "tessera.profile", "version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tessera": version, "quick": True,
+        "machine": {"hostname": socket.gethostname(), "cpu_model": model, "cores": os.cpu_count(), "threads": 1,
+                    "sockets": 1, "memory_bytes": mem, "os": platform.platform(), "device": None,
+                    "load_average": os.getloadavg()[0]},
+        "figures": figs}
+json.dump(prof, open(out, "w"), indent=1)
+PY
+echo "wrote $out (load average $(cut -d' ' -f1 /proc/loadavg))"

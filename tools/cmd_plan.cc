@@ -245,13 +245,21 @@ int run_plan(const PlanArgs& a) {
         const auto& s = r.best[0];
         const double speed = s.step / f.step * (f.tokens_per_step / s.tokens_per_step);
         std::string cost;
-        if (f.cost_usd > 0 && s.cost_usd > 0)
-          cost = f.cost_usd <= s.cost_usd ? fmt::format(" and {:.1f}x cheaper", s.cost_usd / f.cost_usd)
-                                          : fmt::format(" but {:.1f}x dearer", f.cost_usd / s.cost_usd);
-        std::printf("  %s: %.1fx faster%s than %s for this job, because %s is bound by %s at %.1f%% MFU, while %s "
-                    "is bound by %s at %.1f%% MFU\n",
-                    fast->cluster.name.c_str(), speed, cost.c_str(), r.cluster.name.c_str(), r.cluster.name.c_str(),
-                    s.bottleneck().c_str(), 100 * s.mfu, fast->cluster.name.c_str(), f.bottleneck().c_str(), 100 * f.mfu);
+        if (f.cost_usd > 0 && s.cost_usd > 0) {
+          const double ratio = s.cost_usd / f.cost_usd;
+          cost = ratio > 1.05 ? fmt::format(" and {:.1f}x cheaper", ratio)
+               : ratio < 1 / 1.05 ? fmt::format(" but {:.1f}x dearer", 1 / ratio) : std::string(" at about the same cost");
+        }
+        auto peak = [&](const Result1& x, const plan::Estimate& e) {
+          const auto& n = x.cluster.node;
+          const int devices = x.cluster.shared_host ? 1 : n.kind == plan::DeviceKind::kGpu ? e.layout.dp * e.layout.tp * e.layout.pp : e.layout.nodes;
+          return fmt::format("{} x {} ({:.0f} TFLOP/s {} peak)", devices, n.name, devices * n.peak_of(job.dtype) / 1e12, job.dtype);
+        };
+        std::printf("  %s: %.1fx faster%s than %s for this job, because %s has %s against %s's %s; %s reaches %.1f%% MFU, "
+                    "bound by %s, and %s %.1f%%, bound by %s\n",
+                    fast->cluster.name.c_str(), speed, cost.c_str(), r.cluster.name.c_str(), fast->cluster.name.c_str(),
+                    peak(*fast, f).c_str(), r.cluster.name.c_str(), peak(r, s).c_str(), r.cluster.name.c_str(), 100 * s.mfu,
+                    s.bottleneck().c_str(), fast->cluster.name.c_str(), 100 * f.mfu, f.bottleneck().c_str());
       }
     }
   }

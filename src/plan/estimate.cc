@@ -54,7 +54,7 @@ GroupLink group_link(const Cluster& c, int size, int stride) {
     return g;
   }
   const int rpn = c.ranks_per_node;
-  if (static_cast<int64_t>(size) * stride <= rpn || size <= 1) {
+  if (static_cast<int64_t>(size) * stride <= rpn || size <= 1 || c.nodes <= 1 || c.inter.busbw <= 0) {
     g.busbw = c.intra.busbw, g.alpha = c.intra.alpha;
     return g;
   }
@@ -168,7 +168,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   if (pp > 1) {
     double bw_p2p = c.intra.busbw, alpha_p2p = c.intra.alpha;
     const int64_t stage_ranks = static_cast<int64_t>(lay.dp) * lay.tp;
-    if ((c.shared_host && c.nodes > 1) || stage_ranks * pp > c.ranks_per_node) {
+    if ((c.shared_host && c.nodes > 1) || (c.nodes > 1 && c.inter.busbw > 0 && stage_ranks * pp > c.ranks_per_node)) {
       const double pairs = c.shared_host ? 1.0 : static_cast<double>(std::min<int64_t>(stage_ranks, c.ranks_per_node));
       bw_p2p = std::min(c.intra.busbw, c.inter.busbw / pairs);
       alpha_p2p = std::max(c.intra.alpha, c.inter.alpha);
@@ -191,7 +191,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
 
   // Parameters per rank (the largest stage: the first or the last, which hold
   // the tied embedding).
-  const double per_layer = 12 * C * C / tp + 13 * C;  // matrices split, vectors replicated
+  const double per_layer = 12 * C * C / tp + 6 * C + 7 * C / tp;  // matrices and the qkv, fc biases split
   const double ctx = md.context > 0 ? md.context : md.seq;
   double P_local = 0;
   for (int s = 0; s < pp; ++s) {
@@ -220,7 +220,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
     // their gradients are all-reduced between the two after backward.
   }
   if (pp > 1) {
-    const GroupLink tl = group_link(c, 2, (pp - 1) * lay.dp * lay.tp);
+    const GroupLink tl = group_link(c, pp, lay.dp * lay.tp);  // the first and the last stage: the pipeline's span
     e.dp_exposed += allreduce_s(Vp / tp * C * kFloat, 2, tl.crosses ? tl.busbw : c.intra.busbw, tl.alpha);
   }
 

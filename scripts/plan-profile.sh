@@ -2,9 +2,11 @@
 # A machine profile (docs/formats/profile.md, schema tessera.profile v1) from
 # `tessera bench gemm` and the STREAM triad of `tessera bench decode`, for
 # calibrating `tessera plan` where `tessera doctor --save` is not available.
-# Usage: scripts/plan-profile.sh TESSERA OUT.json [ITERS]
+# Usage: scripts/plan-profile.sh TESSERA OUT.json [ITERS [TESSERA_BENCH]]
+# With the Google-benchmark binary (default: bench/tessera_bench beside
+# TESSERA) it also records GEMMs at GPT training shapes (BM_MatmulShape).
 set -euo pipefail
-tessera=$1; out=$2; iters=${3:-10}
+tessera=$1; out=$2; iters=${3:-10}; kbench=${4:-$(dirname "$tessera")/bench/tessera_bench}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 # One thread (machine.threads = 1): on a shared machine 2-thread OpenMP
 # figures measure the other jobs' load more than the machine.
@@ -12,6 +14,9 @@ export OMP_NUM_THREADS=1
 for dt in fp32 bf16; do
   "$tessera" bench gemm --dtype $dt --sizes 64 128 256 512 1024 2048 --iters "$iters" >"$tmp/gemm_$dt.jsonl" 2>/dev/null
 done
+if [ -x "$kbench" ]; then
+  "$kbench" --benchmark_filter=BM_MatmulShape --benchmark_min_time=0.1 --benchmark_format=json >"$tmp/shapes.json" 2>/dev/null || true
+fi
 "$tessera" bench decode --layers 2 --heads 2 --dim 64 --vocab 256 --context 64 --prompt 8 --tokens 4 --batch 1 \
   >/dev/null 2>"$tmp/decode.err" || true
 triad=$(sed -n 's/.*triad bandwidth \([0-9.]*\) GB\/s.*/\1/p' "$tmp/decode.err" | head -1)
@@ -28,6 +33,10 @@ for dt in ("fp32", "bf16"):
         elif "peak_gflops" in r:
             peak = r["peak_gflops"]
     figs.append({"name": f"cpu.gemm.{dt}.peak", "value": peak, "unit": "GFLOP/s", "better": "higher"})
+if os.path.exists(f"{tmp}/shapes.json") and os.path.getsize(f"{tmp}/shapes.json") > 0:
+    for b in json.load(open(f"{tmp}/shapes.json")).get("benchmarks", []):
+        m, n, k = b["name"].split("/")[1:4]
+        figs.append({"name": f"cpu.gemm.fp32.{m}x{n}x{k}", "value": round(b["FLOP/s"] / 1e9, 1), "unit": "GFLOP/s", "better": "higher"})
 if triad > 0:
     figs.append({"name": "cpu.mem.triad", "value": triad, "unit": "GB/s", "better": "higher"})
 model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")

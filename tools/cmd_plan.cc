@@ -253,13 +253,20 @@ int run_plan(const PlanArgs& a) {
         auto peak = [&](const Result1& x, const plan::Estimate& e) {
           const auto& n = x.cluster.node;
           const int devices = x.cluster.shared_host ? 1 : n.kind == plan::DeviceKind::kGpu ? e.layout.dp * e.layout.tp * e.layout.pp : e.layout.nodes;
-          return fmt::format("{} x {} ({:.0f} TFLOP/s {} peak)", devices, n.name, devices * n.peak_of(job.dtype) / 1e12, job.dtype);
+          return std::pair{devices * n.peak_of(job.dtype), fmt::format("{} x {} ({:.0f} TFLOP/s {})", devices, n.name,
+                                                                        devices * n.peak_of(job.dtype) / 1e12, job.dtype)};
         };
-        std::printf("  %s: %.1fx faster%s than %s for this job, because %s has %s against %s's %s; %s reaches %.1f%% MFU, "
-                    "bound by %s, and %s %.1f%%, bound by %s\n",
-                    fast->cluster.name.c_str(), speed, cost.c_str(), r.cluster.name.c_str(), fast->cluster.name.c_str(),
-                    peak(*fast, f).c_str(), r.cluster.name.c_str(), peak(r, s).c_str(), r.cluster.name.c_str(), 100 * s.mfu,
-                    s.bottleneck().c_str(), fast->cluster.name.c_str(), 100 * f.mfu, f.bottleneck().c_str());
+        const auto [pf, pf_s] = peak(*fast, f);
+        const auto [ps, ps_s] = peak(r, s);
+        std::vector<std::string> why;
+        if (pf > 1.05 * ps) why.push_back(fmt::format("it has {} against {}", pf_s, ps_s));
+        if (s.bottleneck().rfind("compute", 0) != 0) why.push_back(fmt::format("{} is held up by {}", r.cluster.name, s.bottleneck()));
+        why.push_back(fmt::format("MFU {:.1f}% against {:.1f}%", 100 * f.mfu, 100 * s.mfu));
+        std::string because;
+        for (size_t i = 0; i < why.size(); ++i) because += (i == 0 ? "" : i + 1 == why.size() ? " and " : ", ") + why[i];
+        std::printf("  %s: %.1fx faster than %s%s for this job, because %s; %s is bound by %s\n", fast->cluster.name.c_str(),
+                    speed, r.cluster.name.c_str(), cost.c_str(), because.c_str(), fast->cluster.name.c_str(),
+                    f.bottleneck().c_str());
       }
     }
   }

@@ -17,6 +17,8 @@ done
 if [ -x "$kbench" ]; then
   "$kbench" --benchmark_filter=BM_MatmulShape --benchmark_min_time=0.1 --benchmark_format=json >"$tmp/shapes.json" 2>/dev/null || true
 fi
+# Collectives between 2 one-thread ranks of this host (comm_ranks 2, comm_hosts 1).
+"$tessera" launch -n 2 --threads 1 -- bench allreduce -b 8 -e 64M -f 8 -n 20 -w 3 -c 1 --json >"$tmp/ar.jsonl" 2>/dev/null || true
 "$tessera" bench decode --layers 2 --heads 2 --dim 64 --vocab 256 --context 64 --prompt 8 --tokens 4 --batch 1 \
   >/dev/null 2>"$tmp/decode.err" || true
 triad=$(sed -n 's/.*triad bandwidth \([0-9.]*\) GB\/s.*/\1/p' "$tmp/decode.err" | head -1)
@@ -39,12 +41,23 @@ if os.path.exists(f"{tmp}/shapes.json") and os.path.getsize(f"{tmp}/shapes.json"
         figs.append({"name": f"cpu.gemm.fp32.{m}x{n}x{k}", "value": round(b["FLOP/s"] / 1e9, 1), "unit": "GFLOP/s", "better": "higher"})
 if triad > 0:
     figs.append({"name": "cpu.mem.triad", "value": triad, "unit": "GB/s", "better": "higher"})
+comm = 0
+if os.path.exists(f"{tmp}/ar.jsonl"):
+    for line in open(f"{tmp}/ar.jsonl"):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if "size" in r:
+            comm = 2
+            figs.append({"name": f"comm.allreduce.busbw.{r['size']}", "value": r["busbw"], "unit": "GB/s", "better": "higher"})
+            figs.append({"name": f"comm.allreduce.time_us.{r['size']}", "value": r["time_us"], "unit": "us", "better": "lower"})
 model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 prof = {"schema": "tessera.profile", "version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "tessera": version, "quick": True,
         "machine": {"hostname": socket.gethostname(), "cpu_model": model, "cores": os.cpu_count(), "threads": 1,
-                    "sockets": 1, "memory_bytes": mem, "os": platform.platform(), "device": None,
+                    "sockets": 1, "memory_bytes": mem, "comm_ranks": comm, "comm_hosts": 1 if comm else 0, "os": platform.platform(), "device": None,
                     "load_average": os.getloadavg()[0]},
         "figures": figs}
 json.dump(prof, open(out, "w"), indent=1)

@@ -3,6 +3,9 @@
 # each run that scripts/plan-measure.sh measured, and prints predicted vs
 # measured (docs/planner.md, "Validation").
 # Usage: scripts/plan-validate.sh TESSERA MEASURED.tsv [MAX_ERROR_PCT [NAME...]]
+# MEASURED.tsv is plan-measure.sh's output: the error is against its CPU-time
+# step (column 7, the step of a quiet machine) when present, else against
+# the wall-clock median (column 2), which the table shows beside it.
 # With MAX_ERROR_PCT, exits 1 when a listed run (default: every run) is off
 # by more than that.
 set -euo pipefail
@@ -22,9 +25,10 @@ declare -A spec=(
 )
 want=" $* "
 status=0; sum=0; n=0
-echo "| run | layout | measured (ms) | predicted (ms) | error | predicted bottleneck |"
-echo "|---|---|---|---|---|---|"
-while IFS=$'\t' read -r name ms _; do
+echo "| run | ranks | layout | measured wall, median (ms) | measured CPU-time step (ms) | predicted (ms) | error | predicted bottleneck |"
+echo "|---|---|---|---|---|---|---|---|"
+while IFS=$'\t' read -r name wall _ _ _ _ cpu; do
+  ms=${cpu:-$wall}
   [ -n "${spec[$name]:-}" ] || continue
   [ $# -gt 0 ] && [[ "$want" != *" $name "* ]] && continue
   read -r ranks cluster rest <<<"${spec[$name]}"
@@ -34,7 +38,8 @@ while IFS=$'\t' read -r name ms _; do
     --cluster "$root/examples/clusters/$cluster.toml" --ranks-per-node "$ranks" --json)
   read -r pred bott < <(python3 -c 'import json,sys; L=json.load(sys.stdin)["clusters"][0]["layouts"][0]; print(L["step_s"]*1e3, L["bottleneck"])' <<<"$out")
   err=$(awk -v p="$pred" -v m="$ms" 'BEGIN { printf "%+.1f", 100 * (p - m) / m }')
-  printf "| %s | %s | %.0f | %.0f | %s%% | %s |\n" "$name" "$layout" "$ms" "$pred" "$err" "$bott"
+  [ "$cluster" = this-machine ] || ranks="2 (netns ${cluster##*-})"
+  printf "| %s | %s | %s | %.0f | %s | %.0f | %s%% | %s |\n" "$name" "$ranks" "$layout" "$wall" "${cpu:--}" "$pred" "$err" "$bott"
   sum=$(awk -v s="$sum" -v e="$err" 'BEGIN { print s + (e < 0 ? -e : e) }'); n=$((n + 1))
   if [ -n "$bound" ] && awk -v e="$err" -v b="$bound" 'BEGIN { exit !(e > b || e < -b) }'; then status=1; fi
 done <"$measured"

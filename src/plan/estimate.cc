@@ -50,7 +50,8 @@ struct GroupLink {
 GroupLink group_link(const Cluster& c, int size, int stride) {
   GroupLink g;
   if (c.shared_host && c.nodes > 1) {  // one rank per namespace "node"
-    g.busbw = c.inter.busbw, g.alpha = c.inter.alpha, g.crosses = true;
+    // (they share one machine: its measured collective latency applies too)
+    g.busbw = std::min(c.inter.busbw, c.intra.busbw), g.alpha = std::max(c.inter.alpha, c.intra.alpha), g.crosses = true;
     return g;
   }
   const int rpn = c.ranks_per_node;
@@ -100,13 +101,17 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   // Each rank's share of the device: a GPU is one rank's; a CPU node's cores
   // (and with them its memory bandwidth) are split among the ranks placed on
   // it: threads / cores each, less when they want more threads than cores.
-  double share = 1;
+  // With more threads wanted than cores (oversubscribed), a rank runs at its
+  // threads' rate while others wait (pipeline stages idle in turn), and the
+  // node's total work bounds the step from below (`concurrent` ranks at a time).
+  double share = 1, concurrent = 1;
   int sharing = 1;
   if (node.kind == DeviceKind::kCpu) {
     sharing = c.shared_host ? ranks : std::min(ranks, c.ranks_per_node);
     const int cores = std::max(node.cores, 1);
     const int threads = c.threads_per_rank > 0 ? c.threads_per_rank : std::max(1, cores / sharing);
-    share = threads * std::min(1.0, static_cast<double>(cores) / (sharing * threads)) / cores;
+    share = std::min(1.0, static_cast<double>(threads) / cores);
+    concurrent = std::max(1.0, static_cast<double>(cores) / threads);
   }
   const double rate = node.peak_of(job.dtype) * share;
   const double bw = node.mem_bw * node.mem_efficiency * share;
@@ -233,7 +238,20 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   // buffer (the write itself is asynchronous); amortized over the interval.
   if (job.checkpoint_every > 0) e.checkpoint = (P_local + 2 * owned) * kFloat * 2 / bw / job.checkpoint_every;
 
-  e.step = pipe + e.dp_exposed + e.optimizer + e.checkpoint;
+  // Oversubscribed CPU node: the work of all its ranks over the ranks that
+  // can run at once (its dp x tp ranks per stage each run the stage's m
+  // micro-batches and the optimizer); waiting for a core counts as compute.
+  if (sharing > concurrent) {
+    double work = 0;
+    for (int s = 0; s < pp; ++s) work += m * (stage_t[s] - stage_tp[s]);
+    work = work * lay.dp * lay.tp * (static_cast<double>(sharing) / ranks) + sharing * e.optimizer;
+    const double bound = work / concurrent;
+    const double step_now = pipe + e.optimizer;
+    if (bound > step_now) e.compute += bound - step_now;
+    term("oversubscribed", std::max(0.0, bound - step_now),
+         fmt::format("{} ranks on {:g} cores' worth: total work {:.3f} s / {:g}", sharing, concurrent, work, concurrent));
+  }
+  e.step = e.compute + e.bubble + e.tp_comm + e.p2p + e.dp_exposed + e.optimizer + e.checkpoint;
   e.tokens_per_step = static_cast<double>(md.global_batch) * T;
   e.tokens_per_s = e.tokens_per_step / e.step;
   const int devices_used = c.shared_host ? 1 : (node.kind == DeviceKind::kGpu ? ranks : lay.nodes);

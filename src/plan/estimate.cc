@@ -218,7 +218,11 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
     const double gather = lay.zero ? half_collective_s(grad_bytes, lay.dp, dpl.busbw, dpl.alpha) : 0;
     const int last = pp - 1;
     const int ls = L / pp + (last < L % pp ? 1 : 0);
-    const double window = (ls * (layer_bwd) + (pp == 1 ? head.bwd : 0)) * (1 - 1 / nb);
+    // On a CPU node the rank's threads are all computing: MPI progresses the
+    // buckets only when backward yields, so nothing overlaps (measured here:
+    // comm_gradient_ms equals the whole all-reduce); a GPU's NCCL kernels
+    // run beside backward.
+    const double window = node.kind == DeviceKind::kGpu ? (ls * layer_bwd + (pp == 1 ? head.bwd : 0)) * (1 - 1 / nb) : 0;
     e.dp_comm = reduce + gather;
     e.dp_exposed = std::max(reduce / nb, reduce - window) + gather;
     // With pp > 1 the first stage's embeddings and the last's head share wte:
@@ -316,7 +320,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   term("comm.dp", e.dp_comm, fmt::format("{} of {:.1f} MB over dp={} at {:.2f} GB/s busbw", lay.zero ? "reduce-scatter + all-gather" : "all-reduce",
                                          grad_bytes / 1e6, lay.dp, dpl.busbw / 1e9));
   term("comm.dp.exposed", e.dp_exposed,
-       fmt::format("buckets of {:g} MB overlapped with the last backward; exposed = max(last bucket, total - backward)",
+       fmt::format("buckets of {:g} MB overlapped with the last backward (GPU; none on a CPU node); exposed = max(last bucket, total - backward)",
                    job.bucket_mb));
   term("optimizer", e.optimizer, fmt::format("(28 x {:.1f}M owned + 8 x {:.1f}M local) B at {:.1f} GB/s", owned / 1e6,
                                              P_local / 1e6, bw / 1e9));

@@ -8,7 +8,7 @@
 set -euo pipefail
 tessera=$1; out=$2; iters=${3:-10}; kbench=${4:-$(dirname "$tessera")/bench/tessera_bench}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-# One thread (machine.threads = 1): on a shared machine 2-thread OpenMP
+# One thread (machine.figure_threads = 1, a field of this script's): on a shared machine 2-thread OpenMP
 # figures measure the other jobs' load more than the machine.
 export OMP_NUM_THREADS=1
 for dt in fp32 bf16; do
@@ -56,7 +56,7 @@ model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.sta
 mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 prof = {"schema": "tessera.profile", "version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "tessera": version, "quick": True,
-        "machine": {"hostname": socket.gethostname(), "cpu_model": model, "cores": os.cpu_count(), "threads": 1,
+        "machine": {"hostname": socket.gethostname(), "cpu_model": model, "cores": os.cpu_count(), "threads": os.cpu_count(), "figure_threads": 1,
                     "sockets": 1, "memory_bytes": mem, "comm_ranks": comm, "comm_hosts": 1 if comm else 0, "os": platform.platform(), "device": None,
                     "load_average": os.getloadavg()[0]},
         "figures": figs}

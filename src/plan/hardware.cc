@@ -130,6 +130,9 @@ Result<NodeType> node_from_profile(const std::string& path) {
   }
   if (j.value("schema", std::string()) != "tessera.profile")
     return Status::InvalidArgument(fmt::format("{} is not a tessera profile (schema is not \"tessera.profile\")", path));
+  if (j.value("version", 0) != 1)
+    return Status::InvalidArgument(fmt::format("{}: profile version {} is not supported (this tessera reads version 1)", path,
+                                               j.value("version", 0)));
   if (!j.contains("machine") || !j["machine"].is_object() || !j.contains("figures") || !j["figures"].is_array())
     return Status::InvalidArgument(fmt::format("profile {} lacks 'machine' or 'figures'", path));
   const auto& m = j["machine"];
@@ -156,9 +159,10 @@ Result<NodeType> node_from_profile(const std::string& path) {
   if (n.peak_of("fp32") <= 0)
     return Status::InvalidArgument(
         fmt::format("profile {}: neither cpu.gemm.fp32.peak nor machine.theoretical_peak_gflops.fp32", path));
-  // Figures are rates of machine.threads threads (a profile measured with
-  // OMP_NUM_THREADS=1 under load says 1): the node's are scaled to its cores.
-  const int threads = std::clamp(m.value("threads", n.cores), 1, n.cores);
+  // Figures are rates of all the cores (tessera doctor), or of
+  // machine.figure_threads threads (scripts/plan-profile.sh measures one
+  // thread on a loaded machine and says 1): those are scaled to the cores.
+  const int threads = std::clamp(m.value("figure_threads", n.cores), 1, n.cores);
   const double scale = static_cast<double>(n.cores) / threads;
   for (auto& [dt, p] : n.peak) p *= (fig.count(fmt::format("cpu.gemm.{}.peak", dt)) ? scale : 1.0);
   for (const auto& [name, value] : fig) {

@@ -160,7 +160,7 @@ TEST(PlanHardware, CatalogueEntriesHaveSourcesAndPeaks) {
 
 TEST(PlanHardware, ProfileGemmFiguresAreInterpolated) {
   const std::string p = write("p.json", R"({"schema": "tessera.profile", "version": 1,
-    "machine": {"cores": 2, "threads": 1, "memory_bytes": 25e9},
+    "machine": {"cores": 2, "threads": 2, "figure_threads": 1, "memory_bytes": 25e9},
     "figures": [{"name": "cpu.gemm.fp32.peak", "value": 200},
                 {"name": "cpu.gemm.fp32.256x256x256", "value": 100},
                 {"name": "cpu.gemm.fp32.1024x1024x1024", "value": 200},

@@ -75,7 +75,7 @@ want="16xA100-infiniband 8xA100-nvlink 16xA100-ethernet 8xA100-ethernet 4xA100-n
 [ "$order" = "$want" ] && echo "ok   7B scenario order: $order" || fail "7B scenario order: $order (want $want)"
 
 # 4. This machine's own runs, predicted from its committed profile.
-if out=$(bash "$root/scripts/plan-validate.sh" "$tessera" "$tests/plan/measured-dev-vm.tsv" 15 s1 m1 g1 m_tp2 s_dp2pp2 2>&1); then
+if out=$(PLAN_VS=cpu bash "$root/scripts/plan-validate.sh" "$tessera" "$tests/plan/measured-dev-vm.tsv" 15 s1 s1b16 m1 g1 s_dp2 s_dp4 s_tp2 s_dp2pp2 m_tp2 2>&1); then
   echo "ok   dev-VM runs within 15%:"; echo "$out" | grep '^| [smg]'
 else fail "dev-VM runs: a prediction is off by more than 15%:"; echo "$out"; fi
 

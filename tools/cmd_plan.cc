@@ -89,6 +89,7 @@ nlohmann::json to_json(const plan::Estimate& e) {
       {"breakdown_s", {{"compute", e.compute}, {"bubble", e.bubble}, {"tp_comm", e.tp_comm}, {"p2p", e.p2p},
                        {"dp_comm", e.dp_comm}, {"dp_exposed", e.dp_exposed}, {"optimizer", e.optimizer},
                        {"checkpoint", e.checkpoint}}},
+      {"pipeline_idle_mean_s", e.idle_mean},
       {"memory_bytes", {{"params", e.mem_params}, {"grads", e.mem_grads}, {"optimizer", e.mem_optimizer},
                         {"activations", e.mem_activations}, {"total", e.mem_total}, {"capacity", e.mem_capacity}}},
       {"bottleneck", e.bottleneck()}};

@@ -190,6 +190,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   const int m = lay.grad_accum;
   const double pipe = sum + (m - 1) * mx;
   e.bubble = pp > 1 ? sum - mx : 0;
+  e.idle_mean = pp > 1 ? pipe - m * (sum / pp - p2p_mb) : 0;
   e.tp_comm = m * mx_tp;
   e.p2p = m * p2p_mb;
   e.compute = pipe - e.bubble - e.tp_comm - e.p2p;

@@ -46,6 +46,9 @@ struct Estimate {
   // + optimizer + checkpoint.
   double step = 0, compute = 0, bubble = 0, tp_comm = 0, p2p = 0, dp_comm = 0, dp_exposed = 0, optimizer = 0,
          checkpoint = 0;
+  // Mean idle time of a rank per step in the pipeline (what the trainer's
+  // bubble_ms measures): the fill and drain plus waiting on slower stages.
+  double idle_mean = 0;
   double tokens_per_step = 0, tokens_per_s = 0, mfu = 0, train_seconds = 0, cost_usd = 0;
   // Per device (the largest stage), bytes.
   double mem_params = 0, mem_grads = 0, mem_optimizer = 0, mem_activations = 0, mem_total = 0, mem_capacity = 0;

@@ -98,12 +98,12 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   const int ranks = lay.dp * lay.tp * lay.pp;
   auto term = [&](std::string name, double s, std::string f) { e.terms.push_back({std::move(name), s, std::move(f)}); };
 
-  // Each rank's share of the device: a GPU is one rank's; a CPU node's cores
-  // (and with them its memory bandwidth) are split among the ranks placed on
-  // it: threads / cores each, less when they want more threads than cores.
-  // With more threads wanted than cores (oversubscribed), a rank runs at its
-  // threads' rate while others wait (pipeline stages idle in turn), and the
-  // node's total work bounds the step from below (`concurrent` ranks at a time).
+  // Each rank's share of the device: a GPU is one rank's; on a CPU node a
+  // rank runs at threads / cores of the node's rate and memory bandwidth.
+  // When the node's ranks want more threads than it has cores
+  // (oversubscribed), each still runs at that rate while it has work (idle
+  // pipeline stages free their cores), and the node's total work over the
+  // `concurrent` ranks it can run at once bounds the step from below.
   double share = 1, concurrent = 1;
   int sharing = 1;
   if (node.kind == DeviceKind::kCpu) {

@@ -43,7 +43,7 @@ for r in "${runs[@]}"; do
   common="--config configs/brown.toml --set train.eval_every=0 --set train.eval_batches=1 --set train.warmup=0"
   load=$(cut -d' ' -f1 /proc/loadavg)
   # The one-thread GEMM rate just before the run: how much of a core the
-  # machine's load leaves (docs/planner.md scales predictions by it).
+  # machine's load leaves, recorded beside the result.
   ref=$(OMP_NUM_THREADS=1 "$tessera" bench gemm --dtype fp32 --sizes 512 --iters 5 2>/dev/null | sed -n 's/.*"peak_gflops": *\([0-9.]*\).*/\1/p')
   if [ "$rate" != - ] && [ "$cur_rate" != "$rate" ]; then
     bash scripts/cluster.sh down --prefix plan >/dev/null 2>&1

@@ -60,6 +60,23 @@ BENCHMARK(BM_MatmulRows)
     ->ArgsProduct({{256, 255}, {3072, 50304}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 
+// One forward GEMM at a training shape: M rows (tokens) times an (N, K)
+// weight, fp32. scripts/plan-profile.sh records these as the profile's
+// cpu.gemm.fp32.MxNxK figures for `tessera plan` (docs/planner.md).
+void BM_MatmulShape(benchmark::State& s) {
+  const int M = static_cast<int>(s.range(0)), N = static_cast<int>(s.range(1)), K = static_cast<int>(s.range(2));
+  auto x = random_vec(size_t(M) * K, 1), w = random_vec(size_t(N) * K, 2);
+  std::vector<float> out(size_t(M) * N);
+  for (auto _ : s) cpu::matmul_forward(out.data(), x.data(), w.data(), nullptr, M, K, N, MatmulPrecision::kF32);
+  s.counters["FLOP/s"] = benchmark::Counter(2.0 * M * N * K * s.iterations(), benchmark::Counter::kIsRate);
+}
+void matmul_shapes(benchmark::internal::Benchmark* b) {
+  for (int C : {256, 512, 768})
+    for (int M : {256, 1024})
+      for (auto [N, K] : {std::pair{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}, {50304, C}}) b->Args({M, N, K});
+}
+BENCHMARK(BM_MatmulShape)->Apply(matmul_shapes)->Unit(benchmark::kMillisecond);
+
 void BM_Layernorm(benchmark::State& s) {
   auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(kC, 2), b = random_vec(kC, 3);
   std::vector<float> out(size_t{kN} * kC), mean(kN), rstd(kN);

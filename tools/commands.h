@@ -47,5 +47,6 @@ void add_report_command(CLI::App& app);       // cmd_dashboard.cc: report
 void add_registry_commands(CLI::App& app);    // cmd_registry.cc: registry add, list, show, promote, rm
 void add_trace_command(CLI::App& app);        // cmd_trace.cc: trace merge
 void add_doctor_command(CLI::App& app);       // cmd_doctor.cc: doctor
+void add_plan_command(CLI::App& app);         // cmd_plan.cc
 
 }  // namespace tessera::tools

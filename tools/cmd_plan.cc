@@ -1,0 +1,318 @@
+// tessera plan: time, memory and cost of training a GPT-shaped model on one
+// or more clusters (docs/planner.md). The model lives in src/plan; this file
+// reads the flags, prints the table, the verdict, --explain and --json.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "plan/cluster.h"
+#include "plan/estimate.h"
+#include "plan/model.h"
+#include "tools/commands.h"
+
+namespace tessera::tools {
+
+namespace {
+
+struct PlanArgs {
+  std::string attention = "flash";
+  std::string model, dtype = "bf16", objective = "time", tokens, layout;
+  int ranks_per_node = 0, threads_per_rank = 0;
+  int layers = 0, heads = 0, dim = 0, vocab = 0, seq = 0, context = 0, top = 3, checkpoint_every = 0;
+  int64_t global_batch = 0;
+  double bucket_mb = 25;
+  std::vector<std::string> clusters;
+  bool json = false, explain = false, recompute = false;
+};
+
+// "10B", "2.5e9", "300M": tokens.
+Result<double> parse_count(const std::string& s) {
+  if (s.empty()) return 0.0;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (...) {
+    return Status::InvalidArgument(fmt::format("--tokens '{}' is not a number (e.g. 10B, 300M, 2.5e9)", s));
+  }
+  std::string suffix = s.substr(used);
+  const double mult = suffix.empty() ? 1 : suffix == "K" || suffix == "k" ? 1e3 : suffix == "M" ? 1e6 : suffix == "B" || suffix == "G" ? 1e9 : suffix == "T" ? 1e12 : -1;
+  if (mult < 0 || v < 0) return Status::InvalidArgument(fmt::format("--tokens '{}' is not a count (e.g. 10B, 300M, 2.5e9)", s));
+  return v * mult;
+}
+
+// "dp=2,tp=1,pp=2,mb=4,ga=4,zero=1,nodes=1": keys not given stay 0 (zero: -1).
+Result<plan::Layout> parse_layout(const std::string& s) {
+  plan::Layout l{0, 0, 0, 0, 0, 0, -1};
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    const std::string kv = s.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t eq = kv.find('=');
+    int v = 0;
+    char extra = 0;
+    if (eq == std::string::npos || std::sscanf(kv.c_str() + eq + 1, "%d%c", &v, &extra) != 1)
+      return Status::InvalidArgument(fmt::format("--layout: '{}' is not KEY=N (keys dp, tp, pp, mb, ga, zero, nodes)", kv));
+    const std::string k = kv.substr(0, eq);
+    int* field = k == "dp" ? &l.dp : k == "tp" ? &l.tp : k == "pp" ? &l.pp : k == "mb" ? &l.micro_batch
+               : k == "ga" ? &l.grad_accum : k == "zero" ? &l.zero : k == "nodes" ? &l.nodes : nullptr;
+    if (field == nullptr) return Status::InvalidArgument(fmt::format("--layout: unknown key '{}' (dp, tp, pp, mb, ga, zero, nodes)", k));
+    if (k == "zero" ? (v < 0 || v > 1) : v < 1)
+      return Status::InvalidArgument(fmt::format("--layout: {} must be {}, got {}", k, k == "zero" ? "0 or 1" : "at least 1", v));
+    *field = v;
+  }
+  return l;
+}
+
+std::string dur(double s) {
+  if (s <= 0) return "-";
+  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
+  if (s < 120) return fmt::format("{:.2f} s", s);
+  if (s < 7200) return fmt::format("{:.1f} min", s / 60);
+  if (s < 3 * 86400) return fmt::format("{:.1f} h", s / 3600);
+  return fmt::format("{:.1f} days", s / 86400);
+}
+
+nlohmann::json to_json(const plan::Estimate& e) {
+  nlohmann::json j = {
+      {"layout", {{"nodes", e.layout.nodes}, {"dp", e.layout.dp}, {"tp", e.layout.tp}, {"pp", e.layout.pp},
+                  {"micro_batch", e.layout.micro_batch}, {"grad_accum", e.layout.grad_accum}, {"zero", e.layout.zero}}},
+      {"fits", e.fits},
+      {"step_s", e.step}, {"tokens_per_s", e.tokens_per_s}, {"mfu", e.mfu}, {"train_s", e.train_seconds},
+      {"cost_usd", e.cost_usd},
+      {"breakdown_s", {{"compute", e.compute}, {"bubble", e.bubble}, {"tp_comm", e.tp_comm}, {"p2p", e.p2p},
+                       {"dp_comm", e.dp_comm}, {"dp_exposed", e.dp_exposed}, {"optimizer", e.optimizer},
+                       {"checkpoint", e.checkpoint}}},
+      {"pipeline_idle_mean_s", e.idle_mean},
+      {"memory_bytes", {{"params", e.mem_params}, {"grads", e.mem_grads}, {"optimizer", e.mem_optimizer},
+                        {"activations", e.mem_activations}, {"total", e.mem_total}, {"capacity", e.mem_capacity}}},
+      {"bottleneck", e.bottleneck()}};
+  if (!e.fits) j["refusal"] = e.refusal;
+  nlohmann::json terms = nlohmann::json::array();
+  for (const auto& t : e.terms) terms.push_back({{"name", t.name}, {"value", t.seconds}, {"formula", t.formula}});
+  j["terms"] = terms;
+  return j;
+}
+
+void print_estimate_row(int i, const plan::Estimate& e) {
+  std::printf("  %-3d %-30s %10s %12.0f %6.1f%% %9.1f GB %12s %12s\n", i, e.layout.str().c_str(), dur(e.step).c_str(),
+              e.tokens_per_s, 100 * e.mfu, e.mem_total / 1e9, dur(e.train_seconds).c_str(),
+              e.cost_usd > 0 ? fmt::format("${:.0f}", e.cost_usd).c_str() : "-");
+}
+
+void print_breakdown(const plan::Estimate& e) {
+  auto pct = [&](double x) { return 100 * x / e.step; };
+  std::printf("      step %s = compute %s (%.0f%%) + bubble %s (%.0f%%) + tp %s (%.0f%%) + p2p %s (%.0f%%) + dp exposed %s "
+              "(%.0f%%, of %s) + optimizer %s (%.0f%%) + checkpoint %s\n",
+              dur(e.step).c_str(), dur(e.compute).c_str(), pct(e.compute), dur(e.bubble).c_str(), pct(e.bubble),
+              dur(e.tp_comm).c_str(), pct(e.tp_comm), dur(e.p2p).c_str(), pct(e.p2p), dur(e.dp_exposed).c_str(),
+              pct(e.dp_exposed), dur(e.dp_comm).c_str(), dur(e.optimizer).c_str(), pct(e.optimizer),
+              dur(e.checkpoint).c_str());
+  std::printf("      memory/device %.2f GB of %.1f: params %.2f, grads %.2f, optimizer %.2f, activations %.2f; bottleneck: %s\n",
+              e.mem_total / 1e9, e.mem_capacity / 1e9, e.mem_params / 1e9, e.mem_grads / 1e9, e.mem_optimizer / 1e9,
+              e.mem_activations / 1e9, e.bottleneck().c_str());
+}
+
+int run_plan(const PlanArgs& a) {
+  plan::ModelSpec m;
+  if (!a.model.empty()) {
+    auto p = plan::model_preset(a.model);
+    if (!p.ok()) return fail(p.status());
+    m = *p;
+  } else {
+    m.name = "custom";
+    m.global_batch = 512;
+  }
+  if (a.layers) m.layers = a.layers;
+  if (a.heads) m.heads = a.heads;
+  if (a.dim) m.dim = a.dim;
+  if (a.vocab) m.vocab = a.vocab;
+  if (a.seq) m.seq = a.seq;
+  if (a.context) m.context = a.context;
+  if (a.global_batch) m.global_batch = a.global_batch;
+  if (Status st = m.validate(); !st.ok()) return fail(st);
+  auto tokens = parse_count(a.tokens);
+  if (!tokens.ok()) return fail(tokens.status());
+  plan::Job job{m, a.dtype, *tokens, a.checkpoint_every, a.recompute, a.bucket_mb, a.attention};
+
+  struct Result1 {
+    plan::Cluster cluster;
+    std::vector<plan::Estimate> best;
+    plan::Estimate closest;
+  };
+  std::vector<Result1> results;
+  for (const auto& f : a.clusters) {
+    auto c = plan::load_cluster(f);
+    if (!c.ok()) return fail(c.status());
+    if (a.ranks_per_node > 0) c->ranks_per_node = a.ranks_per_node;
+    if (a.threads_per_rank > 0) c->threads_per_rank = a.threads_per_rank;
+    Result1 r{*c, {}, {}};
+    plan::Layout fixed{0, 0, 0, 0, 0, 0, -1};
+    if (!a.layout.empty()) {
+      auto l = parse_layout(a.layout);
+      if (!l.ok()) return fail(l.status());
+      fixed = *l;
+    }
+    if (fixed.nodes > c->nodes)
+      return fail(Status::InvalidArgument(fmt::format("--layout: nodes={} but {} has {}", fixed.nodes, c->name, c->nodes)));
+    if (fixed.dp && fixed.tp && fixed.pp && fixed.micro_batch) {
+      // A whole layout: price exactly it (ga from the global batch unless given).
+      plan::Layout l = fixed;
+      if (l.nodes == 0) l.nodes = c->nodes;
+      if (l.zero < 0) l.zero = 0;
+      const int ranks = l.dp * l.tp * l.pp;
+      const int have = c->shared_host ? c->ranks() : l.nodes * c->ranks_per_node;
+      if (ranks != have)
+        return fail(Status::InvalidArgument(fmt::format("--layout {} uses {} ranks, but {} nodes of {} have {}", l.str(), ranks, l.nodes, c->name, have)));
+      if (m.heads % l.tp) return fail(Status::InvalidArgument(fmt::format("--layout: tp={} does not divide the {} heads", l.tp, m.heads)));
+      if (l.pp > m.layers) return fail(Status::InvalidArgument(fmt::format("--layout: pp={} exceeds the {} layers", l.pp, m.layers)));
+      if (l.grad_accum == 0) {
+        const int64_t per = static_cast<int64_t>(l.dp) * l.micro_batch;
+        if (m.global_batch % per)
+          return fail(Status::InvalidArgument(fmt::format("--layout: dp x mb = {} does not divide the global batch {}", per, m.global_batch)));
+        l.grad_accum = static_cast<int>(m.global_batch / per);
+      }
+      plan::Job j = job;
+      j.model.global_batch = static_cast<int64_t>(l.dp) * l.micro_batch * l.grad_accum;
+      r.best.push_back(plan::estimate(j, *c, l));
+    } else {
+      r.best = plan::search(job, *c, a.objective, a.top, &r.closest, a.layout.empty() ? nullptr : &fixed);
+      if (r.best.empty() && r.closest.refusal.empty())
+        r.closest.refusal = "no layout agrees with --layout, the heads, the layers and the global batch";
+    }
+    results.push_back(std::move(r));
+  }
+  bool any = false;
+  for (const auto& r : results) any = any || (!r.best.empty() && r.best[0].fits);
+
+  if (a.json) {
+    nlohmann::json j = {{"schema", "tessera.plan"}, {"version", 1}, {"objective", a.objective}, {"dtype", a.dtype},
+                        {"model", {{"name", job.model.name}, {"layers", m.layers}, {"heads", m.heads}, {"dim", m.dim},
+                                   {"vocab", m.vocab}, {"seq", m.seq}, {"global_batch", job.model.global_batch},
+                                   {"parameters", m.parameters()}, {"flops_per_token", m.flops_per_token()}}},
+                        {"tokens", *tokens}};
+    j["clusters"] = nlohmann::json::array();
+    for (const auto& r : results) {
+      nlohmann::json cj = {{"name", r.cluster.name}, {"file", r.cluster.file}, {"description", r.cluster.str()},
+                           {"node", r.cluster.node.name}, {"source", r.cluster.node.source}, {"nodes", r.cluster.nodes},
+                           {"ranks", r.cluster.ranks()}, {"price_per_hour", r.cluster.price_per_hour}};
+      cj["layouts"] = nlohmann::json::array();
+      for (const auto& e : r.best) cj["layouts"].push_back(to_json(e));
+      if (r.best.empty()) cj["refusal"] = r.closest.refusal;
+      j["clusters"].push_back(cj);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("model %s; %s; tokens %s; objective %s\n", job.model.str().c_str(), a.dtype.c_str(),
+                *tokens > 0 ? fmt::format("{:.3g}", *tokens).c_str() : "- (per step only)", a.objective.c_str());
+    for (const auto& r : results) {
+      std::printf("\n%s: %s\n  node: %s\n", r.cluster.name.c_str(), r.cluster.str().c_str(), r.cluster.node.source.c_str());
+      if (r.best.empty()) {
+        std::printf("  no layout fits: %s%s\n", r.closest.layout.dp ? ("the nearest (" + r.closest.layout.str() + ") ").c_str() : "",
+                    r.closest.refusal.c_str());
+        continue;
+      }
+      std::printf("  %-3s %-30s %10s %12s %7s %12s %12s %12s\n", "#", "layout", "step", "tokens/s", "MFU", "mem/device",
+                  "time", "cost");
+      for (size_t i = 0; i < r.best.size(); ++i) print_estimate_row(static_cast<int>(i + 1), r.best[i]);
+      print_breakdown(r.best[0]);
+      if (!r.best[0].fits) std::printf("      does not fit: %s\n", r.best[0].refusal.c_str());
+      if (a.explain) {
+        std::printf("      every term of #1:\n");
+        for (const auto& t : r.best[0].terms)
+          std::printf("        %-16s %12.6g  %s\n", t.name.c_str(), t.seconds, t.formula.c_str());
+      }
+    }
+    // The verdict: the best layout of each cluster against the fastest.
+    if (results.size() > 1 && any) {
+      const Result1* fast = nullptr;
+      for (const auto& r : results)
+        if (!r.best.empty() && r.best[0].fits && (fast == nullptr || r.best[0].step < fast->best[0].step)) fast = &r;
+      std::printf("\nverdict:\n");
+      for (const auto& r : results) {
+        if (&r == fast) continue;
+        if (r.best.empty() || !r.best[0].fits) {
+          std::printf("  %s: fits on %s, not on %s (%s)\n", fast->cluster.name.c_str(), fast->cluster.name.c_str(),
+                      r.cluster.name.c_str(), r.best.empty() ? r.closest.refusal.c_str() : r.best[0].refusal.c_str());
+          continue;
+        }
+        const auto& f = fast->best[0];
+        const auto& s = r.best[0];
+        const double speed = s.step / f.step * (f.tokens_per_step / s.tokens_per_step);
+        std::string cost;
+        if (f.cost_usd > 0 && s.cost_usd > 0) {
+          const double ratio = s.cost_usd / f.cost_usd;
+          cost = ratio > 1.05 ? fmt::format(" and {:.1f}x cheaper", ratio)
+               : ratio < 1 / 1.05 ? fmt::format(" but {:.1f}x dearer", 1 / ratio) : std::string(" at about the same cost");
+        }
+        auto peak = [&](const Result1& x, const plan::Estimate& e) {
+          const auto& n = x.cluster.node;
+          const int devices = x.cluster.shared_host ? 1 : n.kind == plan::DeviceKind::kGpu ? e.layout.dp * e.layout.tp * e.layout.pp : e.layout.nodes;
+          return std::pair{devices * n.peak_of(job.dtype), fmt::format("{} x {} ({:.0f} TFLOP/s {})", devices, n.name,
+                                                                        devices * n.peak_of(job.dtype) / 1e12, job.dtype)};
+        };
+        const auto [pf, pf_s] = peak(*fast, f);
+        const auto [ps, ps_s] = peak(r, s);
+        std::vector<std::string> why;
+        if (pf > 1.05 * ps) why.push_back(fmt::format("it has {} against {}", pf_s, ps_s));
+        if (s.bottleneck().rfind("compute", 0) != 0) why.push_back(fmt::format("{} is held up by {}", r.cluster.name, s.bottleneck()));
+        why.push_back(fmt::format("MFU {:.1f}% against {:.1f}%", 100 * f.mfu, 100 * s.mfu));
+        std::string because;
+        for (size_t i = 0; i < why.size(); ++i) because += (i == 0 ? "" : i + 1 == why.size() ? " and " : ", ") + why[i];
+        std::printf("  %s: %.1fx faster than %s%s for this job, because %s; %s is bound by %s\n", fast->cluster.name.c_str(),
+                    speed, r.cluster.name.c_str(), cost.c_str(), because.c_str(), fast->cluster.name.c_str(),
+                    f.bottleneck().c_str());
+      }
+    }
+  }
+  if (!any) {
+    std::string why;
+    for (const auto& r : results)
+      why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", r.cluster.name,
+                         r.best.empty() ? r.closest.refusal : r.best[0].refusal);
+    return fail(Status::ResourceExhausted(fmt::format("the model fits on no cluster given ({})", why)));
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand("plan", "Time, memory and cost of a training job on CPU/GPU clusters (docs/planner.md)");
+  cmd->add_option("--model", a->model, "a preset: " + plan::model_preset_names());
+  cmd->add_option("--layers", a->layers, "L (overrides the preset)")->check(CLI::PositiveNumber);
+  cmd->add_option("--heads", a->heads, "NH")->check(CLI::PositiveNumber);
+  cmd->add_option("--dim", a->dim, "C")->check(CLI::PositiveNumber);
+  cmd->add_option("--vocab", a->vocab, "V")->check(CLI::PositiveNumber);
+  cmd->add_option("--seq", a->seq, "T, tokens per sequence")->check(CLI::PositiveNumber);
+  cmd->add_option("--context", a->context, "positions (default --seq)")->check(CLI::PositiveNumber);
+  cmd->add_option("--global-batch", a->global_batch, "sequences per optimizer step (default: the preset's, else 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--tokens", a->tokens, "tokens to train on: 10B, 300M, 2.5e9");
+  cmd->add_option("--cluster", a->clusters, "cluster TOML file (repeatable; examples/clusters/)")->required();
+  cmd->add_option("--objective", a->objective, "time or cost")->check(CLI::IsMember({"time", "cost"}));
+  cmd->add_option("--dtype", a->dtype, "matmul inputs: bf16 (default) or fp32")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--layout", a->layout, "constrain the search (dp=2,pp=2); with dp, tp, pp and mb all given, price exactly that layout: dp=2,tp=1,pp=2,mb=4[,ga=4][,zero=1][,nodes=N]");
+  cmd->add_option("--top", a->top, "layouts shown per cluster")->check(CLI::Range(1, 100));
+  cmd->add_option("--checkpoint-every", a->checkpoint_every, "steps between checkpoints (0: none)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--bucket-mb", a->bucket_mb, "gradient bucket size, MB (parallel.bucket_mb)")->check(CLI::PositiveNumber);
+  cmd->add_option("--ranks-per-node", a->ranks_per_node, "override the cluster's ranks (devices) per node")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--threads-per-rank", a->threads_per_rank, "override the cluster's CPU threads per rank")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--attention", a->attention, "flash (default; Tessera's kernels) or materialized (scores stored: Megatron-LM 2021)")
+      ->check(CLI::IsMember({"flash", "materialized"}));
+  cmd->add_flag("--recompute", a->recompute, "full activation recomputation (not in Tessera; for comparing published runs)");
+  cmd->add_flag("--json", a->json, "one JSON document (schema tessera.plan, version 1)");
+  cmd->add_flag("--explain", a->explain, "print every term of the model for the best layout");
+  cmd->callback([a] { exit_code() = run_plan(*a); });
+}
+
+}  // namespace tessera::tools

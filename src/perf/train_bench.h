@@ -25,7 +25,7 @@ struct TrainBenchResult {
   double forward_s = 0, backward_s = 0, optimizer_s = 0;  // means of the timed steps
   OpTimes ops;       // per-op seconds, means of the timed steps (CPU; zero on CUDA)
   float last_loss = 0;
-  double flops_per_step = 0;  // train/flops.h's count
+  double flops_per_step = 0;  // perf/flops.h's count
   int64_t tokens_per_step = 0;
 };
 

@@ -25,7 +25,7 @@ struct ModelSpec {
   // GPT-2's parameter count, the same formula as GPTConfig::num_parameters
   // (unpadded vocabulary, tied head).
   int64_t parameters() const;
-  // Model FLOPs per token, as src/train/flops.h counts them for MFU:
+  // Model FLOPs per token, as src/perf/flops.h counts them for MFU:
   // 6 x parameters + 6 x L x C x T.
   double flops_per_token() const;
   Status validate() const;

@@ -14,7 +14,7 @@
 #include "plan/estimate.h"
 #include "plan/hardware.h"
 #include "plan/model.h"
-#include "train/flops.h"
+#include "perf/flops.h"
 #include "train/memory_plan.h"
 
 namespace tessera::plan {

@@ -12,11 +12,7 @@
 #    error naming the unreachable peer and its host; no hang.
 set -uo pipefail
 tessera=$1; tests=$2
-root=$(cd "$tests/.." && pwd)
-cluster="$root/scripts/cluster.sh"
-if [ "$(id -u)" != 0 ]; then echo "SKIP: needs root for network namespaces"; exit 0; fi
-if ! ip netns add "tsk$$" 2>/dev/null; then echo "SKIP: network namespaces are not available here"; exit 0; fi
-ip netns del "tsk$$"
+source "$tests/cli/netns_common.inc"  # $root, $cluster; SKIP without namespaces
 
 tmp=$(mktemp -d)
 p=tc$$

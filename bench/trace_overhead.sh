@@ -23,11 +23,21 @@ scrape() {
     curl -s "http://127.0.0.1:$((port + 1))/metrics" >/dev/null 2>&1 || true
   done
 }
+# The scraper runs beside the "off" runs too (refused there): on this
+# 2-core machine its own curl processes take CPU from the ranks, a cost a
+# Prometheus server on another machine would not add.
+scraped() {
+  scrape >/dev/null 2>&1 & local scraper=$!
+  run "$@"
+  kill $scraper 2>/dev/null; wait $scraper 2>/dev/null || true
+}
 on() {
   if [ "$mode" = trace ]; then run "$1" --trace "$tmp/trace_$1"; return; fi
-  scrape >/dev/null 2>&1 & local scraper=$!
-  run "$1" --set log.metrics_port=$port
-  kill $scraper 2>/dev/null; wait $scraper 2>/dev/null || true
+  scraped "$1" --set log.metrics_port=$port
+}
+off() {
+  if [ "$mode" = trace ]; then run "$1"; return; fi
+  scraped "$1"
 }
 
 run() {  # NAME [OPTION...]: the run's median step_ms after the warm-up steps
@@ -44,8 +54,8 @@ echo "pair  off_ms  on_ms  on/off"
 ratios=()
 for i in $(seq 1 "$pairs"); do
   # Alternate which goes first, so a drifting machine load favours neither.
-  if [ $((i % 2)) = 1 ]; then off=$(run off$i); on=$(on on$i)
-  else on=$(on on$i); off=$(run off$i); fi
+  if [ $((i % 2)) = 1 ]; then off=$(off off$i); on=$(on on$i)
+  else on=$(on on$i); off=$(off off$i); fi
   r=$(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.4f", a / b }')
   ratios+=("$r")
   echo "$i  $off  $on  $r"

@@ -13,6 +13,10 @@
 #   cuda-train tests/cli/cuda_train.sh: train.device = "cuda", bitwise checkpoint
 #              resume and ZeRO-1 on one GPU; with 2+ GPUs also dp=2 over NCCL vs
 #              dp=1, ZeRO-1 vs plain, and a dp=2 resume
+#   cuda-serve tests/cli/cuda_serve.sh: serve --backend cuda's greedy text against the
+#              CPU's, alone and 8 at once; NVML gauges from a CUDA training rank
+#   doctor     tessera doctor --quick --save $OUT/profile.json (the GPU checks: launch
+#              latency, PCIe pinned/pageable, device bandwidth, bf16 GEMM, allocation)
 #   bench-train  tessera bench train, GPT-2 124M shapes (B=16, T=1024, bf16),
 #              with --backend cuda if `bench train --help` lists it; else
 #              recorded as not available (the CPU run is not a GPU check)
@@ -135,6 +139,11 @@ fi
 
 step cuda-train 150 bash tests/cli/cuda_train.sh "$tessera" tests
 s=$(grep -m1 '^skip:' "$out/cuda-train.log" | cut -c1-140); [ -n "$s" ] && notes[${#notes[@]}-1]="$s"
+
+step cuda-serve 120 bash tests/cli/cuda_serve.sh "$tessera" tests
+s=$(grep -m1 -e '^skip:' -e '^note' "$out/cuda-serve.log" | cut -c1-140); [ -n "$s" ] && notes[${#notes[@]}-1]="$s"
+
+step doctor 120 "$tessera" doctor --quick --save "$out/profile.json" --dir "$build"
 
 # ---- benchmarks --------------------------------------------------------------
 # GPT-2 124M: 12 layers, 12 heads, 768 channels, vocab 50257; micro-batch 16 x 1024 tokens, bf16.

@@ -5,6 +5,9 @@ namespace tessera {
 // What a matmul's inputs are rounded to. Accumulation is always fp32.
 enum class MatmulPrecision { kF32, kBF16 };
 
+// How an embedding bag pools the rows of its ids (ops.inc: embedding_bag_*).
+enum class Pooling { kSum, kMean };
+
 // Hyper-parameters of one AdamW update (decoupled weight decay, as
 // torch.optim.AdamW). t is the 1-based step used for bias correction;
 // grad_scale multiplies every gradient first (global-norm clipping).

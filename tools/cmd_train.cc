@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "data/criteo.h"
 #include "data/prepare.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "tools/commands.h"
@@ -59,6 +60,22 @@ int run_train(const TrainArgs& a) {
   return kExitOk;
 }
 
+// --format criteo: click logs to click shards (data/criteo.h).
+int run_prepare_criteo(const data::PrepareOptions& p, const data::CriteoPrepareOptions& c) {
+  data::CriteoPrepareOptions o = c;
+  o.inputs = p.inputs;
+  o.out_dir = p.out_dir;
+  o.val_fraction = p.val_fraction;
+  o.warnings = stderr;
+  auto s = data::prepare_criteo(o);
+  if (!s.ok()) return fail(s.status());
+  std::printf("prepared %lld lines: %lld train + %lld val rows, %lld bad lines skipped\n",
+              static_cast<long long>(s->lines), static_cast<long long>(s->train_rows),
+              static_cast<long long>(s->val_rows), static_cast<long long>(s->bad_lines));
+  for (const std::string& path : s->shards) std::printf("  %s\n", path.c_str());
+  return kExitOk;
+}
+
 int run_prepare(const data::PrepareOptions& o) {
   data::PrepareOptions opts = o;
   if (isatty(fileno(stderr))) opts.progress = stderr;
@@ -99,12 +116,17 @@ void add_prepare_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer, "gpt2 (GPT-2 BPE, vocab 50257) or byte (vocab 256)")
       ->check(CLI::IsMember({"gpt2", "byte"}));
   cmd->add_option("--vocab", o->vocab_dir, "folder with encoder.json and vocab.bpe (gpt2)");
-  cmd->add_option("--format", o->format, "text, or brown (the Brown corpus's word/tag files)")
-      ->check(CLI::IsMember({"text", "brown"}));
+  cmd->add_option("--format", o->format,
+                  "text, brown (the Brown corpus's word/tag files) or criteo (click logs: docs/dlrm.md)")
+      ->check(CLI::IsMember({"text", "brown", "criteo"}));
+  auto c = std::make_shared<data::CriteoPrepareOptions>();
+  cmd->add_option("--hash-size", c->hash_size, "criteo: rows of each table (categories hashed into it)");
+  cmd->add_option("--tables", c->num_cat, "criteo: categorical columns per line");
+  cmd->add_option("--dense", c->num_dense, "criteo: integer columns per line");
   cmd->add_option("--shard-tokens", o->shard_tokens, "tokens per shard at most");
   cmd->add_option("--out", o->out_dir, "output folder")->required();
   cmd->add_option("--val-fraction", o->val_fraction, "share of documents for validation");
-  cmd->callback([o] { exit_code() = run_prepare(*o); });
+  cmd->callback([o, c] { exit_code() = o->format == "criteo" ? run_prepare_criteo(*o, *c) : run_prepare(*o); });
 }
 
 }  // namespace tessera::tools

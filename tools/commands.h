@@ -48,5 +48,6 @@ void add_registry_commands(CLI::App& app);    // cmd_registry.cc: registry add, 
 void add_trace_command(CLI::App& app);        // cmd_trace.cc: trace merge
 void add_doctor_command(CLI::App& app);       // cmd_doctor.cc: doctor
 void add_plan_command(CLI::App& app);         // cmd_plan.cc
+void add_synth_command(CLI::App& app);        // cmd_synth.cc: synth clicks
 
 }  // namespace tessera::tools

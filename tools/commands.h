@@ -49,5 +49,6 @@ void add_trace_command(CLI::App& app);        // cmd_trace.cc: trace merge
 void add_doctor_command(CLI::App& app);       // cmd_doctor.cc: doctor
 void add_plan_command(CLI::App& app);         // cmd_plan.cc
 void add_synth_command(CLI::App& app);        // cmd_synth.cc: synth clicks
+void add_bench_dlrm_command(CLI::App& bench);  // under `bench`: dlrm (cmd_synth.cc)
 
 }  // namespace tessera::tools

@@ -118,6 +118,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::start(const std::string& host,
   std::unique_ptr<StoreServer> s(new StoreServer());
   s->listen_fd_ = fd;
   s->port_ = ntohs(sa.sin_port);
+  s->last_request_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
   s->accept_thread_ = std::thread([p = s.get()] { p->accept_loop(); });
   return s;
 }
@@ -194,7 +195,14 @@ void StoreServer::serve(int fd) {
   }
 }
 
+double StoreServer::idle_seconds() const {
+  const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const int64_t last = last_request_ns_.load();
+  return last == 0 ? 0.0 : std::chrono::duration<double>(std::chrono::steady_clock::duration(now - last)).count();
+}
+
 std::string StoreServer::handle(const std::string& frame, uint8_t* status) {
+  last_request_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
   const uint8_t op = static_cast<uint8_t>(frame[0]);
   const uint32_t klen = get_u32(frame.data() + 1);
   if (klen > kStoreMaxKey || 5 + static_cast<size_t>(klen) > frame.size()) {

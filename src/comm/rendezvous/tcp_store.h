@@ -48,6 +48,8 @@ class StoreServer {
   // A value set locally (no connection), and a read of a counter.
   void set(const std::string& key, const std::string& value);
   bool get(const std::string& key, std::string* value);
+  // Seconds since the last request of any client.
+  double idle_seconds() const;
 
  private:
   StoreServer() = default;
@@ -58,6 +60,7 @@ class StoreServer {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> last_request_ns_{0};  // steady clock
   std::thread accept_thread_;
   std::mutex mu_;  // guards map_, clients_
   std::map<std::string, std::string> map_;

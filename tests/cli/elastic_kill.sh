@@ -40,6 +40,7 @@ wait_step() {
 }
 worker_of() { grep -o "started worker pid [0-9]*" "$tmp/a$1.log" | head -1 | awk '{print $4}'; }
 wait_step 10
+t_kill=$(date +%s.%N)
 kill -9 "$(worker_of 3)"
 wait_step 20
 kill -9 "$(worker_of 2)"
@@ -86,4 +87,8 @@ if timeout 120 "$tessera" elastic --min 1 --max 1 --rdzv "embedded:127.0.0.1:$po
     -- train --config "$tmp/cfg.toml" "${S[@]}" --set parallel.zero=1 >"$tmp/zero.log" 2>&1; then
   echo "FAIL: ZeRO-1 should be refused"; exit 1; fi
 [ "$(grep -c "tessera: error: elastic training does not support ZeRO-1" "$tmp/zero.log")" = 1 ] || { cat "$tmp/zero.log"; exit 1; }
+# The figure for docs/performance.md (reported, not asserted): from the
+# kill -9 to the first step the survivors completed.
+t_resumed=$(grep '"event":"resumed"' "$tmp/el.jsonl" | head -1 | sed 's/.*"time":\([0-9.eE+]*\).*/\1/')
+awk -v a="$t_kill" -v b="$t_resumed" 'BEGIN { printf "kill -9 to the first completed step on the survivors: %.2f s\n", b - a }'
 echo "ok   elastic: kill -9, rejoin, below min, ZeRO-1 refused"

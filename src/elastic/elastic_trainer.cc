@@ -1,5 +1,6 @@
 #include "elastic/elastic_trainer.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -195,12 +196,15 @@ Status ElasticTrainer::rebuild(const std::string& why) {
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000.0));
   comm::CommOptions connect = co;
   connect.timeout = std::min(co.timeout, std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1e3)));
+  std::string last_error;
   while (true) {
     if (since(t0) > o_.rdzv_timeout_s + o_.last_call_s + 60)
-      return Status::Unavailable(fmt::format("elastic: no round could be formed within {:.0f} s", since(t0)));
+      return Status::Unavailable(
+          fmt::format("elastic: no round could be formed within {:.0f} s; last: {}", since(t0), last_error));
     Result<Round> r = rdzv_->join(epoch_ + 1, step_ >= 0 ? rank_ : -1, connect);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kUnavailable) return r.status();
+      last_error = r.status().message();
       std::fprintf(stderr, "tessera: elastic: round %lld failed, joining the next: %s\n",
                    static_cast<long long>(epoch_ + 1), r.status().message().c_str());
       epoch_++;
@@ -293,6 +297,9 @@ Status ElasticTrainer::train_step() {
 }
 
 Result<ElasticSummary> ElasticTrainer::run() {
+  // A write to a peer's closed connection is an error to handle, not a
+  // reason to die.
+  ::signal(SIGPIPE, SIG_IGN);
   RETURN_IF_ERROR(setup());
   std::string why = "start";
   bool need_round = true;

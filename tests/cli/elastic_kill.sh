@@ -51,9 +51,9 @@ if wait "${pids[3]}"; then echo "FAIL: agent 3 should have failed (no restarts)"
 [ -n "$(grep "no restarts left (--max-restarts 0)" "$tmp/a3.log")" ] || { echo "FAIL: agent 3's line"; exit 1; }
 [ -n "$(grep "restarting it to rejoin" "$tmp/a2.log")" ] || { echo "FAIL: agent 2 did not restart"; exit 1; }
 
-# Membership events: 4 -> 3 (one left), then a round where the restarted worker joined.
+# Membership events: 4 -> fewer (one left; 3, or 2 then 3 on a loaded machine), then a round where the restarted worker joined.
 events=$(grep '"event":"membership"' "$tmp/el.jsonl")
-[ -n "$(echo "$events" | grep '"workers":3' | grep '"workers_before":4')" ] || { echo "FAIL: no 4 -> 3 round"; echo "$events"; exit 1; }
+[ -n "$(echo "$events" | grep '"workers_before":4' | grep -v '"workers":4')" ] || { echo "FAIL: no round after 4"; echo "$events"; exit 1; }
 [ -n "$(echo "$events" | grep -v '"joined":\[\]' | grep -v '"reason":"start"')" ] || { echo "FAIL: no join"; echo "$events"; exit 1; }
 [ -n "$(grep '"event":"resumed"' "$tmp/el.jsonl")" ] || { echo "FAIL: no resumed event"; exit 1; }
 
@@ -87,6 +87,13 @@ if timeout 120 "$tessera" elastic --min 1 --max 1 --rdzv "embedded:127.0.0.1:$po
     -- train --config "$tmp/cfg.toml" "${S[@]}" --set parallel.zero=1 >"$tmp/zero.log" 2>&1; then
   echo "FAIL: ZeRO-1 should be refused"; exit 1; fi
 [ "$(grep -c "tessera: error: elastic training does not support ZeRO-1" "$tmp/zero.log")" = 1 ] || { cat "$tmp/zero.log"; exit 1; }
+# Bad command lines: one line, exit 1.
+for bad in "--min 1 --max 1 --rdzv redis://x:1|only the embedded store is supported" \
+           "--min 3 --max 2|need 1 <= min <= max" "--min 1 --max 1 --rdzv embedded:nohost|is not HOST:PORT"; do
+  if "$tessera" elastic ${bad%%|*} -- train --config "$tmp/cfg.toml" >"$tmp/bad.log" 2>&1; then echo "FAIL: $bad"; exit 1; fi
+  [ "$(grep -c "tessera: error: .*${bad#*|}" "$tmp/bad.log")" = 1 ] || { echo "FAIL: $bad"; cat "$tmp/bad.log"; exit 1; }
+done
+
 # The figure for docs/performance.md (reported, not asserted): from the
 # kill -9 to the first step the survivors completed.
 t_resumed=$(grep '"event":"resumed"' "$tmp/el.jsonl" | head -1 | sed 's/.*"time":\([0-9.eE+]*\).*/\1/')

@@ -180,9 +180,12 @@ Status ElasticTrainer::sync_state() {
   int64_t meta[2] = {opt_->steps(), best};
   RETURN_IF_ERROR(comm_->broadcast(meta, 2, comm::ElemType::kI64, root));
   opt_->set_steps(static_cast<int>(meta[0]));
-  if (step_ != best)
-    say("elastic: state of step {} sent by rank {} ({:.1f} MB in {:.2f} s)\n", best, root,
-        (params.bytes() + 2.0 * (st.hi - st.lo) * 4) / 1e6, since(t0));
+  const int behind = static_cast<int>(std::count_if(steps.begin(), steps.end(), [&](int64_t s) { return s != best; }));
+  const double mb = (params.bytes() + 2.0 * (st.hi - st.lo) * 4) / 1e6;
+  event({{"event", "state_transfer"}, {"epoch", epoch_}, {"step", best}, {"root", root}, {"receivers", behind},
+         {"mb", mb}, {"seconds", since(t0)}},
+        fmt::format("elastic: state of step {} broadcast by rank {} to {} worker(s) behind it ({:.1f} MB in {:.2f} s)",
+                    best, root, behind, mb, since(t0)));
   step_ = best;
   return Status::OK();
 }

@@ -56,6 +56,8 @@ events=$(grep '"event":"membership"' "$tmp/el.jsonl")
 [ -n "$(echo "$events" | grep '"workers_before":4' | grep -v '"workers":4')" ] || { echo "FAIL: no round after 4"; echo "$events"; exit 1; }
 [ -n "$(echo "$events" | grep -v '"joined":\[\]' | grep -v '"reason":"start"')" ] || { echo "FAIL: no join"; echo "$events"; exit 1; }
 [ -n "$(grep '"event":"resumed"' "$tmp/el.jsonl")" ] || { echo "FAIL: no resumed event"; exit 1; }
+# The restarted worker got the state over the communicator, not from disk.
+[ -n "$(grep '"event":"state_transfer"' "$tmp/el.jsonl")" ] || { echo "FAIL: no state transfer"; exit 1; }
 
 # Same training as the fixed-size run.
 paste <(losses "$tmp/ref.jsonl") <(grep -v '"event"' "$tmp/el.jsonl" | grep '"loss"' | sed 's/.*"loss":\([-0-9.eE+]*\).*/\1/') |

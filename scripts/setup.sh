@@ -21,6 +21,7 @@ packages=(
   prometheus                       # promtool checks the /metrics text; tests scrape with a real server
   curl                             # the serving tests' plain HTTP client
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
+  libgloo-dev                      # Gloo: the elastic training communicator (TCP)
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
   nodejs                           # the serving tests' real client (tests/clients: openai)
   chromium                         # headless, the dashboard test's real browser

@@ -7,6 +7,7 @@
 #include "data/criteo.h"
 #include "data/prepare.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "elastic/elastic_trainer.h"
 #include "tools/commands.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -37,6 +38,12 @@ int run_train(const TrainArgs& a) {
   c->resume = a.resume;
   if (a.metrics_port >= 0) c->metrics_port = a.metrics_port;
   if (!a.trace.empty()) c->trace = a.trace;
+  elastic::ElasticOptions eo;
+  if (elastic::elastic_options_from_env(&eo)) {  // started by `tessera elastic`
+    auto r = elastic::run_elastic_training(c.value(), eo, stdout);
+    if (!r.ok()) return fail(r.status());
+    return kExitOk;
+  }
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   auto world = comm::world_communicator(opts);

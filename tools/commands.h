@@ -37,6 +37,7 @@ void add_bench_serve_command(CLI::App& bench);   // under `bench`: serve (cmd_be
 void add_train_command(CLI::App& app);
 void add_prepare_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
+void add_elastic_command(CLI::App& app);     // cmd_elastic.cc
 void add_sample_command(CLI::App& app);
 void add_checkpoint_commands(CLI::App& app);  // export, checkpoint verify
 void add_serve_command(CLI::App& app);        // cmd_serve.cc

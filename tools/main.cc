@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   add_train_command(app);
   add_prepare_command(app);
   add_launch_command(app);
+  add_elastic_command(app);
   add_sample_command(app);
   add_serve_command(app);
   add_quantize_command(app);

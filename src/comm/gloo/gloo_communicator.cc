@@ -1,0 +1,285 @@
+#include "comm/gloo/gloo_communicator.h"
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+namespace tessera::comm {
+
+namespace {
+
+// Gloo's Store over the TCP store, keys under a prefix. Gloo expects
+// exceptions; its get() waits for the key.
+class PrefixedStore : public gloo::rendezvous::Store {
+ public:
+  PrefixedStore(StoreClient& c, std::string prefix, std::chrono::milliseconds timeout)
+      : c_(c), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    check(c_.set(prefix_ + key, std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    check(c_.wait({prefix_ + key}, timeout_));
+    Result<std::string> v = c_.get(prefix_ + key);
+    check(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const std::string& k : keys) full.push_back(prefix_ + k);
+    check(c_.wait(full, timeout));
+  }
+
+ private:
+  static void check(const Status& s) {
+    if (!s.ok()) throw gloo::IoException(s.message());
+  }
+  StoreClient& c_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+class DoneWork : public Work {
+ public:
+  explicit DoneWork(Status s) : s_(std::move(s)) {}
+  bool test() override { return true; }
+  Status wait() override { return s_; }
+
+ private:
+  Status s_;
+};
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename T>
+ReduceFn reduce_fn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax:
+      return static_cast<ReduceFn>(&gloo::max<T>);
+    case ReduceOp::kMin:
+      return static_cast<ReduceFn>(&gloo::min<T>);
+    default:
+      return static_cast<ReduceFn>(&gloo::sum<T>);
+  }
+}
+
+ReduceFn reduce_fn(ElemType t, ReduceOp op) {
+  switch (t) {
+    case ElemType::kF32: return reduce_fn<float>(op);
+    case ElemType::kF64: return reduce_fn<double>(op);
+    case ElemType::kI32: return reduce_fn<int32_t>(op);
+    case ElemType::kI64: return reduce_fn<int64_t>(op);
+    case ElemType::kU64: return reduce_fn<uint64_t>(op);
+    case ElemType::kU8: return reduce_fn<uint8_t>(op);
+  }
+  return nullptr;
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::string name, const CommOptions& o)
+      : ctx_(std::move(ctx)), name_(std::move(name)), opts_(o), rank_(ctx_->rank), size_(ctx_->size) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  int world_rank_of(int rank) const override { return rank; }
+
+  std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
+                                         ReduceOp op) override {
+    return run("all_reduce", count, type, [&] {
+      if (send != recv) std::memcpy(recv, send, static_cast<size_t>(count) * elem_size(type));
+      if (size_ == 1 || count == 0) return;
+      gloo::AllreduceOptions o(ctx_);
+      switch (type) {
+        case ElemType::kF32: o.setOutput(static_cast<float*>(recv), static_cast<size_t>(count)); break;
+        case ElemType::kF64: o.setOutput(static_cast<double*>(recv), static_cast<size_t>(count)); break;
+        case ElemType::kI32: o.setOutput(static_cast<int32_t*>(recv), static_cast<size_t>(count)); break;
+        case ElemType::kI64: o.setOutput(static_cast<int64_t*>(recv), static_cast<size_t>(count)); break;
+        case ElemType::kU64: o.setOutput(static_cast<uint64_t*>(recv), static_cast<size_t>(count)); break;
+        case ElemType::kU8: o.setOutput(static_cast<uint8_t*>(recv), static_cast<size_t>(count)); break;
+      }
+      o.setReduceFunction(reduce_fn(type, op));
+      setup(o);
+      gloo::allreduce(o);
+    });
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const void* send, void* recv, int64_t recv_count, ElemType type,
+                                             ReduceOp op) override {
+    // An all-reduce of the whole buffer, then this rank's block (not
+    // bandwidth-optimal; elastic training uses plain data parallelism).
+    const size_t es = elem_size(type);
+    std::vector<char> all(static_cast<size_t>(recv_count * size_) * es);
+    std::memcpy(all.data(), send, all.size());
+    Status s = all_reduce_async(all.data(), all.data(), recv_count * size_, type, op)->wait();
+    if (s.ok()) std::memcpy(recv, all.data() + static_cast<size_t>(rank_ * recv_count) * es, recv_count * es);
+    return std::make_unique<DoneWork>(s);
+  }
+
+  std::unique_ptr<Work> all_gather_async(const void* send, void* recv, int64_t send_count, ElemType type) override {
+    return run("all_gather", send_count, type, [&] {
+      const size_t bytes = static_cast<size_t>(send_count) * elem_size(type);
+      std::vector<char> mine(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+      if (size_ == 1) {
+        std::memcpy(recv, mine.data(), bytes);
+        return;
+      }
+      gloo::AllgatherOptions o(ctx_);
+      o.setInput(reinterpret_cast<uint8_t*>(mine.data()), bytes);
+      o.setOutput(static_cast<uint8_t*>(recv), bytes * size_);
+      setup(o);
+      gloo::allgather(o);
+    });
+  }
+
+  std::unique_ptr<Work> broadcast_async(void* data, int64_t count, ElemType type, int root) override {
+    return run("broadcast", count, type, [&] {
+      if (size_ == 1 || count == 0) return;
+      gloo::BroadcastOptions o(ctx_);
+      o.setOutput(static_cast<uint8_t*>(data), static_cast<size_t>(count) * elem_size(type));
+      o.setRoot(root);
+      setup(o);
+      gloo::broadcast(o);
+    });
+  }
+
+  // Point-to-point: posted now, waited on in Work::wait() (Gloo matches a
+  // send with the peer's recv of the same slot, so both sides must post
+  // before either waits).
+  std::unique_ptr<Work> send_async(const void* data, int64_t bytes, int peer, int tag) override {
+    return p2p(true, const_cast<void*>(data), bytes, peer, tag);
+  }
+
+  std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) override {
+    return p2p(false, data, bytes, peer, tag);
+  }
+
+  std::unique_ptr<Work> barrier_async() override {
+    return run("barrier", 0, ElemType::kU8, [&] {
+      if (size_ == 1) return;
+      gloo::BarrierOptions o(ctx_);
+      setup(o);
+      gloo::barrier(o);
+    });
+  }
+
+  Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) override {
+    return Status::InvalidArgument("the Gloo communicator does not split (elastic training is data-parallel only)");
+  }
+
+ private:
+  template <typename Options>
+  void setup(Options& o) {
+    o.setTag(static_cast<uint32_t>(seq_));
+    o.setTimeout(opts_.timeout);
+  }
+
+  // Runs one operation; the first failure breaks the communicator (see the
+  // header).
+  std::unique_ptr<Work> run(const char* what, int64_t count, ElemType type, const std::function<void()>& op) {
+    const int64_t seq = ++seq_;
+    return std::make_unique<DoneWork>(guard(what, seq, count, type, op));
+  }
+  Status guard(const char* what, int64_t seq, int64_t count, ElemType type, const std::function<void()>& op) {
+    if (!broken_.ok())
+      return Status::Unavailable(fmt::format("gloo {}: {} #{} not run: the communicator broke earlier: {}", name_,
+                                             what, seq, broken_.message()));
+    try {
+      op();
+      return Status::OK();
+    } catch (const std::exception& e) {
+      std::vector<int> peers(size_);
+      std::iota(peers.begin(), peers.end(), 0);
+      peers.erase(peers.begin() + rank_);
+      broken_ = Status::Unavailable(fmt::format(
+          "gloo {}: {} #{} ({} x {}) failed on rank {} of {} (peers {}, deadline {:.1f} s): {}", name_, what, seq,
+          elem_name(type), count, rank_, size_, format_peer_list(peers), opts_.timeout.count() / 1e3, e.what()));
+      // Closing every connection now wakes the peers waiting on this rank.
+      ctx_.reset();
+      return broken_;
+    }
+  }
+
+  class P2PWork : public Work {
+   public:
+    P2PWork(GlooCommunicator* c, std::string what, int64_t seq, int64_t bytes, bool send,
+            std::unique_ptr<gloo::transport::UnboundBuffer> buf)
+        : c_(c), what_(std::move(what)), seq_(seq), bytes_(bytes), send_(send), buf_(std::move(buf)) {}
+    bool test() override { return done_; }
+    Status wait() override {
+      if (done_) return status_;
+      done_ = true;
+      status_ = c_->guard(what_.c_str(), seq_, bytes_, ElemType::kU8, [&] {
+        const bool ok = send_ ? buf_->waitSend(c_->opts_.timeout) : buf_->waitRecv(c_->opts_.timeout);
+        if (!ok) throw gloo::IoException("aborted");
+      });
+      buf_.reset();
+      return status_;
+    }
+
+   private:
+    GlooCommunicator* c_;
+    std::string what_;
+    int64_t seq_, bytes_;
+    bool send_, done_ = false;
+    Status status_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  };
+
+  std::unique_ptr<Work> p2p(bool send, void* data, int64_t bytes, int peer, int tag) {
+    const int64_t seq = ++seq_;
+    const std::string what = fmt::format("{} {} (tag {})", send ? "send to" : "recv from", peer, tag);
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    Status s = guard(what.c_str(), seq, bytes, ElemType::kU8, [&] {
+      buf = ctx_->createUnboundBuffer(data, static_cast<size_t>(bytes));
+      if (send) buf->send(peer, static_cast<uint64_t>(tag));
+      else buf->recv(peer, static_cast<uint64_t>(tag));
+    });
+    if (!s.ok()) return std::make_unique<DoneWork>(s);
+    return std::make_unique<P2PWork>(this, what, seq, bytes, send, std::move(buf));
+  }
+
+  std::shared_ptr<gloo::Context> ctx_;
+  std::string name_;
+  CommOptions opts_;
+  int rank_, size_;
+  int64_t seq_ = 0;
+  Status broken_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> make_gloo_communicator(StoreClient& store, const std::string& prefix,
+                                                             int rank, int size, const std::string& host,
+                                                             const CommOptions& options, const std::string& name) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return Status::InvalidArgument(fmt::format("gloo: rank {} of size {}", rank, size));
+  try {
+    gloo::transport::tcp::attr attr(host.c_str());
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(options.timeout);
+    PrefixedStore s(store, prefix, options.timeout);
+    ctx->connectFullMesh(s, dev);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(ctx), name, options));
+  } catch (const std::exception& e) {
+    return Status::Unavailable(fmt::format("gloo {}: rank {} of {} could not connect to its peers (store {}, keys "
+                                           "{}): {}",
+                                           name, rank, size, store.address(), prefix, e.what()));
+  }
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,41 @@
+// The Gloo backend of Communicator (TCP transport): the communicator of
+// elastic training, built at run time from a rendezvous store and torn down
+// and rebuilt when the membership changes (src/elastic, docs/elastic.md).
+//
+// Rendezvous: every member calls make_gloo_communicator() with the same
+// store prefix (one per round), its rank and the size; each publishes its
+// listening address under the prefix and connects to every other member
+// (Gloo's full mesh). Operations are Gloo's synchronous collectives: the
+// async forms run the operation when posted and return a completed Work
+// holding its status, so buckets posted during backward are exchanged then.
+//
+// Deadlines and failures: every operation carries CommOptions::timeout
+// (Gloo's per-operation timeout). A failure (a peer's connection closed or
+// reset, a deadline) comes back as Status::Unavailable naming the operation,
+// its sequence number, this rank and Gloo's message (which names the peer's
+// address). The first failure breaks the communicator: its Gloo context is
+// destroyed at once, closing every connection, so the peers blocked on this
+// rank fail within milliseconds instead of waiting for their deadline; later
+// operations fail at once with the first error.
+//
+// Thread safety: as Communicator. Only host memory.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous/tcp_store.h"
+
+namespace tessera::comm {
+
+// rank in [0, size); keys are written under `prefix` in the store; host: the
+// address this rank listens on for its peers (an interface address, e.g.
+// the local address of the store connection). Errors: the peers did not all
+// publish their address or connect within options.timeout (Unavailable).
+Result<std::unique_ptr<Communicator>> make_gloo_communicator(StoreClient& store, const std::string& prefix,
+                                                             int rank, int size, const std::string& host,
+                                                             const CommOptions& options,
+                                                             const std::string& name = "world");
+
+}  // namespace tessera::comm

@@ -1,0 +1,374 @@
+#include "elastic/elastic_trainer.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/mpi/mpi_communicator.h"
+#include "data/loader.h"
+#include "elastic/rendezvous.h"
+#include "nn/gpt2_weights.h"
+#include "optim/zero.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
+#include "train/monitoring.h"
+
+namespace tessera::elastic {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Elastic training supports plain data parallelism on the CPU; anything else
+// is refused in one line.
+Status check_config(const TrainConfig& c, const ElasticOptions& o) {
+  if (c.tp != 1 || c.pp != 1)
+    return Status::InvalidArgument(fmt::format(
+        "elastic training changes only the data-parallel size: parallel.tp ({}) and parallel.pp ({}) must be 1",
+        c.tp, c.pp));
+  if (c.zero != 0)
+    return Status::InvalidArgument(
+        "elastic training does not support ZeRO-1 (parallel.zero = 1) yet: set parallel.zero = 0 (every worker "
+        "then holds the whole optimizer state, which is what lets survivors go on)");
+  if (c.device != "cpu") return Status::InvalidArgument("elastic training runs on train.device = \"cpu\" only");
+  if (c.checkpoint_every > 0)
+    return Status::InvalidArgument(
+        "elastic training keeps its state in memory; checkpoint.every > 0 is not supported with it yet");
+  if (!c.resume.empty()) return Status::InvalidArgument("elastic training does not take --resume yet");
+  if (o.min < 1 || o.max < o.min)
+    return Status::InvalidArgument(fmt::format("--min {} and --max {}: need 1 <= min <= max", o.min, o.max));
+  const int global = c.dp * c.grad_accum;
+  if (o.max > global)
+    return Status::InvalidArgument(fmt::format(
+        "--max {} workers but the global batch has only {} micro-batches (parallel.dp x train.grad_accum = {} x "
+        "{}); every worker needs one",
+        o.max, global, c.dp, c.grad_accum));
+  return Status::OK();
+}
+
+class ElasticTrainer {
+ public:
+  ElasticTrainer(const TrainConfig& c, const ElasticOptions& o, std::FILE* out) : c_(c), o_(o), out_(out) {}
+  Result<ElasticSummary> run();
+
+ private:
+  Status setup();
+  // Leaves the current round (if any) and joins the next; syncs the state.
+  Status rebuild(const std::string& why);
+  Status sync_state();
+  // One step; on success step_ advanced. Unavailable: a peer failed.
+  Status train_step();
+  void event(const nlohmann::json& j, const std::string& line);
+  template <typename... Args>
+  void say(fmt::format_string<Args...> f, Args&&... args) {
+    if (out_ && rank_ == 0) {
+      std::fputs(fmt::format(f, std::forward<Args>(args)...).c_str(), out_);
+      std::fflush(out_);
+    }
+  }
+
+  const TrainConfig& c_;
+  const ElasticOptions& o_;
+  std::FILE* out_;
+  std::string id_;
+  std::unique_ptr<comm::StoreClient> store_;
+  std::unique_ptr<Rendezvous> rdzv_;
+  std::unique_ptr<comm::Communicator> self_;  // size 1: the pipeline and the optimizer
+  std::unique_ptr<comm::Communicator> comm_;  // the round's dp communicator
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<Pipeline> pipe_;
+  std::unique_ptr<ShardedAdamW> opt_;
+  std::unique_ptr<DataParallel> ddp_;
+  std::optional<data::TokenLoader> train_;
+  int global_micro_ = 1;
+  int64_t epoch_ = -1;
+  int rank_ = -1, size_ = 0;
+  std::vector<Member> members_;
+  int64_t step_ = -1;  // steps completed; -1: no state yet (a new worker)
+  int rounds_ = 0;
+  double last_loss_ = 0.0;
+  // Since the failure this worker saw, until its first completed step.
+  std::optional<Clock::time_point> failed_at_;
+  std::FILE* metrics_ = nullptr;
+};
+
+void ElasticTrainer::event(const nlohmann::json& j, const std::string& line) {
+  if (!line.empty()) say("{}\n", line);
+  if (rank_ == 0 && !c_.metrics.empty()) {
+    if (!metrics_) metrics_ = std::fopen(c_.metrics.c_str(), "a");
+    if (metrics_) {
+      std::fprintf(metrics_, "%s\n", j.dump().c_str());
+      std::fflush(metrics_);
+    }
+  }
+}
+
+Status ElasticTrainer::setup() {
+  RETURN_IF_ERROR(check_config(c_, o_));
+  id_ = fmt::format("{}:{}", host_name(), ::getpid());
+  global_micro_ = c_.dp * c_.grad_accum;
+  ASSIGN_OR_RETURN(store_, comm::StoreClient::connect(o_.store_host, o_.store_port, std::chrono::seconds(30)));
+  RendezvousOptions ro;
+  ro.job = o_.job;
+  ro.min = o_.min;
+  ro.max = o_.max;
+  ro.last_call_s = o_.last_call_s;
+  ro.timeout_s = o_.rdzv_timeout_s;
+  ro.host = store_->local_address();
+  rdzv_ = std::make_unique<Rendezvous>(*store_, ro, id_);
+
+  GPTConfig mc = c_.model;
+  if (!c_.init_from.empty()) {
+    ASSIGN_OR_RETURN(model_, load_gpt2(c_.init_from, nullptr, Backend::kCPU));
+  } else {
+    ASSIGN_OR_RETURN(model_, GPT::create(mc, Backend::kCPU));
+    RETURN_IF_ERROR(model_->init_weights(static_cast<uint64_t>(c_.seed)));
+  }
+  model_->set_precision(c_.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  self_ = comm::self_communicator();
+  pipe_ = std::make_unique<Pipeline>(*model_, *self_, PipelineSchedule::k1F1B);
+  ASSIGN_OR_RETURN(opt_, ShardedAdamW::create(gpt_param_space(*model_), gpt_adamw_kernel(*model_), *self_,
+                                              ShardedAdamWOptions{0, nullptr}));
+  Result<data::TokenLoader> train = data::TokenLoader::open(c_.train_data, c_.seq, c_.seed, model_->config().vocab);
+  if (!train.ok()) return train.status().With("data.train");
+  train_ = std::move(train).value();
+  ASSIGN_OR_RETURN(epoch_, rdzv_->first_epoch());
+  epoch_--;  // rebuild() joins epoch_ + 1
+  return Status::OK();
+}
+
+// Every member reports the steps it completed; the one with the most (the
+// lowest rank among equals) broadcasts the parameters, AdamW's moments and
+// its step count when anyone differs (a joiner has none). A survivor that
+// completed the step in flight before the failure is ahead by one: its
+// update used the complete all-reduced gradient, so it is the state to keep.
+Status ElasticTrainer::sync_state() {
+  std::vector<int64_t> steps(size_);
+  RETURN_IF_ERROR(comm_->all_gather(&step_, steps.data(), 1, comm::ElemType::kI64));
+  const int64_t best = *std::max_element(steps.begin(), steps.end());
+  const int root = static_cast<int>(std::find(steps.begin(), steps.end(), best) - steps.begin());
+  const bool same = std::all_of(steps.begin(), steps.end(), [&](int64_t s) { return s == best; });
+  if (best < 0) {  // a new job: everyone starts from the same seed
+    step_ = 0;
+    return Status::OK();
+  }
+  if (same) return Status::OK();
+  const auto t0 = Clock::now();
+  Arena& params = model_->params();
+  RETURN_IF_ERROR(comm_->broadcast(params.base(), static_cast<int64_t>(params.bytes() / sizeof(float)),
+                                   comm::ElemType::kF32, root));
+  ShardedAdamW::State st = opt_->state();
+  RETURN_IF_ERROR(comm_->broadcast(st.m, st.hi - st.lo, comm::ElemType::kF32, root));
+  RETURN_IF_ERROR(comm_->broadcast(st.v, st.hi - st.lo, comm::ElemType::kF32, root));
+  int64_t meta[2] = {opt_->steps(), best};
+  RETURN_IF_ERROR(comm_->broadcast(meta, 2, comm::ElemType::kI64, root));
+  opt_->set_steps(static_cast<int>(meta[0]));
+  const int behind = static_cast<int>(std::count_if(steps.begin(), steps.end(), [&](int64_t s) { return s != best; }));
+  const double mb = (params.bytes() + 2.0 * (st.hi - st.lo) * 4) / 1e6;
+  event({{"event", "state_transfer"}, {"epoch", epoch_}, {"step", best}, {"root", root}, {"receivers", behind},
+         {"mb", mb}, {"seconds", since(t0)}},
+        fmt::format("elastic: state of step {} broadcast by rank {} to {} worker(s) behind it ({:.1f} MB in {:.2f} s)",
+                    best, root, behind, mb, since(t0)));
+  step_ = best;
+  return Status::OK();
+}
+
+Status ElasticTrainer::rebuild(const std::string& why) {
+  const auto t0 = Clock::now();
+  ddp_.reset();
+  comm_.reset();  // closes this worker's connections
+  const std::vector<Member> before = members_;
+  comm::CommOptions co;
+  co.timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000.0));
+  comm::CommOptions connect = co;
+  connect.timeout = std::min(co.timeout, std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1e3)));
+  std::string last_error;
+  while (true) {
+    if (since(t0) > o_.rdzv_timeout_s + o_.last_call_s + 60)
+      return Status::Unavailable(
+          fmt::format("elastic: no round could be formed within {:.0f} s; last: {}", since(t0), last_error));
+    Result<Round> r = rdzv_->join(epoch_ + 1, step_ >= 0 ? rank_ : -1, connect);
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kUnavailable) return r.status();
+      last_error = r.status().message();
+      std::fprintf(stderr, "tessera: elastic: round %lld failed, joining the next: %s\n",
+                   static_cast<long long>(epoch_ + 1), r.status().message().c_str());
+      epoch_++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      continue;
+    }
+    epoch_ = r->epoch;
+    rank_ = r->rank;
+    size_ = r->size;
+    members_ = r->members;
+    comm_ = std::move(r->comm);
+    Status s = sync_state();
+    if (s.ok()) {
+      ASSIGN_OR_RETURN(ddp_, DataParallel::create(*model_, *comm_,
+                                                  DataParallelOptions{static_cast<int64_t>(c_.bucket_mb * (1 << 20)),
+                                                                      0}));
+      break;
+    }
+    std::fprintf(stderr, "tessera: elastic: state transfer in round %lld failed, joining the next: %s\n",
+                 static_cast<long long>(epoch_), s.message().c_str());
+    comm_.reset();
+  }
+  rounds_++;
+  std::set<std::string> old_ids, new_ids;
+  for (const Member& m : before) old_ids.insert(m.id);
+  for (const Member& m : members_) new_ids.insert(m.id);
+  std::vector<std::string> left, joined;
+  for (const Member& m : before)
+    if (!new_ids.count(m.id)) left.push_back(m.id);
+  for (const Member& m : members_)
+    if (!old_ids.count(m.id)) joined.push_back(m.id);
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s.empty() ? std::string("none") : s;
+  };
+  const double rdzv_s = since(t0);
+  event({{"event", "membership"}, {"epoch", epoch_}, {"workers", size_}, {"workers_before", before.size()},
+         {"left", left}, {"joined", joined}, {"reason", why}, {"step", step_}, {"rendezvous_s", rdzv_s},
+         {"time", unix_now()}},
+        fmt::format("elastic: round {}: {} worker(s) (was {}) at step {}; left: {}; joined: {}; reason: {}; "
+                    "rendezvous {:.2f} s",
+                    epoch_, size_, before.size(), step_, list(left), list(joined), why, rdzv_s));
+  return Status::OK();
+}
+
+Status ElasticTrainer::train_step() {
+  const int B = c_.micro_batch, T = c_.seq;
+  // This worker's contiguous share of the global micro-batches (the first
+  // G % n workers take one more).
+  const int share = global_micro_ / size_ + (rank_ < global_micro_ % size_ ? 1 : 0);
+  const int first = rank_ * (global_micro_ / size_) + std::min(rank_, global_micro_ % size_);
+  const int64_t rows_per_step = int64_t{global_micro_} * B;
+  RETURN_IF_ERROR(model_->zero_grad());
+  auto fill = [&](int micro, int* inputs, int* targets) -> Status {
+    train_->fill(step_, rows_per_step, int64_t{first + micro} * B, B, inputs, targets);
+    return model_->check_batch(inputs, targets, B, T).With(c_.train_data);
+  };
+  auto before_backward = [&](int micro) { ddp_->begin_backward(micro == share - 1); };
+  double loss_sum = 0.0;
+  // Every micro-batch's mean loss weighs 1/G in the global mean; the
+  // gradient exchange divides the sum over workers by n.
+  const float scale = static_cast<float>(size_) / static_cast<float>(global_micro_);
+  RETURN_IF_ERROR(pipe_->train_step(share, B, T, scale, fill, before_backward, &loss_sum));
+  RETURN_IF_ERROR(ddp_->finish_gradients());
+  ASSIGN_OR_RETURN(bool waiting, rdzv_->joiner_waiting(epoch_));
+  double sums[2] = {loss_sum, waiting ? 1.0 : 0.0};
+  RETURN_IF_ERROR(comm_->all_reduce(sums, sums, 2, comm::ElemType::kF64));
+  // Every collective of the step succeeded: the update is the same on every
+  // worker, and no later failure can leave one worker behind by it.
+  const float lr = lr_at(c_.opt, static_cast<int>(step_));
+  ASSIGN_OR_RETURN(float norm, opt_->step(c_.opt, lr));
+  step_++;
+  last_loss_ = sums[0] / global_micro_;
+  if (!std::isfinite(last_loss_))
+    return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", last_loss_,
+                                        step_));
+  say("step {:5d}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {} worker(s)\n", step_, c_.steps, last_loss_, lr, norm,
+      size_);
+  event({{"step", step_}, {"loss", last_loss_}, {"lr", lr}, {"grad_norm", norm}, {"workers", size_}}, "");
+  if (failed_at_) {
+    const double resume_s = since(*failed_at_);
+    event({{"event", "resumed"}, {"step", step_}, {"resume_s", resume_s}, {"time", unix_now()}},
+          fmt::format("elastic: resumed: step {} completed {:.2f} s after the failure was detected", step_,
+                      resume_s));
+    failed_at_.reset();
+  }
+  if (sums[1] > 0) return Status::Unavailable("a worker is waiting to join");
+  return Status::OK();
+}
+
+Result<ElasticSummary> ElasticTrainer::run() {
+  // A write to a peer's closed connection is an error to handle, not a
+  // reason to die.
+  ::signal(SIGPIPE, SIG_IGN);
+  RETURN_IF_ERROR(setup());
+  std::string why = "start";
+  bool need_round = true;
+  while (true) {
+    if (need_round) {
+      RETURN_IF_ERROR(rebuild(why));
+      need_round = false;
+    }
+    if (step_ >= c_.steps) {
+      Status b = comm_->barrier();  // everyone is done before anyone leaves
+      if (b.ok()) break;
+      why = b.message();
+      need_round = true;
+      continue;
+    }
+    Status s = train_step();
+    if (s.ok()) continue;
+    if (s.code() != StatusCode::kUnavailable) return s;
+    why = s.message();
+    need_round = true;
+    if (why != "a worker is waiting to join") {
+      failed_at_ = Clock::now();
+      std::fprintf(stderr, "tessera: elastic: step %lld abandoned: %s\n", static_cast<long long>(step_ + 1),
+                   why.c_str());
+    }
+  }
+  ElasticSummary sum;
+  sum.last_train_loss = last_loss_;
+  sum.rounds = rounds_;
+  if (rank_ == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(c_.checkpoint_dir, ec);
+    sum.weights_path = (std::filesystem::path(c_.checkpoint_dir) / "model.safetensors").string();
+    RETURN_IF_ERROR(save_hf(*model_, sum.weights_path));
+    say("saved {} (+ config.json)\n", sum.weights_path);
+  }
+  // The agent that serves the store waits for every finished worker.
+  (void)store_->add(o_.job + "/finished", 1);
+  // Let the peers read the barrier's last messages before the sockets close.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (metrics_) std::fclose(metrics_);
+  return sum;
+}
+
+}  // namespace
+
+bool elastic_options_from_env(ElasticOptions* o) {
+  const char* store = std::getenv("TESSERA_ELASTIC_STORE");
+  if (!store || !*store) return false;
+  if (!comm::parse_host_port(store, &o->store_host, &o->store_port).ok()) return false;
+  auto num = [](const char* name, double dflt) {
+    const char* v = std::getenv(name);
+    return v ? std::atof(v) : dflt;
+  };
+  const char* job = std::getenv("TESSERA_ELASTIC_JOB");
+  o->job = job ? job : "default";
+  o->min = static_cast<int>(num("TESSERA_ELASTIC_MIN", 1));
+  o->max = static_cast<int>(num("TESSERA_ELASTIC_MAX", 1));
+  o->last_call_s = num("TESSERA_ELASTIC_LAST_CALL", 1.0);
+  o->rdzv_timeout_s = num("TESSERA_ELASTIC_RDZV_TIMEOUT", 60.0);
+  return true;
+}
+
+Result<ElasticSummary> run_elastic_training(const TrainConfig& c, const ElasticOptions& o, std::FILE* out) {
+  ElasticTrainer t(c, o, out);
+  return t.run();
+}
+
+}  // namespace tessera::elastic

@@ -1,0 +1,44 @@
+// Elastic data-parallel training (`tessera elastic ... -- train`): the
+// worker's side. The worker itself takes part in rendezvous rounds
+// (elastic/rendezvous.h); its agent (tools/cmd_elastic.cc) only starts it,
+// watches it and restarts it. Plain data parallelism: every worker holds the
+// whole model and AdamW state, so the survivors of a failure go on from the
+// last step they completed, in memory, and a joiner gets the state by a
+// broadcast over the new communicator. Only dp changes; the global batch
+// (parallel.dp x train.grad_accum micro-batches of train.micro_batch rows)
+// stays the same, split over the current workers. docs/elastic.md.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "core/status.h"
+#include "train/config.h"
+
+namespace tessera::elastic {
+
+struct ElasticOptions {
+  std::string store_host;
+  int store_port = 0;
+  std::string job;
+  int min = 1, max = 1;
+  double last_call_s = 1.0;
+  double rdzv_timeout_s = 60.0;
+};
+
+// Reads the options the agent passes in the environment (TESSERA_ELASTIC_*);
+// false when this process was not started by `tessera elastic`.
+bool elastic_options_from_env(ElasticOptions* o);
+
+struct ElasticSummary {
+  double last_train_loss = 0.0;
+  int rounds = 0;
+  std::string weights_path;  // written by the last round's rank 0 (empty elsewhere)
+};
+
+// Trains c.steps steps. Errors: an unsupported config (InvalidArgument, one
+// line), fewer than min workers for the rendezvous timeout
+// (ResourceExhausted), the store unreachable (Unavailable).
+Result<ElasticSummary> run_elastic_training(const TrainConfig& c, const ElasticOptions& o, std::FILE* out);
+
+}  // namespace tessera::elastic

@@ -1,0 +1,68 @@
+// Elastic rendezvous rounds over the TCP store (docs/elastic.md has the
+// protocol and its keys). Every round has an epoch number; a worker joins a
+// round by adding itself to the round's counter; the first to join leads the
+// round and closes it when `max` have joined, or when at least `min` have
+// joined and the last-call wait has passed. Below `min` for the whole
+// rendezvous timeout, the leader fails the round, and every member gets the
+// same error. A closed round's members connect a Gloo communicator under the
+// round's own key prefix.
+//
+// Not thread-safe; one training loop drives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/rendezvous/tcp_store.h"
+
+namespace tessera::elastic {
+
+struct RendezvousOptions {
+  std::string job;
+  int min = 1, max = 1;
+  double last_call_s = 1.0;  // after min have joined, how long to wait for more
+  double timeout_s = 60.0;   // below min this long: the job fails
+  std::string host;          // this worker's address for its peers
+};
+
+struct Member {
+  std::string id;  // "host:pid"
+  int prev_rank = -1;  // its rank in the round before; -1: new
+};
+
+struct Round {
+  int64_t epoch = 0;
+  int rank = 0, size = 0;
+  std::vector<Member> members;  // by rank
+  std::unique_ptr<comm::Communicator> comm;
+};
+
+class Rendezvous {
+ public:
+  Rendezvous(comm::StoreClient& store, RendezvousOptions o, std::string id);
+
+  // The round a new worker should join: one past the last closed one.
+  Result<int64_t> first_epoch();
+  // Joins round `epoch` or, when it has closed without this worker, the next
+  // one that takes it. Errors: kResourceExhausted when fewer than min joined
+  // within the timeout (the job cannot go on; the message is the line to
+  // print); kUnavailable for a round that could not be formed (a member gone
+  // during it): join the next epoch.
+  Result<Round> join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options);
+  // Whether a worker waits in round epoch + 1 (one store request).
+  Result<bool> joiner_waiting(int64_t epoch);
+  const RendezvousOptions& options() const { return o_; }
+
+ private:
+  std::string key(int64_t epoch, const std::string& what) const;
+  Result<int> lead(int64_t epoch);
+
+  comm::StoreClient& store_;
+  RendezvousOptions o_;
+  std::string id_;
+};
+
+}  // namespace tessera::elastic

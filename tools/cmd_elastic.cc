@@ -5,6 +5,7 @@
 // variables set), watches it and restarts it when it dies (up to
 // --max-restarts times). The worker itself joins the rendezvous rounds.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -48,8 +49,15 @@ pid_t start_worker(const ElasticArgs& a, const std::string& store) {
   };
   std::fflush(stdout);
   std::fflush(stderr);
+  const pid_t agent = ::getpid();
   pid_t pid = ::fork();
   if (pid != 0) return pid;
+  // The worker ends with its agent, even one killed with -9 (as launch's
+  // mpirun does): the signal follows the forking thread, the agent's main
+  // thread, which lives as long as the agent. An agent gone before prctl:
+  // end now.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != agent) ::_exit(1);
   for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
   std::vector<char*> argv;
   std::string self = "/proc/self/exe";

@@ -89,6 +89,21 @@ if timeout 120 "$tessera" elastic --min 1 --max 1 --rdzv "embedded:127.0.0.1:$po
     -- train --config "$tmp/cfg.toml" "${S[@]}" --set parallel.zero=1 >"$tmp/zero.log" 2>&1; then
   echo "FAIL: ZeRO-1 should be refused"; exit 1; fi
 [ "$(grep -c "tessera: error: elastic training does not support ZeRO-1" "$tmp/zero.log")" = 1 ] || { cat "$tmp/zero.log"; exit 1; }
+# kill -9 of an agent ends its worker too (no orphan left training).
+port3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+timeout 120 "$tessera" elastic --min 1 --max 1 --rdzv "embedded:127.0.0.1:$port3" --job orphan \
+  -- train --config "$tmp/cfg.toml" "${S[@]}" --set train.steps=100000 --set "checkpoint.dir=$tmp/orphan" \
+  >"$tmp/orphan.log" 2>&1 &
+agent=$!
+pids+=($agent)
+for _ in $(seq 600); do grep -q "^step" "$tmp/orphan.log" 2>/dev/null && break; sleep 0.1; done
+# $agent is timeout's pid; the agent and its worker are named in its log.
+read -r agent worker < <(sed -n 's/^elastic: agent \([0-9]*\) started worker pid \([0-9]*\).*/\1 \2/p' "$tmp/orphan.log" | head -1)
+[ -n "${worker:-}" ] && kill -0 "$worker" 2>/dev/null || { echo "FAIL: the orphan case's worker did not start"; cat "$tmp/orphan.log"; exit 1; }
+pids+=($worker)
+kill -9 "$agent"
+for _ in $(seq 100); do kill -0 "$worker" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$worker" 2>/dev/null; then echo "FAIL: worker $worker still runs 10 s after its agent was killed"; exit 1; fi
 # Bad command lines: one line, exit 1.
 for bad in "--min 1 --max 1 --rdzv redis://x:1|only the embedded store is supported" \
            "--min 3 --max 2|need 1 <= min <= max" "--min 1 --max 1 --rdzv embedded:nohost|is not HOST:PORT"; do
@@ -100,4 +115,4 @@ done
 # kill -9 to the first step the survivors completed.
 t_resumed=$(grep '"event":"resumed"' "$tmp/el.jsonl" | head -1 | sed 's/.*"time":\([0-9.eE+]*\).*/\1/')
 awk -v a="$t_kill" -v b="$t_resumed" 'BEGIN { printf "kill -9 to the first completed step on the survivors: %.2f s\n", b - a }'
-echo "ok   elastic: kill -9, rejoin, below min, ZeRO-1 refused"
+echo "ok   elastic: kill -9, rejoin, below min, ZeRO-1 refused, no orphan worker"

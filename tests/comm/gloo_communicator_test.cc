@@ -70,6 +70,19 @@ TEST(TcpStore, OversizedFrameIsRefusedAndClosed) {
   EXPECT_TRUE(c->set("k", "v").ok());
 }
 
+// Connections that come and go (workers restarting, reconnecting) are
+// reaped: more of them than the server's limit on open connections (4096)
+// still leaves it serving.
+TEST(TcpStore, ClosedConnectionsAreReaped) {
+  auto server = StoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  for (int i = 0; i < 4200; i++) {
+    auto c = client((*server)->port());
+    ASSERT_TRUE(c->set("k", std::to_string(i)).ok()) << "connection " << i;
+  }
+  EXPECT_EQ(client((*server)->port())->get("k").value(), "4199");
+}
+
 TEST(TcpStore, ClientErrorsNameTheStore) {
   auto c = StoreClient::connect("127.0.0.1", 1, milliseconds(200));
   ASSERT_FALSE(c.ok());

@@ -128,15 +128,15 @@ StoreServer::~StoreServer() {
   ::shutdown(listen_fd_, SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   ::close(listen_fd_);
-  std::vector<std::pair<int, std::thread>> clients;
+  std::list<Client> clients;
   {
     std::lock_guard<std::mutex> l(mu_);
     clients.swap(clients_);
   }
-  for (auto& [fd, t] : clients) ::shutdown(fd, SHUT_RDWR);
-  for (auto& [fd, t] : clients) {
-    t.join();
-    ::close(fd);
+  for (Client& c : clients) ::shutdown(c.fd, SHUT_RDWR);
+  for (Client& c : clients) {
+    c.thread.join();
+    ::close(c.fd);
   }
 }
 
@@ -163,11 +163,22 @@ void StoreServer::accept_loop() {
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     std::lock_guard<std::mutex> l(mu_);
+    clients_.remove_if([](Client& c) {
+      if (!c.done) return false;
+      c.thread.join();
+      ::close(c.fd);
+      return true;
+    });
     if (stop_ || clients_.size() >= 4096) {
       ::close(fd);
       continue;
     }
-    clients_.emplace_back(fd, std::thread([this, fd] { serve(fd); }));
+    Client& c = clients_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c] {
+      serve(c.fd);
+      c.done = true;
+    });
   }
 }
 
@@ -314,8 +325,9 @@ Result<std::string> StoreClient::call(uint8_t op, const std::string& key, const 
     char h[4];
     if (write_frame(fd_, body) && read_full(fd_, h, 4, static_cast<int>(timeout_.count()))) {
       const uint32_t n = get_u32(h);
-      std::string reply(n, '\0');
-      if (n >= 1 && n <= kStoreMaxFrame && read_full(fd_, reply.data(), n, static_cast<int>(timeout_.count()))) {
+      std::string reply;
+      if (n >= 1 && n <= kStoreMaxFrame) reply.resize(n);  // bounded before allocating
+      if (!reply.empty() && read_full(fd_, reply.data(), n, static_cast<int>(timeout_.count()))) {
         *status = static_cast<uint8_t>(reply[0]);
         if (*status == kBad)
           return Status::InvalidArgument(fmt::format("store {} refused a request: {}", address(), reply.substr(1)));

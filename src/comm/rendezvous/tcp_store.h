@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,7 +65,14 @@ class StoreServer {
   std::thread accept_thread_;
   std::mutex mu_;  // guards map_, clients_
   std::map<std::string, std::string> map_;
-  std::vector<std::pair<int, std::thread>> clients_;
+  // One per connection; a finished one is joined and closed when the next
+  // connection is accepted (a list: entries never move under their thread).
+  struct Client {
+    int fd = -1;
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+  std::list<Client> clients_;
 };
 
 class StoreClient {

@@ -10,9 +10,12 @@
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"  // io::write_file_atomic
 
 namespace tessera::data {
 
@@ -99,20 +102,14 @@ Status parse_click_line(std::string_view line, int num_dense, const std::vector<
 }
 
 Status write_click_shard(const std::string& path, const ClickShard& s) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return Status::IOError(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
   const uint32_t head[4] = {kVersion, static_cast<uint32_t>(s.num_dense), static_cast<uint32_t>(s.num_cat), 0};
   const uint64_t rows = static_cast<uint64_t>(s.rows());
-  f.write(kMagic, 8);
-  f.write(reinterpret_cast<const char*>(head), sizeof(head));
-  f.write(reinterpret_cast<const char*>(&rows), 8);
-  f.write(reinterpret_cast<const char*>(s.hash_sizes.data()), 8 * s.hash_sizes.size());
-  f.write(reinterpret_cast<const char*>(s.labels.data()), 4 * s.labels.size());
-  f.write(reinterpret_cast<const char*>(s.dense.data()), 4 * s.dense.size());
-  f.write(reinterpret_cast<const char*>(s.cats.data()), 4 * s.cats.size());
-  f.close();
-  if (!f) return Status::IOError(fmt::format("cannot write {}", path));
-  return Status::OK();
+  const std::span<const std::byte> pieces[] = {
+      std::as_bytes(std::span(kMagic, 8)),       std::as_bytes(std::span(head)),
+      std::as_bytes(std::span(&rows, 1)),        std::as_bytes(std::span(s.hash_sizes)),
+      std::as_bytes(std::span(s.labels)),        std::as_bytes(std::span(s.dense)),
+      std::as_bytes(std::span(s.cats))};
+  return io::write_file_atomic(path, pieces);
 }
 
 Result<ClickShard> read_click_shard(const std::string& path) {
@@ -130,11 +127,16 @@ Result<ClickShard> read_click_shard(const std::string& path) {
   ClickShard s;
   s.num_dense = static_cast<int>(head[1]);
   s.num_cat = static_cast<int>(head[2]);
-  const uint64_t body = 8 * static_cast<uint64_t>(s.num_cat) +
-                        rows * 4 * (1 + static_cast<uint64_t>(s.num_dense) + static_cast<uint64_t>(s.num_cat));
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec || s.num_dense > 4096 || s.num_cat > 4096 || size != 32 + body)
+  if (ec || head[1] > 4096 || head[2] > 4096)
+    return Status::Corruption(fmt::format("{}: {} dense and {} categorical features (at most 4096 each)", path,
+                                          head[1], head[2]));
+  // The row count bounded by the file's size before it is multiplied (a
+  // crafted count must not wrap around to a matching size).
+  const uint64_t fixed = 32 + 8 * static_cast<uint64_t>(s.num_cat);
+  const uint64_t row_bytes = 4 * (1 + static_cast<uint64_t>(s.num_dense) + static_cast<uint64_t>(s.num_cat));
+  if (size < fixed || rows > (size - fixed) / row_bytes || size != fixed + rows * row_bytes)
     return Status::Corruption(fmt::format("{}: size {} does not match its header ({} rows)", path, size, rows));
   s.hash_sizes.resize(s.num_cat);
   s.labels.resize(rows);

@@ -80,6 +80,20 @@ TEST(ClickShard, RoundTripsAndRejectsCorruption) {
   const auto bad = read_click_shard(p);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("bad magic"), std::string::npos);
+  // A row count whose byte size wraps around to the file's (2^62 rows of 4
+  // bytes: 0 mod 2^64) is refused, not allocated.
+  {
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    const uint32_t head[4] = {1, 0, 0, 0};
+    const uint64_t rows = uint64_t{1} << 62;
+    f.write("TSCLICK1", 8);
+    f.write(reinterpret_cast<const char*>(head), sizeof head);
+    f.write(reinterpret_cast<const char*>(&rows), 8);
+  }
+  const auto wrapped = read_click_shard(p);
+  ASSERT_FALSE(wrapped.ok());
+  EXPECT_NE(wrapped.status().message().find("does not match its header"), std::string::npos)
+      << wrapped.status().message();
   fs::remove_all(d);
 }
 

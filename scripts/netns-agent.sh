@@ -71,7 +71,9 @@ parent_start=$(start_time "$parent" || echo gone)
     sleep 0.5
   done
 ) </dev/null &
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
+# To the whole tree: sh may not exec the daemon, and ending only sh would
+# leave the daemon to init (and end the watcher's loop).
+trap 'kill -TERM $(descendants "$child") "$child" 2>/dev/null' TERM INT HUP
 # wait returns early when a trapped signal arrives: wait again until the
 # command has ended, then pass its status on.
 while :; do

@@ -194,6 +194,7 @@ Result<std::thread> listen_http(httplib::Server& s, int threads) {
   try {
     t = std::thread([&s] { s.listen_after_bind(); });
   } catch (const std::system_error& e) {
+    s.new_task_queue = nullptr;  // the pool goes with `pool`
     return Status::ResourceExhausted(fmt::format("cannot start the HTTP listener thread: {}", e.what()));
   }
   pool.release();  // the listen loop owns it now

@@ -266,6 +266,12 @@ class Trainer {
   std::string peak_source_;
   obs::LinkSpeed link_;  // log.link_gbps, else the interface's, else unknown
   comm::Traffic::Snapshot traffic_prev_;  // at the last log()
+  // tessera_train_comm_bytes_total{peer, direction} per world rank (sent,
+  // received), registered when the peer first has traffic; the totals over
+  // peers at the last log(); the link's speed for the metrics file.
+  std::vector<std::pair<obs::Counter*, obs::Counter*>> peer_bytes_;
+  uint64_t sent_prev_ = 0, received_prev_ = 0;
+  nlohmann::json link_gbps_;
   // Memory per rank, the largest over ranks (bytes): parameters, gradients,
   // optimizer state, activations, and checkpoint staging (the host buffer
   // every save copies into, plus a CUDA model's host mirror; 0 without
@@ -635,7 +641,11 @@ void Trainer::setup_traffic_metrics() {
                "Speed of the inter-host link (log.link_gbps, else the interface's sysfs speed)",
                {{"source", link_.source}})
         .set(link_.bytes_per_second);
+  // To 6 significant digits: log.link_gbps is a float (0.2 is 0.200000003).
+  link_gbps_ = link_.known() ? nlohmann::json(std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9)))
+                             : nlohmann::json(nullptr);
   traffic_prev_ = comm::traffic().snapshot();
+  for (const comm::Traffic::PeerBytes& p : traffic_prev_.peers) sent_prev_ += p.sent, received_prev_ += p.received;
 }
 
 void Trainer::log_traffic(nlohmann::json& record) {
@@ -643,20 +653,25 @@ void Trainer::log_traffic(nlohmann::json& record) {
   const comm::TrafficDelta d = comm::traffic_delta(traffic_prev_, now);
   uint64_t sent = 0, received = 0;
   for (const comm::Traffic::PeerBytes& p : now.peers) {
-    const std::string peer = std::to_string(p.peer);
-    const char* help =
-        "Bytes this rank sent to / received from a peer (world rank); collectives by their algorithm's model";
-    registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "sent"}})
-        .advance_to(static_cast<double>(p.sent));
-    registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "received"}})
-        .advance_to(static_cast<double>(p.received));
+    if (static_cast<size_t>(p.peer) >= peer_bytes_.size()) peer_bytes_.resize(p.peer + 1, {nullptr, nullptr});
+    auto& [sent_total, received_total] = peer_bytes_[p.peer];
+    if (sent_total == nullptr) {
+      const std::string peer = std::to_string(p.peer);
+      const char* help =
+          "Bytes this rank sent to / received from a peer (world rank); collectives by their algorithm's model";
+      sent_total = &registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "sent"}});
+      received_total =
+          &registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "received"}});
+    }
+    sent_total->advance_to(static_cast<double>(p.sent));
+    received_total->advance_to(static_cast<double>(p.received));
     sent += p.sent;
     received += p.received;
   }
-  uint64_t sent_before = 0, received_before = 0;
-  for (const comm::Traffic::PeerBytes& p : traffic_prev_.peers) sent_before += p.sent, received_before += p.received;
-  record["comm_sent_bytes"] = sent - sent_before;
-  record["comm_received_bytes"] = received - received_before;
+  record["comm_sent_bytes"] = sent - sent_prev_;
+  record["comm_received_bytes"] = received - received_prev_;
+  sent_prev_ = sent;
+  received_prev_ = received;
   for (int k = 0; k < comm::kOpKinds; k++) {
     step_metrics_.bus_bytes[k]->advance_to(now.kinds[static_cast<size_t>(k)].bus_bytes);
     step_metrics_.busy_s[k]->advance_to(now.kinds[static_cast<size_t>(k)].busy_seconds);
@@ -665,9 +680,7 @@ void Trainer::log_traffic(nlohmann::json& record) {
     record[fmt::format("busbw_{}_gbps", comm::op_kind_name(static_cast<comm::OpKind>(k)))] =
         d.busbw[static_cast<size_t>(k)] * 8 / 1e9;
   }
-  // To 6 significant digits: log.link_gbps is a float (0.2 is 0.200000003).
-  const double link_gbps = std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9));
-  record["link_gbps"] = link_.known() ? nlohmann::json(link_gbps) : nlohmann::json(nullptr);
+  record["link_gbps"] = link_gbps_;
   traffic_prev_ = now;
 }
 
@@ -770,9 +783,9 @@ Result<Trainer::StepStats> Trainer::step(int step) {
     return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", s.loss, step));
   s.step_s = std::chrono::duration<double>(Clock::now() - t0).count();
   s.tokens_per_s = tokens_per_step_ / s.step_s;
-  s.mfu = flops_per_token(mc_, T) * tokens_per_step_ / s.step_s / (peak_ * 1e9 * world_.size());
-  if (gemm_peak_ > 0)
-    s.gemm_efficiency = flops_per_token(mc_, T) * tokens_per_step_ / s.step_s / (gemm_peak_ * 1e9 * world_.size());
+  const double flops_per_s = flops_per_token(mc_, T) * tokens_per_step_ / s.step_s / world_.size();
+  s.mfu = flops_per_s / (peak_ * 1e9);
+  if (gemm_peak_ > 0) s.gemm_efficiency = flops_per_s / (gemm_peak_ * 1e9);
   summary_.last_train_loss = s.loss;
   train_s_ += s.step_s;
   return s;

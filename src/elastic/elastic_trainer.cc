@@ -273,7 +273,12 @@ Status ElasticTrainer::train_step() {
   const float scale = static_cast<float>(size_) / static_cast<float>(global_micro_);
   RETURN_IF_ERROR(pipe_->train_step(share, B, T, scale, fill, before_backward, &loss_sum));
   RETURN_IF_ERROR(ddp_->finish_gradients());
-  ASSIGN_OR_RETURN(bool waiting, rdzv_->joiner_waiting(epoch_));
+  // One store request a step, from rank 0: the all-reduce below tells every
+  // worker.
+  bool waiting = false;
+  if (rank_ == 0) {
+    ASSIGN_OR_RETURN(waiting, rdzv_->joiner_waiting(epoch_));
+  }
   double sums[2] = {loss_sum, waiting ? 1.0 : 0.0};
   RETURN_IF_ERROR(comm_->all_reduce(sums, sums, 2, comm::ElemType::kF64));
   // Every collective of the step succeeded: the update is the same on every

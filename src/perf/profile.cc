@@ -4,12 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "io/json_guard.h"
+#include "io/safetensors.h"  // io::write_file_atomic
 
 namespace tessera::perf {
 
@@ -210,18 +212,10 @@ Result<Profile> load_profile(const std::string& path) {
 }
 
 Status save_profile(const Profile& p, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::IOError(fmt::format("{}: cannot write the profile", path));
-    f << profile_to_json(p);
-    f.flush();
-    if (!f) return Status::IOError(fmt::format("{}: cannot write the profile", path));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status::IOError(fmt::format("{}: cannot write the profile", path));
-  }
+  const std::string text = profile_to_json(p);
+  const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(text))};
+  Status st = io::write_file_atomic(path, pieces);
+  if (!st.ok()) return Status::IOError(fmt::format("{}: cannot write the profile: {}", path, st.message()));
   return Status::OK();
 }
 

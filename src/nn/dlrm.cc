@@ -133,11 +133,14 @@ float Dlrm::forward(const DlrmBatch& batch) {
 void Dlrm::backward(const DlrmBatch& batch) {
   const int B = batch_, D = config_.dim, F = config_.num_features(), T = F - 1;
   TESSERA_CHECK(batch.B == B && batch.labels != nullptr);
-  std::vector<float> dout(B, 0.0f);
+  // The backward's buffers are members, reused from step to step.
+  std::vector<float>& dout = dout_;
+  std::vector<float>& dpre = dpre_;
+  std::vector<float>& din = din_;
+  dout.assign(B, 0.0f);
   cpu::bce_logits_backward(dout.data(), logits_.data(), batch.labels, 1.0f / static_cast<float>(B), B);
   // Top MLP, last layer first. dout is the gradient of the layer's output
   // (for the last layer, of the logits; otherwise of its ReLU output).
-  std::vector<float> dpre, din;
   for (int l = static_cast<int>(top_.size()) - 1; l >= 0; l--) {
     const DlrmLinear& L = top_[l];
     if (l + 1 < static_cast<int>(top_.size())) {
@@ -153,7 +156,8 @@ void Dlrm::backward(const DlrmBatch& batch) {
     dout.swap(din);
   }
   // dout is dz (B, D+P).
-  std::vector<float> dfeat(static_cast<size_t>(B) * F * D, 0.0f);
+  std::vector<float>& dfeat = dfeat_;
+  dfeat.assign(static_cast<size_t>(B) * F * D, 0.0f);
   cpu::interaction_backward(dfeat.data(), dout.data(), feat_.data(), B, F, D);
   for (int t = 0; t < T; t++) {
     SparseRows& g = table_grads_[t];

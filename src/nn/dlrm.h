@@ -97,6 +97,7 @@ class Dlrm {
   // Activations of the last forward: per layer its pre-activation and output.
   std::vector<std::vector<float>> bottom_pre_, bottom_out_, top_pre_, top_out_;
   std::vector<float> feat_, z_, logits_, losses_;
+  std::vector<float> dout_, dpre_, din_, dfeat_;  // backward()'s buffers
   int batch_ = 0;
 };
 

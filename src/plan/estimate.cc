@@ -260,7 +260,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   e.tokens_per_step = static_cast<double>(md.global_batch) * T;
   e.tokens_per_s = e.tokens_per_step / e.step;
   const int devices_used = c.shared_host ? 1 : (node.kind == DeviceKind::kGpu ? ranks : lay.nodes);
-  const double peak_total = node.peak_of(job.dtype) * devices_used;
+  const double peak_total = node.mfu_peak_of(job.dtype) * devices_used;
   e.mfu = md.flops_per_token() * e.tokens_per_s / peak_total;
   if (job.tokens > 0) {
     e.train_seconds = job.tokens / e.tokens_per_s;
@@ -329,7 +329,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
                                                              : std::string("no checkpoints"));
   term("step", e.step, "compute + bubble + comm.tp + comm.p2p + comm.dp.exposed + optimizer + checkpoint");
   term("mfu", e.mfu, fmt::format("{:.3g} FLOP per step / step / ({} x {:.1f} TFLOP/s)", flops_step, devices_used,
-                                 node.peak_of(job.dtype) / 1e12));
+                                 node.mfu_peak_of(job.dtype) / 1e12));
   return e;
 }
 

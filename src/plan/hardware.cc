@@ -50,6 +50,11 @@ NodeType entry_from_toml(const std::string& name, const toml::table& e) {
 
 }  // namespace
 
+double NodeType::mfu_peak_of(const std::string& dtype) const {
+  auto it = mfu_peak.find(dtype);
+  return it != mfu_peak.end() && it->second > 0 ? it->second : peak_of(dtype);
+}
+
 double NodeType::peak_of(const std::string& dtype) const {
   auto it = peak.find(dtype);
   if (it != peak.end() && it->second > 0) return it->second;
@@ -149,9 +154,9 @@ Result<NodeType> node_from_profile(const std::string& path) {
       fig[f["name"].get<std::string>()] = f["value"].get<double>();
   if (m.contains("theoretical_peak_gflops") && m["theoretical_peak_gflops"].is_object())
     for (const auto& [k, v] : m["theoretical_peak_gflops"].items())
-      if (v.is_number()) n.peak[k] = v.get<double>() * 1e9;
-  // The measured GEMM peak is the denominator (issue 17 item 3): GEMM
-  // efficiencies are rates against it, and MFU is reported against it.
+      if (v.is_number()) n.peak[k] = n.mfu_peak[k] = v.get<double>() * 1e9;
+  // The measured GEMM peak prices compute: GEMM efficiencies are rates
+  // against it. MFU stays against the theoretical peak (issue 17 item 3).
   for (const char* dt : {"fp32", "bf16"}) {
     auto p = fig.find(fmt::format("cpu.gemm.{}.peak", dt));
     if (p != fig.end() && p->second > 0) n.peak[dt] = p->second * 1e9;

@@ -38,6 +38,10 @@ struct NodeType {
   int devices = 1;         // GPUs per node; CPU: 1 (the ranks share the node)
   int cores = 0;           // CPU cores per node
   std::map<std::string, double> peak;  // per device, FLOP/s, by dtype "fp32", "bf16"
+  // MFU's denominator where it differs from `peak`: a profile's theoretical
+  // peak (perf/profile.h; the trainer and bench train divide by it too),
+  // while its compute is priced from the measured GEMM peak above.
+  std::map<std::string, double> mfu_peak;
   double memory = 0;       // bytes per device (CPU: the node)
   double mem_bw = 0;       // bytes/s per device (CPU: the node, STREAM triad)
   // Efficiency against shape: measured points per dtype (a profile), else
@@ -55,6 +59,7 @@ struct NodeType {
   LinkModel intra;         // the measured or typical link inside the node
 
   double peak_of(const std::string& dtype) const;  // falls back to fp32
+  double mfu_peak_of(const std::string& dtype) const;  // mfu_peak, else peak_of
   // Efficiency (0, 1] of one GEMM of that shape and dtype on one device.
   double gemm_efficiency(const std::string& dtype, double m, double n, double k) const;
 };

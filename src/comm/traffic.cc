@@ -40,11 +40,10 @@ double bus_factor(OpKind k, int n) {
 }
 
 void Traffic::set_world_size(int world_size) {
-  // Sized once at start-up (before any operation); a later, larger world
-  // (never in practice) gets a fresh table, the old one is kept alive.
-  if (world_size <= peer_count_.load(std::memory_order_acquire)) return;
-  static std::vector<std::unique_ptr<PeerCounters[]>> retired;
-  if (peers_) retired.push_back(std::move(peers_));
+  // Sized once, at start-up before any operation (an MPI world's size is
+  // fixed): a later call is ignored, so the table is never replaced under a
+  // reader.
+  if (peers_ || world_size <= 0) return;
   peers_ = std::make_unique<PeerCounters[]>(static_cast<size_t>(world_size));
   peer_count_.store(world_size, std::memory_order_release);
 }

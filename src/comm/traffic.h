@@ -65,8 +65,8 @@ class Traffic {
   };
 
   // Sizes the per-peer table (world ranks 0..world_size-1); called by the
-  // backend once the world is known, before operations are posted. Bytes
-  // to peers beyond it are not counted per peer.
+  // backend once the world is known, before operations are posted; later
+  // calls are ignored. Bytes to peers beyond it are not counted per peer.
   void set_world_size(int world_size);
 
   void add_peer_bytes(int world_peer, uint64_t sent, uint64_t received);

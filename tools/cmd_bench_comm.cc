@@ -1,4 +1,4 @@
-// tessera bench allreduce | reduce_scatter | all_gather | broadcast | sendrecv:
+// tessera bench allreduce | reduce_scatter | all_gather | broadcast | sendrecv | alltoall:
 // collective bandwidth with nccl-tests' semantics (its doc/PERFORMANCE.md).
 //
 // The measurement and its semantics (nccl-tests' algbw and busbw) are in
@@ -185,6 +185,7 @@ void add_bench_comm_commands(CLI::App& bench) {
       {"all_gather", CommOp::kAllGather, "all_gather bandwidth, nccl-tests style"},
       {"broadcast", CommOp::kBroadcast, "broadcast (root 0) bandwidth, nccl-tests style"},
       {"sendrecv", CommOp::kSendRecv, "send to the next rank, receive from the previous, nccl-tests style"},
+      {"alltoall", CommOp::kAllToAll, "all_to_all (size/n to every rank) bandwidth, nccl-tests style"},
   };
   for (const Sub& s : subs) {
     auto a = std::make_shared<CommBenchArgs>();

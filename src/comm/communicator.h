@@ -38,6 +38,13 @@ std::string format_rank_runs(const std::vector<int>& ranks);
 // "[1, 2, 3]", at most 16 named.
 std::string format_peer_list(const std::vector<int>& peers);
 
+// The argument checks of Communicator::all_to_all_v_async, shared by the
+// backends: every vector has `size` entries, none negative, and a buffer
+// with a non-zero count is not null. The error names the argument.
+Status check_all_to_all_v_args(int size, const void* send, const std::vector<int64_t>& send_counts,
+                               const std::vector<int64_t>& send_displs, const void* recv,
+                               const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs);
+
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
@@ -80,6 +87,24 @@ class Communicator {
   virtual std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> barrier_async() = 0;
 
+  // All-to-all with per-peer counts (MPI_Alltoallv). This rank sends
+  // send_counts[p] elements from send + send_displs[p] to peer p and receives
+  // recv_counts[p] elements from p into recv + recv_displs[p]; counts and
+  // displacements are in elements of `type`, size() entries each, zero allowed.
+  // Every rank's send_counts[q] must equal q's recv_counts[this rank].
+  // The vectors are copied; the buffers must live until wait().
+  // Wrong vector sizes, negative entries or a null buffer with a non-zero
+  // count: an InvalidArgument Status from wait() naming the argument (on every
+  // rank that passed it; the others then time out).
+  // The default is built from send_async/recv_async (tag kAllToAllTag) plus a
+  // local copy for this rank's own block, so every backend has it; backends
+  // override it with their native collective.
+  static constexpr int kAllToAllTag = 7501;
+  virtual std::unique_ptr<Work> all_to_all_v_async(const void* send, const std::vector<int64_t>& send_counts,
+                                                   const std::vector<int64_t>& send_displs, void* recv,
+                                                   const std::vector<int64_t>& recv_counts,
+                                                   const std::vector<int64_t>& recv_displs, ElemType type);
+
   // Whether buffers passed to operations are device memory (NCCL) rather
   // than host memory (MPI, self).
   virtual bool takes_device_memory() const { return false; }
@@ -114,6 +139,11 @@ class Communicator {
   Status send(const void* data, int64_t bytes, int peer, int tag) { return send_async(data, bytes, peer, tag)->wait(); }
   Status recv(void* data, int64_t bytes, int peer, int tag) { return recv_async(data, bytes, peer, tag)->wait(); }
   Status barrier() { return barrier_async()->wait(); }
+  Status all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                      const std::vector<int64_t>& send_displs, void* recv, const std::vector<int64_t>& recv_counts,
+                      const std::vector<int64_t>& recv_displs, ElemType type) {
+    return all_to_all_v_async(send, send_counts, send_displs, recv, recv_counts, recv_displs, type)->wait();
+  }
 };
 
 }  // namespace tessera::comm

@@ -1,5 +1,6 @@
 #include "comm/traffic.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/check.h"
@@ -22,6 +23,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::kAllGather: return "all_gather";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kSendRecv: return "send_recv";
+    case OpKind::kAllToAll: return "all_to_all";
   }
   CHECK(false && "unknown OpKind");
   return "";
@@ -32,7 +34,8 @@ double bus_factor(OpKind k, int n) {
   switch (k) {
     case OpKind::kAllReduce: return 2.0 * (n - 1) / n;
     case OpKind::kReduceScatter:
-    case OpKind::kAllGather: return static_cast<double>(n - 1) / n;
+    case OpKind::kAllGather:
+    case OpKind::kAllToAll: return static_cast<double>(n - 1) / n;
     case OpKind::kBroadcast:
     case OpKind::kSendRecv: return 1.0;
   }
@@ -85,6 +88,21 @@ void Traffic::account_collective(OpKind k, int64_t bytes, int rank, const std::v
   }
   add_peer_bytes(next, static_cast<uint64_t>(bus), 0);
   add_peer_bytes(prev, 0, static_cast<uint64_t>(bus));
+}
+
+void Traffic::account_all_to_all(int rank, const std::vector<int>& world_ranks,
+                                 const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,
+                                 int64_t elem_bytes) {
+  const size_t n = world_ranks.size();
+  uint64_t bus = 0;
+  for (size_t p = 0; p < n && p < send_counts.size() && p < recv_counts.size(); p++) {
+    if (static_cast<int>(p) == rank) continue;
+    const uint64_t sent = static_cast<uint64_t>(std::max<int64_t>(send_counts[p], 0) * elem_bytes);
+    const uint64_t received = static_cast<uint64_t>(std::max<int64_t>(recv_counts[p], 0) * elem_bytes);
+    bus += sent;
+    add_peer_bytes(world_ranks[p], sent, received);
+  }
+  op_posted(OpKind::kAllToAll, static_cast<double>(bus));
 }
 
 Traffic::Snapshot Traffic::snapshot() const {

@@ -9,8 +9,10 @@
 //   all_gather      S * (n-1)/n   (S = n blocks, the output)          modelled: ring
 //   broadcast       S                                                 modelled: chain from the root
 //   send_recv       S                                                 exact
+//   all_to_all      the bytes sent to other ranks (S * (n-1)/n when   exact
+//                   the S bytes sent are split evenly)
 //
-// Point-to-point traffic is exact: the bytes this rank posted to or from
+// Point-to-point and all-to-all traffic is exact: the bytes this rank posted to or from
 // that peer. A collective's per-peer traffic is hidden by MPI (and NCCL),
 // so it is accounted by its algorithm's model: a ring over the
 // communicator's ranks (rank r sends the bus bytes to r+1 and receives as
@@ -40,9 +42,10 @@
 
 namespace tessera::comm {
 
-enum class OpKind : int { kAllReduce = 0, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
-constexpr int kOpKinds = 5;
-// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv".
+enum class OpKind : int { kAllReduce = 0, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kAllToAll };
+constexpr int kOpKinds = 6;
+// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv",
+// "all_to_all".
 const char* op_kind_name(OpKind k);
 // busbw = algbw * bus_factor(k, n) (the table above).
 double bus_factor(OpKind k, int n);
@@ -81,6 +84,11 @@ class Traffic {
   // this rank's position, the world rank of each member, S bytes (for
   // broadcast, root is the root's position).
   void account_collective(OpKind k, int64_t bytes, int rank, const std::vector<int>& world_ranks, int root = 0);
+  // Accounts an all-to-all(v) exactly: send_counts[p] / recv_counts[p]
+  // elements of elem_bytes to / from member p (this rank's own block is not
+  // traffic); the bus bytes are the bytes sent to the other members.
+  void account_all_to_all(int rank, const std::vector<int>& world_ranks, const std::vector<int64_t>& send_counts,
+                          const std::vector<int64_t>& recv_counts, int64_t elem_bytes);
 
   Snapshot snapshot() const;
 

@@ -20,6 +20,7 @@ const char* comm_op_name(CommOp op) {
     case CommOp::kAllGather: return "all_gather";
     case CommOp::kBroadcast: return "broadcast";
     case CommOp::kSendRecv: return "sendrecv";
+    case CommOp::kAllToAll: return "alltoall";
   }
   return "?";
 }
@@ -42,14 +43,20 @@ CommLayout comm_layout(CommOp op, int64_t bytes, int64_t ts, int n) {
       l.recv_count = l.send_count * n;
       l.bus_factor = double(n - 1) / n;
       break;
+    case CommOp::kAllToAll:
+      l.param_count = count / n;  // per peer
+      l.send_count = l.recv_count = l.param_count * n;
+      l.bus_factor = double(n - 1) / n;
+      break;
     case CommOp::kBroadcast:
     case CommOp::kSendRecv:
       l.send_count = l.recv_count = l.param_count = count;
       break;
   }
   l.size_bytes = std::max(l.send_count, l.recv_count) * ts;
-  l.alg_bytes = (op == CommOp::kReduceScatter || op == CommOp::kAllGather) ? double(l.param_count) * n * ts
-                                                                           : double(count) * ts;
+  l.alg_bytes = (op == CommOp::kReduceScatter || op == CommOp::kAllGather || op == CommOp::kAllToAll)
+                    ? double(l.param_count) * n * ts
+                    : double(count) * ts;
   return l;
 }
 
@@ -112,6 +119,13 @@ void post_once(Communicator& c, CommOp op, Buffers<T>& b, const CommLayout& l, E
       return;
     case CommOp::kAllGather: out.push_back(c.all_gather_async(b.send_ptr(), b.recv_ptr(), l.param_count, et)); return;
     case CommOp::kBroadcast: out.push_back(c.broadcast_async(b.recv_ptr(), l.param_count, et, 0)); return;
+    case CommOp::kAllToAll: {
+      std::vector<int64_t> counts(n, l.param_count), displs(n);
+      for (int p = 0; p < n; p++) displs[p] = p * l.param_count;
+      out.push_back(c.all_to_all_v_async(b.send_ptr(), counts, displs, b.recv_ptr(), counts, displs, et));
+      out.back()->test();  // starts it now (NCCL issues its group when tested or waited)
+      return;
+    }
     case CommOp::kSendRecv: {
       const int64_t bytes = l.param_count * static_cast<int64_t>(sizeof(T));
       out.push_back(c.recv_async(b.recv_ptr(), bytes, (r + n - 1) % n, 0));
@@ -164,6 +178,9 @@ Result<int64_t> check_once(Communicator& c, CommOp op, Buffers<T>& b, const Comm
       case CommOp::kAllGather: want = pattern<T>(i % l.send_count, static_cast<int>(i / l.send_count)); break;
       case CommOp::kBroadcast: want = pattern<T>(i, 0); break;
       case CommOp::kSendRecv: want = pattern<T>(i, (r + n - 1) % n); break;
+      case CommOp::kAllToAll:  // block q of the output: block r of rank q's input
+        want = pattern<T>(r * l.param_count + i % l.param_count, static_cast<int>(i / l.param_count));
+        break;
     }
     wrong += b.recv[i] != want;
   }

@@ -9,6 +9,8 @@
 //   all_gather      count/n in, n*(count/n) out; algbw = n*(count/n)*ts/t, busbw = algbw * (n-1)/n
 //   broadcast       count elements from rank 0; busbw = algbw = S/t
 //   sendrecv        S bytes to the next rank, S from the previous; busbw = algbw = S/t
+//   alltoall        n*(count/n) in and out, count/n to and from every rank (all_to_all_v
+//                   with even counts); algbw = n*(count/n)*ts/t, busbw = algbw * (n-1)/n
 // time is the mean over `iters` iterations after `warmup`, the maximum over
 // ranks. On a device communicator (NCCL) the timed iterations are posted back
 // to back and the time runs until the last has completed; on the host one
@@ -30,7 +32,7 @@
 
 namespace tessera::perf {
 
-enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
+enum class CommOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kAllToAll };
 const char* comm_op_name(CommOp op);  // "allreduce", "reduce_scatter", "all_gather", ...
 
 // Buffer sizes and bandwidth factors of one size.

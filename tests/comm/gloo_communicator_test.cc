@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "all_to_all_cases.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/rendezvous/tcp_store.h"
 
@@ -145,6 +146,28 @@ TEST(GlooCommunicator, CollectivesForSizes1To4) {
         ASSERT_TRUE(s->wait().ok());
         EXPECT_EQ(in, (r + n - 1) % n);
       }
+    });
+  }
+}
+
+// all_to_all_v at 1-4 ranks: uneven splits, a rank sending nothing, nobody
+// sending, large blocks, the base class's default, bad arguments.
+TEST(GlooCommunicator, AllToAllVForSizes1To4) {
+  auto server = StoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  for (int n = 1; n <= 4; n++) {
+    run_ranks((*server)->port(), n, "a2a" + std::to_string(n) + "/", [](int, Communicator& c) {
+      namespace a2a = a2a_test;
+      for (bool use_default : {false, true}) {
+        for (int64_t gap : {0, 3}) {
+          a2a::check<float>(c, ElemType::kF32, a2a::uneven, gap, use_default, "uneven f32");
+          a2a::check<int32_t>(c, ElemType::kI32, a2a::rank1_silent, gap, use_default, "rank 1 silent i32");
+          a2a::check<uint64_t>(c, ElemType::kU64, a2a::all_empty, gap, use_default, "empty u64");
+        }
+        a2a::check<float>(c, ElemType::kF32, a2a::large, 1, use_default, "large f32");
+      }
+      a2a::check_bad_arguments(c);
+      a2a::check<float>(c, ElemType::kF32, a2a::uneven, 1, false, "after the errors");
     });
   }
 }

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "all_to_all_cases.h"
 #include "comm/mpi/mpi_communicator.h"
 
 namespace tessera::comm {
@@ -35,6 +36,20 @@ TEST(SelfCommunicator, CollectivesCopyOrLeaveInPlace) {
   EXPECT_EQ(b, a);
   ASSERT_TRUE(c->broadcast(a.data(), 3, ElemType::kF32, 0).ok());
   EXPECT_TRUE(c->all_reduce(nullptr, nullptr, 0, ElemType::kU64).ok());
+}
+
+TEST(SelfCommunicator, AllToAllVCopiesItsOwnBlock) {
+  auto c = self_communicator();
+  for (int64_t gap : {0, 2}) {
+    a2a_test::check<float>(*c, ElemType::kF32, a2a_test::uneven, gap, false, "self");
+    a2a_test::check<float>(*c, ElemType::kF32, a2a_test::all_empty, gap, false, "self, empty");
+  }
+  a2a_test::check_bad_arguments(*c);
+  // Its own block must be received as sent.
+  float x = 1, y = 0;
+  Status st = c->all_to_all_v(&x, {1}, {0}, &y, {2}, {0}, ElemType::kF32);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("send_counts[0] = 1 but recv_counts[0] = 2"), std::string::npos) << st.message();
 }
 
 TEST(SelfCommunicator, SendRecvToSelfMatchByTag) {

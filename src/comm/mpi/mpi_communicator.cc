@@ -53,6 +53,8 @@ struct MpiProcess {
   // up, e.g. on a timeout). Collective requests can be neither cancelled nor
   // freed, so they are completed, or waited for, at finalisation.
   std::vector<MPI_Request> orphans;
+  // What orphaned requests still read (see MpiWork::keep), freed with them.
+  std::vector<std::shared_ptr<void>> orphan_keep;
   int64_t chunk_limit = int64_t{1} << 30;
   // Host of every world rank (TESSERA_HOST, set by the cluster harness's
   // launch agent, else the host name), for diagnostics; filled by mpi_world.
@@ -224,9 +226,15 @@ class MpiWork final : public Work {
       if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
       if (r != MPI_REQUEST_NULL) mpi_process().orphans.push_back(r);
     }
+    if (keep_) mpi_process().orphan_keep.push_back(std::move(keep_));
   }
 
   void add(MPI_Request r) { reqs_.push_back(r); }
+  // Memory MPI still reads after posting, kept until the request completes
+  // (or, orphaned, until finalisation): OpenMPI 4.1's nonblocking
+  // alltoallw keeps the caller's datatype arrays, not a copy, and reads
+  // them at completion to release the types it retained.
+  void keep(std::shared_ptr<void> k) { keep_ = std::move(k); }
   // Counted in traffic() as in flight until seen complete (or abandoned).
   void track(OpKind k) { kind_ = static_cast<int>(k); }
   // Posting failed: wait() reports it (after whatever was posted is orphaned).
@@ -320,6 +328,7 @@ class MpiWork final : public Work {
   int64_t bytes_;  // bytes this rank moves, for the spin budget
   int kind_ = -1;  // the OpKind in flight in traffic(); -1: none
   std::vector<MPI_Request> reqs_;
+  std::shared_ptr<void> keep_;
   std::vector<MPI_Status> statuses_;
   Status status_;
   bool done_ = false;
@@ -434,6 +443,71 @@ class MpiCommunicator final : public Communicator {
     return w;
   }
 
+  // MPI_Ialltoallw, the form of MPI_Ialltoallv with a datatype and a byte
+  // displacement per peer: a block whose count or displacement does not fit
+  // one MPI call's int (mpi_chunk_limit()) is described by a derived type
+  // (whole chunks plus a remainder, at its 64-bit byte offset) while the
+  // others go as plain counts. Every rank thus calls the same collective
+  // whatever its own sizes, which a per-rank choice between Ialltoallv and a
+  // fallback could not guarantee.
+  std::unique_ptr<Work> all_to_all_v_async(const void* send, const std::vector<int64_t>& send_counts,
+                                           const std::vector<int64_t>& send_displs, void* recv,
+                                           const std::vector<int64_t>& recv_counts,
+                                           const std::vector<int64_t>& recv_displs, ElemType type) override {
+    const int n = size();
+    const size_t esz = elem_size(type);
+    int64_t moved = 0;
+    for (size_t p = 0; p < send_counts.size() && p < recv_counts.size(); p++)
+      moved += std::max<int64_t>(send_counts[p], 0) + std::max<int64_t>(recv_counts[p], 0);
+    auto w = begin({"all_to_all_v", 0, moved, type}, moved * static_cast<int64_t>(esz));
+    if (Status st = check_all_to_all_v_args(n, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        !st.ok())
+      return invalid(std::move(w), st.message());
+    traffic().account_all_to_all(info_->rank, info_->world_ranks, send_counts, recv_counts,
+                                 static_cast<int64_t>(esz));
+    w->track(OpKind::kAllToAll);
+    struct Arrays {
+      std::vector<int> sc, sd, rc, rd;
+      std::vector<MPI_Datatype> stypes, rtypes;
+    };
+    auto arrays = std::make_shared<Arrays>();
+    std::vector<int>&sc = arrays->sc, &sd = arrays->sd, &rc = arrays->rc, &rd = arrays->rd;
+    std::vector<MPI_Datatype>&stypes = arrays->stypes, &rtypes = arrays->rtypes;
+    for (auto* v : {&sc, &sd, &rc, &rd}) v->resize(n);
+    stypes.resize(n), rtypes.resize(n);
+    std::vector<MPI_Datatype> derived;  // freed once posted (a pending operation keeps its own reference)
+    Status ok = Status::OK();
+    for (int p = 0; p < n && ok.ok(); p++) {
+      if (p == info_->rank) {  // this rank's own block: copied here, not by MPI (see below)
+        sc[p] = sd[p] = rc[p] = rd[p] = 0;
+        stypes[p] = rtypes[p] = mpi_type(type);
+        continue;
+      }
+      ok = describe_block(type, send_counts[p], send_displs[p], &sc[p], &sd[p], &stypes[p], &derived);
+      if (ok.ok()) ok = describe_block(type, recv_counts[p], recv_displs[p], &rc[p], &rd[p], &rtypes[p], &derived);
+    }
+    // This rank's own block is a plain copy here, so MPI never copies
+    // locally through one of the derived types above.
+    const int me = info_->rank;
+    if (ok.ok() && send_counts[me] != recv_counts[me])
+      ok = Status::InvalidArgument(fmt::format("send_counts[{0}] = {1} but recv_counts[{0}] = {2} (this rank's own "
+                                               "block)", me, send_counts[me], recv_counts[me]));
+    if (ok.ok() && send_counts[me] > 0)
+      std::memmove(static_cast<char*>(recv) + recv_displs[me] * esz,
+                   static_cast<const char*>(send) + send_displs[me] * esz, send_counts[me] * esz);
+    if (ok.ok()) {
+      MPI_Request req;
+      // MPI forbids a null buffer argument only where a count is non-zero;
+      // a rank with nothing to send may pass null.
+      ok = TESSERA_MPI(MPI_Ialltoallw, send, sc.data(), sd.data(), stypes.data(), recv, rc.data(), rd.data(), rtypes.data(),
+                       comm_, &req);
+      if (ok.ok()) w->add(req), w->keep(arrays);
+    }
+    for (MPI_Datatype& t : derived) MPI_Type_free(&t);
+    if (!ok.ok()) w->fail(ok);
+    return w;
+  }
+
   std::unique_ptr<Work> barrier_async() override {
     auto w = begin({"barrier"}, 0);
     MPI_Request req;
@@ -488,6 +562,45 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> invalid(std::unique_ptr<MpiWork> w, const std::string& why) {
     w->fail(Status::InvalidArgument(why));
     return w;
+  }
+
+  // One peer's block of an all-to-all as MPI_Ialltoallw's (count, byte
+  // displacement, type): the element type itself when the count and the
+  // displacement fit mpi_chunk_limit() (and the byte displacement an int),
+  // else one element of a derived type: q chunks of the limit and a
+  // remainder, at the block's 64-bit byte offset from the buffer.
+  static Status describe_block(ElemType type, int64_t count, int64_t displ, int* mpi_count, int* mpi_displ,
+                               MPI_Datatype* mpi_type_out, std::vector<MPI_Datatype>* derived) {
+    const MPI_Datatype base = mpi_type(type);
+    const int64_t esz = static_cast<int64_t>(elem_size(type));
+    const int64_t limit = mpi_chunk_limit();
+    *mpi_type_out = base;
+    if (count == 0) {
+      *mpi_count = 0, *mpi_displ = 0;
+      return Status::OK();
+    }
+    if (count <= limit && displ <= limit && displ * esz <= INT_MAX) {
+      *mpi_count = static_cast<int>(count), *mpi_displ = static_cast<int>(displ * esz);
+      return Status::OK();
+    }
+    const int64_t chunks = count / limit, rest = count % limit;
+    MPI_Datatype chunk = MPI_DATATYPE_NULL, tail = MPI_DATATYPE_NULL, block = MPI_DATATYPE_NULL;
+    if (chunks > 0) TRY_MPI(MPI_Type_contiguous, static_cast<int>(limit), base, &chunk);
+    if (rest > 0) TRY_MPI(MPI_Type_contiguous, static_cast<int>(rest), base, &tail);
+    int lens[2];
+    MPI_Aint offs[2];
+    MPI_Datatype types[2];
+    int parts = 0;
+    if (chunks > 0) lens[parts] = static_cast<int>(chunks), offs[parts] = displ * esz, types[parts++] = chunk;
+    if (rest > 0) lens[parts] = 1, offs[parts] = (displ + chunks * limit) * esz, types[parts++] = tail;
+    Status st = TESSERA_MPI(MPI_Type_create_struct, parts, lens, offs, types, &block);
+    if (chunk != MPI_DATATYPE_NULL) MPI_Type_free(&chunk);
+    if (tail != MPI_DATATYPE_NULL) MPI_Type_free(&tail);
+    RETURN_IF_ERROR(st);
+    derived->push_back(block);
+    TRY_MPI(MPI_Type_commit, &derived->back());
+    *mpi_count = 1, *mpi_displ = 0, *mpi_type_out = derived->back();
+    return Status::OK();
   }
 
   Status check_p2p(int64_t bytes, int peer, int tag) const {
@@ -798,6 +911,7 @@ void mpi_finalize() {
                                            "at exit; aborting the job instead of hanging in MPI_Finalize",
                                            orphans.size())));
   orphans.clear();
+  p.orphan_keep.clear();
   if (p.health != MPI_COMM_NULL) MPI_Comm_free(&p.health);
   MPI_Finalize();
 }

@@ -15,7 +15,8 @@
 // Counts: MPI counts are int. Longer all_reduce/broadcast/send/recv are
 // issued as several operations of at most mpi_chunk_limit() elements (bytes
 // for send/recv); all_gather uses a resized datatype per chunk;
-// reduce_scatter over the limit is an InvalidArgument error.
+// reduce_scatter over the limit is an InvalidArgument error; all_to_all_v
+// (MPI_Ialltoallw) describes a block over the limit by a derived datatype.
 //
 // Lifetime: MPI is initialised by the first mpi_world() (MPI_THREAD_FUNNELED:
 // only the thread that called it may use these communicators) and finalised

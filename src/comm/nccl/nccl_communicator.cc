@@ -433,7 +433,7 @@ class NcclWork final : public Work {
 // `kind` (-1: not counted, the barrier) and `root` (broadcast) account it
 // in traffic() by its algorithm's model, over `bytes`.
 template <typename Enqueue>
-std::unique_ptr<Work> post(const std::shared_ptr<NcclState>& s, OpDesc desc, int kind, int64_t bytes,
+std::unique_ptr<NcclWork> post(const std::shared_ptr<NcclState>& s, OpDesc desc, int kind, int64_t bytes,
                            const std::string& invalid, Enqueue enqueue, int root = 0) {
   desc.seq = ++s->seq;
   auto launch = std::make_shared<Launch>();
@@ -584,6 +584,47 @@ std::unique_ptr<Work> NcclCommunicator::barrier_async() {
     return s.settle(ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm, s.stream), "ncclAllReduce",
                     what);
   });
+}
+
+std::unique_ptr<Work> NcclCommunicator::all_to_all_v_async(const void* send, const std::vector<int64_t>& send_counts,
+                                                           const std::vector<int64_t>& send_displs, void* recv,
+                                                           const std::vector<int64_t>& recv_counts,
+                                                           const std::vector<int64_t>& recv_displs, ElemType type) {
+  NcclState& s = *state_;
+  const int n = size();
+  const size_t esz = elem_size(type);
+  Status args = check_all_to_all_v_args(n, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  int64_t moved = 0;
+  if (args.ok())
+    for (int p = 0; p < n; p++) moved += send_counts[p] + recv_counts[p];
+  // Accounted exactly (per peer) here, not by post()'s collective model.
+  if (args.ok()) traffic().account_all_to_all(s.rank, s.world_ranks, send_counts, recv_counts, static_cast<int64_t>(esz));
+  // The vectors are copied into the enqueue's captures: post() issues now or
+  // fails, so references to the arguments are still valid inside it.
+  auto w = post(state_, {"all_to_all_v", 0, moved, type}, -1, moved * static_cast<int64_t>(esz),
+                args.ok() ? std::string() : args.message(), [&](const std::string& what) {
+    ncclResult_t rc = ncclGroupStart();
+    const char* call = "ncclGroupStart";
+    const ncclDataType_t dt = nccl_type(type);
+    for (int p = 0; p < n; p++) {
+      if (rc != ncclSuccess && rc != ncclInProgress) break;
+      if (send_counts[p] > 0) {
+        call = "ncclSend";
+        rc = ncclSend(static_cast<const char*>(send) + send_displs[p] * esz, static_cast<size_t>(send_counts[p]), dt,
+                      p, s.comm, s.stream);
+      }
+      if ((rc == ncclSuccess || rc == ncclInProgress) && recv_counts[p] > 0) {
+        call = "ncclRecv";
+        rc = ncclRecv(static_cast<char*>(recv) + recv_displs[p] * esz, static_cast<size_t>(recv_counts[p]), dt, p,
+                      s.comm, s.stream);
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always: a group left open would swallow later calls
+    if (rc == ncclSuccess || rc == ncclInProgress) rc = end, call = "ncclGroupEnd";
+    return s.settle(rc, call, what);
+  });
+  if (args.ok()) w->track(OpKind::kAllToAll);
+  return w;
 }
 
 void NcclCommunicator::set_producer_stream(cudaStream_t producer) { state_->producer = producer; }

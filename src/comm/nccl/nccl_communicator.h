@@ -85,6 +85,12 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> recv_async(void* data, int64_t bytes, int peer, int tag) override;
   // A 1-element all-reduce on a device scratch word.
   std::unique_ptr<Work> barrier_async() override;
+  // One NCCL group of ncclSend/ncclRecv, one pair per peer with a non-zero
+  // count (this rank's own block included); device buffers.
+  std::unique_ptr<Work> all_to_all_v_async(const void* send, const std::vector<int64_t>& send_counts,
+                                           const std::vector<int64_t>& send_displs, void* recv,
+                                           const std::vector<int64_t>& recv_counts,
+                                           const std::vector<int64_t>& recv_displs, ElemType type) override;
   Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) override;
   bool takes_device_memory() const override { return true; }
   // set_producer_stream(on ? cudaStreamLegacy : nullptr).

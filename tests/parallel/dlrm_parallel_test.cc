@@ -68,8 +68,11 @@ Snapshot train_reference(const DlrmConfig& c, const DlrmParallelOptions& o, cons
                       static_cast<int64_t>(s.m.size()), hp);
     for (size_t t = 0; t < c.table_rows.size(); t++) {
       const SparseRows& g = model.table_grad(static_cast<int>(t));
-      rowwise_adagrad_update(model.table(t).data(), s.accum[t].data(), g.rows.data(), g.grads.data(), g.U, c.dim,
-                             {o.lr_table, o.adagrad_eps});
+      if (o.table_optimizer == "adagrad")
+        rowwise_adagrad_update(model.table(t).data(), s.accum[t].data(), g.rows.data(), g.grads.data(), g.U, c.dim,
+                               {o.lr_table, o.adagrad_eps});
+      else
+        sparse_sgd_update(model.table(t).data(), g.rows.data(), g.grads.data(), g.U, c.dim, o.lr_table);
     }
   }
   s.dense = model.dense_params();
@@ -198,6 +201,19 @@ TEST(DlrmParallel, TwoAndFourRanksTrainLikeOneTableAndRowWise) {
         expect_same(ref, train_parallel(ranks, c, o, data, 5), 1e-5, what);
       }
   }
+}
+
+TEST(DlrmParallel, SgdOnTheTablesTrainsLikeOneProcess) {
+  const DlrmConfig c = small_config(Pooling::kSum);
+  const auto data = batches(c, 10, 6);
+  DlrmParallelOptions o;
+  o.table_optimizer = "sgd";
+  o.lr_table = 0.1f;
+  Snapshot ref = train_reference(c, o, data, 11);
+  o.placement = "row";
+  Snapshot got = train_parallel(3, c, o, data, 11);
+  for (auto& a : got.accum) std::fill(a.begin(), a.end(), 0.0f);  // no state for sgd: owned_shards' accum is null
+  expect_same(ref, got, 1e-5, "sgd 3 ranks row");
 }
 
 TEST(DlrmParallel, BatchSmallerThanTheRankCount) {

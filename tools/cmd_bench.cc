@@ -175,6 +175,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_serve_command(*bench);   // serve: load on an OpenAI-compatible server (cmd_bench_serve.cc)
   add_bench_dlrm_command(*bench);    // dlrm: single-process DLRM training (cmd_synth.cc)
   add_bench_dlrm_parallel_command(*bench);  // dlrm-parallel: model-parallel DLRM (cmd_bench_dlrm.cc)
+  add_bench_dlrm_ops_command(*bench);  // dlrm-ops: lookup and MLP breakdown (cmd_bench_dlrm_ops.cc)
   add_bench_comm_commands(*bench);  // allreduce, reduce_scatter, ... (cmd_bench_comm.cc)
 }
 

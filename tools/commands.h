@@ -52,5 +52,6 @@ void add_plan_command(CLI::App& app);         // cmd_plan.cc
 void add_synth_command(CLI::App& app);        // cmd_synth.cc: synth clicks
 void add_bench_dlrm_command(CLI::App& bench);  // under `bench`: dlrm (cmd_synth.cc)
 void add_bench_dlrm_parallel_command(CLI::App& bench);  // under `bench`: dlrm-parallel (cmd_bench_dlrm.cc)
+void add_bench_dlrm_ops_command(CLI::App& bench);  // under `bench`: dlrm-ops (cmd_bench_dlrm_ops.cc)
 
 }  // namespace tessera::tools

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -167,6 +168,50 @@ class GlooCommunicator : public Communicator {
     return p2p(false, data, bytes, peer, tag);
   }
 
+  // gloo::alltoallv, which takes each buffer packed (block p right after
+  // block p-1): blocks at other displacements go through packed copies.
+  std::unique_ptr<Work> all_to_all_v_async(const void* send, const std::vector<int64_t>& send_counts,
+                                           const std::vector<int64_t>& send_displs, void* recv,
+                                           const std::vector<int64_t>& recv_counts,
+                                           const std::vector<int64_t>& recv_displs, ElemType type) override {
+    Status args = check_all_to_all_v_args(size_, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    if (args.ok() && send_counts[rank_] != recv_counts[rank_])
+      args = Status::InvalidArgument(fmt::format("send_counts[{0}] = {1} but recv_counts[{0}] = {2} (this rank's "
+                                                 "own block)", rank_, send_counts[rank_], recv_counts[rank_]));
+    if (!args.ok())  // before Gloo sees them: its own checks would break the communicator
+      return std::make_unique<DoneWork>(args.With(fmt::format("gloo {}: all_to_all_v #{}", name_, ++seq_)));
+    const int64_t es = static_cast<int64_t>(elem_size(type));
+    int64_t total = 0;
+    for (int p = 0; p < size_; p++) total += send_counts[p];
+    return run("all_to_all_v", total, type, [&] {
+      std::vector<int64_t> send_bytes(size_), recv_bytes(size_);
+      for (int p = 0; p < size_; p++) send_bytes[p] = send_counts[p] * es, recv_bytes[p] = recv_counts[p] * es;
+      std::vector<char> send_packed, recv_packed;
+      const char* in = pack(static_cast<const char*>(send), send_counts, send_displs, es, &send_packed);
+      char* out = recv != nullptr && is_packed(recv_counts, recv_displs)
+                      ? static_cast<char*>(recv) + recv_displs[0] * es
+                      : nullptr;
+      if (out == nullptr) {
+        recv_packed.resize(static_cast<size_t>(std::accumulate(recv_bytes.begin(), recv_bytes.end(), int64_t{0})));
+        out = recv_packed.data();
+      }
+      char dummy[1];  // Gloo's buffers need an address even when empty
+      gloo::AlltoallvOptions o(ctx_);
+      o.setInput(reinterpret_cast<uint8_t*>(const_cast<char*>(in != nullptr ? in : dummy)), send_bytes);
+      o.setOutput(reinterpret_cast<uint8_t*>(out != nullptr ? out : dummy), recv_bytes);
+      setup(o);
+      gloo::alltoallv(o);
+      if (!recv_packed.empty()) {
+        int64_t off = 0;
+        for (int p = 0; p < size_; p++) {
+          std::memcpy(static_cast<char*>(recv) + recv_displs[p] * es, recv_packed.data() + off,
+                      static_cast<size_t>(recv_bytes[p]));
+          off += recv_bytes[p];
+        }
+      }
+    });
+  }
+
   std::unique_ptr<Work> barrier_async() override {
     return run("barrier", 0, ElemType::kU8, [&] {
       if (size_ == 1) return;
@@ -250,6 +295,25 @@ class GlooCommunicator : public Communicator {
     });
     if (!s.ok()) return std::make_unique<DoneWork>(s);
     return std::make_unique<P2PWork>(this, what, seq, bytes, send, std::move(buf));
+  }
+
+  static bool is_packed(const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) {
+    for (size_t p = 1; p < counts.size(); p++)
+      if (displs[p] != displs[p - 1] + counts[p - 1]) return false;
+    return true;
+  }
+  // The blocks of `base` back to back: base itself (at its first block)
+  // when already so, else a copy in *packed.
+  static const char* pack(const char* base, const std::vector<int64_t>& counts, const std::vector<int64_t>& displs,
+                          int64_t es, std::vector<char>* packed) {
+    if (is_packed(counts, displs)) return base == nullptr ? nullptr : base + displs[0] * es;
+    int64_t off = 0;
+    packed->resize(static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0}) * es));
+    for (size_t p = 0; p < counts.size(); p++) {
+      std::memcpy(packed->data() + off, base + displs[p] * es, static_cast<size_t>(counts[p] * es));
+      off += counts[p] * es;
+    }
+    return packed->data();
   }
 
   std::shared_ptr<gloo::Context> ctx_;

@@ -5,7 +5,9 @@
 // Rendezvous: every member calls make_gloo_communicator() with the same
 // store prefix (one per round), its rank and the size; each publishes its
 // listening address under the prefix and connects to every other member
-// (Gloo's full mesh). Operations are Gloo's synchronous collectives: the
+// (Gloo's full mesh). Operations are Gloo's synchronous collectives
+// (all_to_all_v: gloo::alltoallv, through packed copies when the blocks
+// are not back to back): the
 // async forms run the operation when posted and return a completed Work
 // holding its status, so buckets posted during backward are exchanged then.
 //

@@ -1,7 +1,7 @@
-// tessera elastic --min N --max M --rdzv embedded[:HOST:PORT]|redis://HOST:PORT --job ID -- train ...:
+// tessera elastic --min N --max M --rdzv embedded[:HOST:PORT]|redis://H:P|etcd://H:P --job ID -- train ...:
 // the agent of one host in an elastic job (docs/elastic.md). It serves the
 // embedded rendezvous store when it is the first (it could bind HOST:PORT;
-// a Redis store is external: the agent only checks it answers), starts
+// Redis and etcd are external: the agent only checks they answer), starts
 // the worker (this binary with the arguments after --, the TESSERA_ELASTIC_*
 // variables set), watches it and restarts it when it dies (up to
 // --max-restarts times). The worker itself joins the rendezvous rounds.
@@ -173,7 +173,7 @@ void add_elastic_command(CLI::App& app) {
   cmd->add_option("--max", a->max, "most workers the job runs with")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--rdzv", a->rdzv,
                   "rendezvous store: embedded (127.0.0.1:29400) or embedded:HOST:PORT (the first agent that can "
-                  "bind it serves it), or redis://HOST:PORT (an external Redis server)");
+                  "bind it serves it), redis://HOST:PORT or etcd://HOST:PORT (an external server)");
   cmd->add_option("--job", a->job, "job id: the rendezvous keys' prefix");
   cmd->add_option("--max-restarts", a->max_restarts, "restarts of this host's worker after it dies")
       ->check(CLI::NonNegativeNumber);

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -50,6 +51,7 @@ class RedisServer {
     pid_ = ::fork();
     if (pid_ == 0) {
       const std::string port = std::to_string(port_);
+      if (std::freopen("/dev/null", "w", stdout) == nullptr) ::_exit(127);
       ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", dir_.c_str(), "--logfile", "", "--loglevel", "warning",
                static_cast<char*>(nullptr));
@@ -133,7 +135,9 @@ TEST(RedisStore, SetGetAddWait) {
   std::thread later([&] {
     std::this_thread::sleep_for(milliseconds(50));
     auto c2 = connect(server.port());
-    if (c2) EXPECT_TRUE(c2->set("job/late", "1").ok());
+    if (c2) {
+      EXPECT_TRUE(c2->set("job/late", "1").ok());
+    }
   });
   EXPECT_TRUE(c->wait({"job/a", "job/late"}, milliseconds(5000)).ok());
   later.join();

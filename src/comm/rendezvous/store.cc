@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/rendezvous/etcd_store.h"
 #include "comm/rendezvous/redis_store.h"
 #include "comm/rendezvous/tcp_store.h"
 
@@ -34,23 +35,28 @@ Status Store::wait(const std::vector<std::string>& keys, std::chrono::millisecon
 }
 
 std::string StoreAddress::url() const {
-  return kind == Kind::kRedis ? fmt::format("redis://{}:{}", host, port) : fmt::format("embedded:{}:{}", host, port);
+  switch (kind) {
+    case Kind::kRedis: return fmt::format("redis://{}:{}", host, port);
+    case Kind::kEtcd: return fmt::format("etcd://{}:{}", host, port);
+    default: return fmt::format("embedded:{}:{}", host, port);
+  }
 }
 
 Result<StoreAddress> parse_store_address(const std::string& text) {
   StoreAddress a;
   auto bad = [&](const std::string& why) {
     return Status::InvalidArgument(fmt::format(
-        "'{}': {}; the store is embedded, embedded:HOST:PORT or redis://HOST:PORT", text, why));
+        "'{}': {}; the store is embedded, embedded:HOST:PORT, redis://HOST:PORT or etcd://HOST:PORT", text, why));
   };
   std::string rest;
   if (text == "embedded") return a;
   if (text.rfind("embedded:", 0) == 0) {
     rest = text.substr(9);
-  } else if (text.rfind("redis://", 0) == 0) {
-    a.kind = StoreAddress::Kind::kRedis;
-    a.port = 6379;
-    rest = text.substr(8);
+  } else if (text.rfind("redis://", 0) == 0 || text.rfind("etcd://", 0) == 0) {
+    const bool redis = text[0] == 'r';
+    a.kind = redis ? StoreAddress::Kind::kRedis : StoreAddress::Kind::kEtcd;
+    a.port = redis ? 6379 : 2379;
+    rest = text.substr(redis ? 8 : 7);
     if (!rest.empty() && rest.back() == '/') rest.pop_back();
     if (rest.find(':') == std::string::npos) {  // redis://HOST
       if (rest.empty()) return bad("no host");
@@ -69,6 +75,10 @@ Result<StoreAddress> parse_store_address(const std::string& text) {
 
 Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
                                              std::chrono::milliseconds timeout) {
+  if (a.kind == StoreAddress::Kind::kEtcd) {
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e, EtcdStore::connect(a.host, a.port, connect_timeout, timeout));
+    return std::unique_ptr<Store>(std::move(e));
+  }
   if (a.kind == StoreAddress::Kind::kRedis) {
     ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r, RedisStore::connect(a.host, a.port, connect_timeout, timeout));
     return std::unique_ptr<Store>(std::move(r));

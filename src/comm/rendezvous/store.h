@@ -1,9 +1,9 @@
 // The rendezvous store: a small key-value interface (set, get, add, wait, as
 // Gloo's rendezvous::Store and TorchElastic's c10d store offer) that elastic
-// training and the Gloo communicator use to find each other. Two
+// training and the Gloo communicator use to find each other. Three
 // implementations: the embedded TCP store (tcp_store.h, served by the first
-// `tessera elastic` agent) and Redis (redis_store.h, an external server for
-// real clusters). docs/elastic.md has the keys the rendezvous writes.
+// `tessera elastic` agent), and Redis (redis_store.h) and etcd
+// (etcd_store.h), external servers for real clusters. docs/elastic.md has the keys the rendezvous writes.
 //
 // Every operation has a deadline (the `timeout` given at connect); a server
 // that is unreachable, does not answer in time or refuses a request is an
@@ -43,17 +43,18 @@ class Store {
 
 // Where the store is: `--rdzv` of `tessera elastic`.
 struct StoreAddress {
-  enum class Kind { kEmbedded, kRedis };
+  enum class Kind { kEmbedded, kRedis, kEtcd };
   Kind kind = Kind::kEmbedded;
   std::string host = "127.0.0.1";
   int port = 29400;
-  // "embedded:HOST:PORT" or "redis://HOST:PORT": parse_store_address's input.
+  // "embedded:HOST:PORT", "redis://HOST:PORT" or "etcd://HOST:PORT":
+  // parse_store_address's input.
   std::string url() const;
 };
 
 // "embedded" (127.0.0.1:29400), "embedded:HOST:PORT", "redis://HOST:PORT"
-// (port 6379 when left out) or a bare "HOST:PORT" (embedded). Error naming
-// the text and the accepted forms.
+// (port 6379 when left out), "etcd://HOST:PORT" (2379) or a bare
+// "HOST:PORT" (embedded). Error naming the text and the accepted forms.
 Result<StoreAddress> parse_store_address(const std::string& text);
 
 // A client of the store at `a`, retrying the connection until

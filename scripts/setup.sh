@@ -22,6 +22,8 @@ packages=(
   curl                             # the serving tests' plain HTTP client
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
   libgloo-dev                      # Gloo: the elastic training communicator (TCP)
+  libhiredis-dev redis-server      # the elastic rendezvous on Redis (--rdzv redis://), and its tests' server
+  etcd-server                      # the elastic rendezvous on etcd (--rdzv etcd://): its tests' server
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
   nodejs                           # the serving tests' real client (tests/clients: openai)
   chromium                         # headless, the dashboard test's real browser

@@ -1,6 +1,7 @@
-// tessera elastic --min N --max M --rdzv embedded[:HOST:PORT] --job ID -- train --config ...:
+// tessera elastic --min N --max M --rdzv embedded[:HOST:PORT]|redis://H:P|etcd://H:P --job ID -- train ...:
 // the agent of one host in an elastic job (docs/elastic.md). It serves the
-// rendezvous store when it is the first (it could bind HOST:PORT), starts
+// embedded rendezvous store when it is the first (it could bind HOST:PORT;
+// Redis and etcd are external: the agent only checks they answer), starts
 // the worker (this binary with the arguments after --, the TESSERA_ELASTIC_*
 // variables set), watches it and restarts it when it dies (up to
 // --max-restarts times). The worker itself joins the rendezvous rounds.
@@ -16,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/rendezvous/store.h"
 #include "comm/rendezvous/tcp_store.h"
 #include "tools/commands.h"
 
@@ -75,26 +77,35 @@ int run_elastic(const ElasticArgs& a) {
     return fail(Status::InvalidArgument("elastic: give the worker's command after --: -- train --config FILE"));
   if (a.min < 1 || a.max < a.min)
     return fail(Status::InvalidArgument(fmt::format("--min {} and --max {}: need 1 <= min <= max", a.min, a.max)));
-  std::string host = "127.0.0.1";
-  int port = 29400;
-  if (a.rdzv != "embedded") {
-    if (a.rdzv.rfind("embedded:", 0) != 0)
-      return fail(Status::InvalidArgument(fmt::format(
-          "--rdzv '{}': only the embedded store is supported: embedded or embedded:HOST:PORT", a.rdzv)));
-    Status s = comm::parse_host_port(a.rdzv.substr(9), &host, &port);
-    if (!s.ok()) return fail(Status::InvalidArgument("--rdzv: " + s.message()));
-  }
-  // The first agent to bind the address serves the store; the others use it.
+  if (a.job.empty() || a.job.find_first_of(" \t\n/") != std::string::npos)
+    return fail(Status::InvalidArgument(
+        fmt::format("--job '{}': the job id must be non-empty, without spaces or '/' (it prefixes the store keys)",
+                    a.job)));
+  Result<comm::StoreAddress> addr = comm::parse_store_address(a.rdzv);
+  if (!addr.ok()) return fail(Status::InvalidArgument("--rdzv " + addr.status().message()));
+  const std::string host = addr->host;
+  const int port = addr->port;
   std::unique_ptr<comm::StoreServer> server;
-  Result<std::unique_ptr<comm::StoreServer>> started = comm::StoreServer::start(host, port);
-  if (started.ok()) {
-    server = std::move(started).value();
-    std::printf("elastic: agent %d serves the rendezvous store on %s:%d (job '%s')\n", ::getpid(), host.c_str(),
-                port, a.job.c_str());
-  } else if (started.status().code() != StatusCode::kUnavailable) {
-    return fail(started.status());
+  if (addr->kind == comm::StoreAddress::Kind::kEmbedded) {
+    // The first agent to bind the address serves the store; the others use it.
+    Result<std::unique_ptr<comm::StoreServer>> started = comm::StoreServer::start(host, port);
+    if (started.ok()) {
+      server = std::move(started).value();
+      std::printf("elastic: agent %d serves the rendezvous store on %s:%d (job '%s')\n", ::getpid(), host.c_str(),
+                  port, a.job.c_str());
+    } else if (started.status().code() != StatusCode::kUnavailable) {
+      return fail(started.status());
+    }
+  } else {
+    // An external store: reachable and willing now, or one line before any
+    // worker starts (each worker then has its own connection).
+    Result<std::unique_ptr<comm::Store>> probe =
+        comm::connect_store(*addr, std::chrono::seconds(5), std::chrono::seconds(10));
+    if (!probe.ok()) return fail(probe.status());
+    std::printf("elastic: agent %d uses the rendezvous store %s (job '%s', keys under '%s/')\n", ::getpid(),
+                addr->url().c_str(), a.job.c_str(), a.job.c_str());
   }
-  const std::string store = fmt::format("{}:{}", host, port);
+  const std::string store = addr->url();
   struct sigaction sa{};
   sa.sa_handler = forward_signal;
   ::sigaction(SIGTERM, &sa, nullptr);
@@ -141,9 +152,11 @@ int run_elastic(const ElasticArgs& a) {
     std::fflush(stdout);
     while (server->idle_seconds() < a.rdzv_timeout_s + 30) {
       std::string last, closed, finished;
-      if (server->get(a.job + "/last", &last) && server->get(fmt::format("{}/r{}/closed", a.job, last), &closed) &&
-          server->get(a.job + "/finished", &finished) && std::atoi(finished.c_str()) >= std::atoi(closed.c_str()))
-        break;
+      if (server->get(a.job + "/last", &last) && server->get(fmt::format("{}/r{}/closed", a.job, last), &closed)) {
+        if (closed.rfind("fail:", 0) == 0) break;  // the job failed below min: nobody goes on
+        if (server->get(a.job + "/finished", &finished) && std::atoi(finished.c_str()) >= std::atoi(closed.c_str()))
+          break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
@@ -159,8 +172,8 @@ void add_elastic_command(CLI::App& app) {
   cmd->add_option("--min", a->min, "fewest workers the job runs with")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--max", a->max, "most workers the job runs with")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--rdzv", a->rdzv,
-                  "rendezvous store: embedded (127.0.0.1:29400) or embedded:HOST:PORT; the first agent that can "
-                  "bind it serves it");
+                  "rendezvous store: embedded (127.0.0.1:29400) or embedded:HOST:PORT (the first agent that can "
+                  "bind it serves it), redis://HOST:PORT or etcd://HOST:PORT (an external server)");
   cmd->add_option("--job", a->job, "job id: the rendezvous keys' prefix");
   cmd->add_option("--max-restarts", a->max_restarts, "restarts of this host's worker after it dies")
       ->check(CLI::NonNegativeNumber);

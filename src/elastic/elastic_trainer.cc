@@ -19,6 +19,7 @@
 
 #include "comm/mpi/mpi_communicator.h"
 #include "data/loader.h"
+#include "elastic/elastic_checkpoints.h"
 #include "elastic/rendezvous.h"
 #include "nn/gpt2_weights.h"
 #include "optim/zero.h"
@@ -48,10 +49,6 @@ Status check_config(const TrainConfig& c, const ElasticOptions& o) {
         "elastic training does not support ZeRO-1 (parallel.zero = 1) yet: set parallel.zero = 0 (every worker "
         "then holds the whole optimizer state, which is what lets survivors go on)");
   if (c.device != "cpu") return Status::InvalidArgument("elastic training runs on train.device = \"cpu\" only");
-  if (c.checkpoint_every > 0)
-    return Status::InvalidArgument(
-        "elastic training keeps its state in memory; checkpoint.every > 0 is not supported with it yet");
-  if (!c.resume.empty()) return Status::InvalidArgument("elastic training does not take --resume yet");
   if (o.min < 1 || o.max < o.min)
     return Status::InvalidArgument(fmt::format("--min {} and --max {}: need 1 <= min <= max", o.min, o.max));
   const int global = c.dp * c.grad_accum;
@@ -75,6 +72,9 @@ class ElasticTrainer {
   Status sync_state();
   // One step; on success step_ advanced. Unavailable: a peer failed.
   Status train_step();
+  // The job cannot go on (fewer than min workers, the store gone): this
+  // worker's last completed step goes to disk, then the error is returned.
+  Status fail_with_checkpoint(Status why);
   void event(const nlohmann::json& j, const std::string& line);
   template <typename... Args>
   void say(fmt::format_string<Args...> f, Args&&... args) {
@@ -88,7 +88,7 @@ class ElasticTrainer {
   const ElasticOptions& o_;
   std::FILE* out_;
   std::string id_;
-  std::unique_ptr<comm::StoreClient> store_;
+  std::unique_ptr<comm::Store> store_;
   std::unique_ptr<Rendezvous> rdzv_;
   std::unique_ptr<comm::Communicator> self_;  // size 1: the pipeline and the optimizer
   std::unique_ptr<comm::Communicator> comm_;  // the round's dp communicator
@@ -96,6 +96,7 @@ class ElasticTrainer {
   std::unique_ptr<Pipeline> pipe_;
   std::unique_ptr<ShardedAdamW> opt_;
   std::unique_ptr<DataParallel> ddp_;
+  std::unique_ptr<ElasticCheckpoints> ckpts_;  // periodic saves, the fallback save
   std::optional<data::TokenLoader> train_;
   int global_micro_ = 1;
   int64_t epoch_ = -1;
@@ -124,7 +125,7 @@ Status ElasticTrainer::setup() {
   RETURN_IF_ERROR(check_config(c_, o_));
   id_ = fmt::format("{}:{}", host_name(), ::getpid());
   global_micro_ = c_.dp * c_.grad_accum;
-  ASSIGN_OR_RETURN(store_, comm::StoreClient::connect(o_.store_host, o_.store_port, std::chrono::seconds(30)));
+  ASSIGN_OR_RETURN(store_, comm::connect_store(o_.store, std::chrono::seconds(30)));
   RendezvousOptions ro;
   ro.job = o_.job;
   ro.min = o_.min;
@@ -149,6 +150,12 @@ Status ElasticTrainer::setup() {
   Result<data::TokenLoader> train = data::TokenLoader::open(c_.train_data, c_.seq, c_.seed, model_->config().vocab);
   if (!train.ok()) return train.status().With("data.train");
   train_ = std::move(train).value();
+  ckpts_ = std::make_unique<ElasticCheckpoints>(c_, o_.job, id_, *self_, out_);
+  if (!c_.resume.empty()) {  // every worker reads it; the rounds then agree on its step
+    ASSIGN_OR_RETURN(step_, resume_elastic(c_, *model_, *opt_));
+    if (out_)
+      std::fprintf(out_, "elastic: worker %s resumed at step %lld\n", id_.c_str(), static_cast<long long>(step_));
+  }
   ASSIGN_OR_RETURN(epoch_, rdzv_->first_epoch());
   epoch_--;  // rebuild() joins epoch_ + 1
   return Status::OK();
@@ -293,6 +300,7 @@ Status ElasticTrainer::train_step() {
   say("step {:5d}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {} worker(s)\n", step_, c_.steps, last_loss_, lr, norm,
       size_);
   event({{"step", step_}, {"loss", last_loss_}, {"lr", lr}, {"grad_norm", norm}, {"workers", size_}}, "");
+  ckpts_->after_step(rank_, step_, *model_, *opt_);
   if (failed_at_) {
     const double resume_s = since(*failed_at_);
     event({{"event", "resumed"}, {"step", step_}, {"resume_s", resume_s}, {"time", unix_now()}},
@@ -304,6 +312,16 @@ Status ElasticTrainer::train_step() {
   return Status::OK();
 }
 
+Status ElasticTrainer::fail_with_checkpoint(Status why) {
+  const bool recoverable = why.code() == StatusCode::kResourceExhausted || why.code() == StatusCode::kUnavailable;
+  if (!recoverable || step_ <= 0) return why;
+  Status s = ckpts_->save_now(step_, *model_, *opt_);
+  if (!s.ok())
+    std::fprintf(stderr, "tessera: warning: elastic: the state of step %lld was not saved: %s\n",
+                 static_cast<long long>(step_), s.message().c_str());
+  return why;
+}
+
 Result<ElasticSummary> ElasticTrainer::run() {
   // A write to a peer's closed connection is an error to handle, not a
   // reason to die.
@@ -313,7 +331,8 @@ Result<ElasticSummary> ElasticTrainer::run() {
   bool need_round = true;
   while (true) {
     if (need_round) {
-      RETURN_IF_ERROR(rebuild(why));
+      Status r = rebuild(why);
+      if (!r.ok()) return fail_with_checkpoint(r);
       need_round = false;
     }
     if (step_ >= c_.steps) {
@@ -334,6 +353,7 @@ Result<ElasticSummary> ElasticTrainer::run() {
                    why.c_str());
     }
   }
+  ckpts_->finish();
   ElasticSummary sum;
   sum.last_train_loss = last_loss_;
   sum.rounds = rounds_;
@@ -357,7 +377,9 @@ Result<ElasticSummary> ElasticTrainer::run() {
 bool elastic_options_from_env(ElasticOptions* o) {
   const char* store = std::getenv("TESSERA_ELASTIC_STORE");
   if (!store || !*store) return false;
-  if (!comm::parse_host_port(store, &o->store_host, &o->store_port).ok()) return false;
+  Result<comm::StoreAddress> a = comm::parse_store_address(store);
+  if (!a.ok()) return false;
+  o->store = *a;
   auto num = [](const char* name, double dflt) {
     const char* v = std::getenv(name);
     return v ? std::atof(v) : dflt;

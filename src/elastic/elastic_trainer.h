@@ -12,14 +12,14 @@
 #include <cstdio>
 #include <string>
 
+#include "comm/rendezvous/store.h"
 #include "core/status.h"
 #include "train/config.h"
 
 namespace tessera::elastic {
 
 struct ElasticOptions {
-  std::string store_host;
-  int store_port = 0;
+  comm::StoreAddress store;  // embedded or Redis
   std::string job;
   int min = 1, max = 1;
   double last_call_s = 1.0;

@@ -19,7 +19,7 @@ constexpr int64_t kClosedBias = int64_t{1} << 40;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
-Rendezvous::Rendezvous(comm::StoreClient& store, RendezvousOptions o, std::string id)
+Rendezvous::Rendezvous(comm::Store& store, RendezvousOptions o, std::string id)
     : store_(store), o_(std::move(o)), id_(std::move(id)) {}
 
 std::string Rendezvous::key(int64_t epoch, const std::string& what) const {
@@ -53,6 +53,9 @@ Result<int> Rendezvous::lead(int64_t epoch) {
           "--rdzv-timeout)",
           n, o_.min, epoch, o_.job, o_.timeout_s);
       RETURN_IF_ERROR(store_.set(key(epoch, "closed"), "fail:" + why));
+      // A failed round counts as closed: a job restarted under the same id
+      // (--resume, an external store that outlives the job) starts past it.
+      RETURN_IF_ERROR(store_.set(o_.job + "/last", std::to_string(epoch)));
       return Status::ResourceExhausted(why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

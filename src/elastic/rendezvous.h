@@ -1,6 +1,7 @@
-// Elastic rendezvous rounds over the TCP store (docs/elastic.md has the
-// protocol and its keys). Every round has an epoch number; a worker joins a
-// round by adding itself to the round's counter; the first to join leads the
+// Elastic rendezvous rounds over the rendezvous store (comm/rendezvous/store.h:
+// embedded or Redis; docs/elastic.md has the protocol and its keys). Every
+// round has an epoch number; a worker joins a round by adding itself to the
+// round's counter; the first to join leads the
 // round and closes it when `max` have joined, or when at least `min` have
 // joined and the last-call wait has passed. Below `min` for the whole
 // rendezvous timeout, the leader fails the round, and every member gets the
@@ -16,7 +17,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "comm/rendezvous/tcp_store.h"
+#include "comm/rendezvous/store.h"
 
 namespace tessera::elastic {
 
@@ -42,7 +43,7 @@ struct Round {
 
 class Rendezvous {
  public:
-  Rendezvous(comm::StoreClient& store, RendezvousOptions o, std::string id);
+  Rendezvous(comm::Store& store, RendezvousOptions o, std::string id);
 
   // The round a new worker should join: one past the last closed one.
   Result<int64_t> first_epoch();
@@ -60,7 +61,7 @@ class Rendezvous {
   std::string key(int64_t epoch, const std::string& what) const;
   Result<int> lead(int64_t epoch);
 
-  comm::StoreClient& store_;
+  comm::Store& store_;
   RendezvousOptions o_;
   std::string id_;
 };

@@ -105,7 +105,7 @@ kill -9 "$agent"
 for _ in $(seq 100); do kill -0 "$worker" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$worker" 2>/dev/null; then echo "FAIL: worker $worker still runs 10 s after its agent was killed"; exit 1; fi
 # Bad command lines: one line, exit 1.
-for bad in "--min 1 --max 1 --rdzv redis://x:1|only the embedded store is supported" \
+for bad in "--min 1 --max 1 --rdzv foo://x:1|unknown scheme .foo." \
            "--min 3 --max 2|need 1 <= min <= max" "--min 1 --max 1 --rdzv embedded:nohost|is not HOST:PORT"; do
   if "$tessera" elastic ${bad%%|*} -- train --config "$tmp/cfg.toml" >"$tmp/bad.log" 2>&1; then echo "FAIL: $bad"; exit 1; fi
   [ "$(grep -c "tessera: error: .*${bad#*|}" "$tmp/bad.log")" = 1 ] || { echo "FAIL: $bad"; cat "$tmp/bad.log"; exit 1; }

@@ -21,11 +21,11 @@ namespace tessera::comm {
 
 namespace {
 
-// Gloo's Store over the TCP store, keys under a prefix. Gloo expects
-// exceptions; its get() waits for the key.
+// Gloo's Store over the rendezvous store (embedded or Redis), keys under a
+// prefix. Gloo expects exceptions; its get() waits for the key.
 class PrefixedStore : public gloo::rendezvous::Store {
  public:
-  PrefixedStore(StoreClient& c, std::string prefix, std::chrono::milliseconds timeout)
+  PrefixedStore(comm::Store& c, std::string prefix, std::chrono::milliseconds timeout)
       : c_(c), prefix_(std::move(prefix)), timeout_(timeout) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     check(c_.set(prefix_ + key, std::string(data.begin(), data.end())));
@@ -47,7 +47,7 @@ class PrefixedStore : public gloo::rendezvous::Store {
   static void check(const Status& s) {
     if (!s.ok()) throw gloo::IoException(s.message());
   }
-  StoreClient& c_;
+  comm::Store& c_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 };
@@ -326,7 +326,7 @@ class GlooCommunicator : public Communicator {
 
 }  // namespace
 
-Result<std::unique_ptr<Communicator>> make_gloo_communicator(StoreClient& store, const std::string& prefix,
+Result<std::unique_ptr<Communicator>> make_gloo_communicator(Store& store, const std::string& prefix,
                                                              int rank, int size, const std::string& host,
                                                              const CommOptions& options, const std::string& name) {
   if (size < 1 || rank < 0 || rank >= size)

@@ -27,7 +27,7 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "comm/rendezvous/tcp_store.h"
+#include "comm/rendezvous/store.h"
 
 namespace tessera::comm {
 
@@ -35,7 +35,7 @@ namespace tessera::comm {
 // address this rank listens on for its peers (an interface address, e.g.
 // the local address of the store connection). Errors: the peers did not all
 // publish their address or connect within options.timeout (Unavailable).
-Result<std::unique_ptr<Communicator>> make_gloo_communicator(StoreClient& store, const std::string& prefix,
+Result<std::unique_ptr<Communicator>> make_gloo_communicator(Store& store, const std::string& prefix,
                                                              int rank, int size, const std::string& host,
                                                              const CommOptions& options,
                                                              const std::string& name = "world");

@@ -359,27 +359,4 @@ Result<int64_t> StoreClient::add(const std::string& key, int64_t delta) {
   return static_cast<int64_t>(std::strtoll(v.c_str(), nullptr, 10));
 }
 
-Status StoreClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto sleep = std::chrono::milliseconds(1);
-  size_t i = 0;
-  while (i < keys.size()) {
-    Result<std::string> v = get(keys[i]);
-    if (v.ok()) {
-      i++;
-      continue;
-    }
-    if (v.status().code() != StatusCode::kNotFound) return v.status();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::string missing;
-      for (size_t j = i; j < keys.size() && j < i + 4; j++) missing += (missing.empty() ? "" : ", ") + keys[j];
-      return Status::Unavailable(fmt::format("rendezvous store {}: keys not set within {:.1f} s: {}", address(),
-                                             timeout.count() / 1e3, missing));
-    }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
-  }
-  return Status::OK();
-}
-
 }  // namespace tessera::comm

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/rendezvous/store.h"
 #include "core/status.h"
 
 namespace tessera::comm {
@@ -75,27 +76,21 @@ class StoreServer {
   std::list<Client> clients_;
 };
 
-class StoreClient {
+// The embedded store's client (comm/rendezvous/store.h has the contract).
+class StoreClient : public Store {
  public:
   // Connects to host:port, retrying until `connect_timeout` (the server may
   // be starting). timeout: the deadline of each operation's I/O.
   static Result<std::unique_ptr<StoreClient>> connect(const std::string& host, int port,
                                                       std::chrono::milliseconds connect_timeout,
                                                       std::chrono::milliseconds timeout = std::chrono::seconds(30));
-  ~StoreClient();
+  ~StoreClient() override;
 
-  Status set(const std::string& key, const std::string& value);
-  // NotFound when the key is not set.
-  Result<std::string> get(const std::string& key);
-  // Adds delta to the key's counter (0 when unset) and returns the new value.
-  Result<int64_t> add(const std::string& key, int64_t delta);
-  // Blocks until every key is set, polling; Unavailable naming the missing
-  // keys after `timeout`.
-  Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
-  std::string address() const;
-  // This end's IP address on the store connection: the interface that
-  // reaches the store (what peers on other hosts can reach too).
-  std::string local_address() const;
+  Status set(const std::string& key, const std::string& value) override;
+  Result<std::string> get(const std::string& key) override;
+  Result<int64_t> add(const std::string& key, int64_t delta) override;
+  std::string address() const override;
+  std::string local_address() const override;
 
  private:
   StoreClient() = default;

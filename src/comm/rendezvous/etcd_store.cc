@@ -1,0 +1,206 @@
+#include "comm/rendezvous/etcd_store.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace tessera::comm {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string b64(const std::string& in) {
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    const uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    for (int k = 3; k >= 0; k--) out.push_back(kB64[(v >> (6 * k)) & 63]);
+  }
+  if (i < in.size()) {
+    uint32_t v = uint8_t(in[i]) << 16;
+    if (i + 1 < in.size()) v |= uint8_t(in[i + 1]) << 8;
+    out.push_back(kB64[(v >> 18) & 63]);
+    out.push_back(kB64[(v >> 12) & 63]);
+    out.push_back(i + 1 < in.size() ? kB64[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+std::string unb64(const std::string& in) {
+  std::string out;
+  uint32_t v = 0;
+  int bits = 0;
+  for (char c : in) {
+    const char* p = c == '=' ? nullptr : std::strchr(kB64, c);
+    if (!p || c == '\0') break;
+    v = (v << 6) | static_cast<uint32_t>(p - kB64);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((v >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+// grpc-gateway writes 64-bit integers as strings.
+int64_t as_i64(const json& j) {
+  if (j.is_string()) return std::strtoll(j.get<std::string>().c_str(), nullptr, 10);
+  return j.is_number() ? j.get<int64_t>() : 0;
+}
+
+struct Kv {
+  bool found = false;
+  std::string value;
+  int64_t mod_revision = 0;
+};
+
+Kv first_kv(const json& range) {
+  Kv kv;
+  if (range.contains("kvs") && range["kvs"].is_array() && !range["kvs"].empty()) {
+    const json& e = range["kvs"][0];
+    kv.found = true;
+    kv.value = unb64(e.value("value", ""));
+    kv.mod_revision = as_i64(e.value("mod_revision", json("0")));
+  }
+  return kv;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, int port,
+                                                      std::chrono::milliseconds connect_timeout,
+                                                      std::chrono::milliseconds timeout) {
+  std::unique_ptr<EtcdStore> s(new EtcdStore());
+  s->host_ = host;
+  s->port_ = port;
+  s->http_ = std::make_unique<httplib::Client>(host, port);
+  const time_t sec = timeout.count() / 1000, usec = (timeout.count() % 1000) * 1000;
+  s->http_->set_connection_timeout(sec, usec);
+  s->http_->set_read_timeout(sec, usec);
+  s->http_->set_write_timeout(sec, usec);
+  s->http_->set_keep_alive(true);
+  // The first request: the server's status (is it etcd, does it answer?).
+  const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
+  while (true) {
+    httplib::Result r = s->http_->Post("/v3/maintenance/status", "{}", "application/json");
+    if (r) {
+      if (r->status != 200 || !json::accept(r->body))
+        return Status::InvalidArgument(fmt::format("rendezvous store {} refused /v3/maintenance/status: HTTP {} {}",
+                                                   s->address(), r->status, r->body.substr(0, 120)));
+      return s;
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::Unavailable(fmt::format("rendezvous store {} unreachable for {:.0f} s: {}", s->address(),
+                                             connect_timeout.count() / 1e3, httplib::to_string(r.error())));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+EtcdStore::~EtcdStore() = default;
+
+std::string EtcdStore::address() const { return fmt::format("etcd://{}:{}", host_, port_); }
+
+// The interface that routes to the server: a UDP socket connect()ed there
+// (nothing is sent) and its local address.
+std::string EtcdStore::local_address() const {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* ai = nullptr;
+  std::string out = "127.0.0.1";
+  if (::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &ai) != 0 || !ai) return out;
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (fd >= 0 && ::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    char buf[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
+    out = buf;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(ai);
+  return out;
+}
+
+Result<std::string> EtcdStore::post(const std::string& path, const std::string& body) {
+  httplib::Result r = http_->Post(path.c_str(), body, "application/json");
+  if (!r)
+    return Status::Unavailable(
+        fmt::format("rendezvous store {}: {} failed: {}", address(), path, httplib::to_string(r.error())));
+  if (r->status != 200)
+    return Status::InvalidArgument(fmt::format("rendezvous store {} refused {}: HTTP {} {}", address(), path,
+                                               r->status, r->body.substr(0, 200)));
+  return r->body;
+}
+
+Status EtcdStore::set(const std::string& key, const std::string& value) {
+  return post("/v3/kv/put", json{{"key", b64(key)}, {"value", b64(value)}}.dump()).status();
+}
+
+Result<std::string> EtcdStore::get(const std::string& key) {
+  ASSIGN_OR_RETURN(std::string body, post("/v3/kv/range", json{{"key", b64(key)}}.dump()));
+  const json j = json::parse(body, nullptr, false);
+  if (j.is_discarded())
+    return Status::InvalidArgument(fmt::format("rendezvous store {}: range returned no JSON", address()));
+  Kv kv = first_kv(j);
+  if (!kv.found) return Status::NotFound(fmt::format("store: no key '{}'", key));
+  return kv.value;
+}
+
+Result<int64_t> EtcdStore::add(const std::string& key, int64_t delta) {
+  const std::string k = b64(key);
+  ASSIGN_OR_RETURN(std::string body, post("/v3/kv/range", json{{"key", k}}.dump()));
+  Kv cur = first_kv(json::parse(body, nullptr, false));
+  // A read (the rendezvous polls counters with add(0)): no write, which
+  // etcd would commit through its log (an fsync) every time.
+  if (delta == 0 && !cur.found) return 0;
+  for (int attempt = 0; attempt < 10000; attempt++) {
+    char* end = nullptr;
+    const int64_t was = cur.found ? std::strtoll(cur.value.c_str(), &end, 10) : 0;
+    if (cur.found && (cur.value.empty() || *end != '\0'))
+      return Status::InvalidArgument(fmt::format("rendezvous store {}: add to '{}': its value '{}' is not a counter",
+                                                 address(), key, cur.value.substr(0, 32)));
+    const int64_t now = was + delta;
+    if (delta == 0) return now;
+    // Put only if nobody changed the key since it was read (or, absent,
+    // nobody created it); else the failure branch reads it back.
+    json compare = {{"key", k}, {"result", "EQUAL"}};
+    if (cur.found) {
+      compare["target"] = "MOD";
+      compare["mod_revision"] = std::to_string(cur.mod_revision);
+    } else {
+      compare["target"] = "CREATE";
+      compare["create_revision"] = "0";
+    }
+    const json txn = {{"compare", json::array({compare})},
+                      {"success", json::array({{{"request_put", {{"key", k}, {"value", b64(std::to_string(now))}}}}})},
+                      {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
+    ASSIGN_OR_RETURN(std::string reply, post("/v3/kv/txn", txn.dump()));
+    const json j = json::parse(reply, nullptr, false);
+    if (j.is_discarded())
+      return Status::InvalidArgument(fmt::format("rendezvous store {}: txn returned no JSON", address()));
+    if (j.value("succeeded", false)) return now;
+    cur = Kv{};
+    if (j.contains("responses") && j["responses"].is_array() && !j["responses"].empty() &&
+        j["responses"][0].contains("response_range"))
+      cur = first_kv(j["responses"][0]["response_range"]);
+  }
+  return Status::Unavailable(fmt::format("rendezvous store {}: add to '{}' lost every race", address(), key));
+}
+
+}  // namespace tessera::comm

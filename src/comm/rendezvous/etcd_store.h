@@ -1,0 +1,52 @@
+// The rendezvous store on an external etcd server (v3), through its JSON
+// gateway over HTTP (cpp-httplib; keys and values travel base64-encoded):
+// set is POST /v3/kv/put, get is /v3/kv/range, add is a compare-and-swap
+// transaction (/v3/kv/txn: put value + delta if the key's mod_revision is
+// still the one read, or create it if it is still absent; retried with the
+// value the failed transaction returns; add(key, 0) only reads), wait
+// polls get.
+//
+// Deadlines: connect_timeout bounds the first request's attempts (retried
+// 100 ms apart: the server may be starting), `timeout` every request's
+// connect, send and reply. Errors name the server ("etcd://HOST:PORT") and
+// etcd's own message.
+//
+// Threading: one thread at a time, as Store.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/rendezvous/store.h"
+
+namespace httplib {
+class Client;
+}
+
+namespace tessera::comm {
+
+class EtcdStore : public Store {
+ public:
+  static Result<std::unique_ptr<EtcdStore>> connect(const std::string& host, int port,
+                                                    std::chrono::milliseconds connect_timeout,
+                                                    std::chrono::milliseconds timeout);
+  ~EtcdStore() override;
+
+  Status set(const std::string& key, const std::string& value) override;
+  Result<std::string> get(const std::string& key) override;
+  Result<int64_t> add(const std::string& key, int64_t delta) override;
+  std::string address() const override;
+  std::string local_address() const override;
+
+ private:
+  EtcdStore() = default;
+  // POSTs a JSON body to path; the reply's JSON text.
+  Result<std::string> post(const std::string& path, const std::string& body);
+
+  std::string host_;
+  int port_ = 0;
+  std::unique_ptr<httplib::Client> http_;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,149 @@
+#include "comm/rendezvous/redis_store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+#include <hiredis/hiredis.h>
+
+namespace tessera::comm {
+
+namespace {
+timeval to_timeval(std::chrono::milliseconds ms) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
+  return tv;
+}
+}  // namespace
+
+Result<std::unique_ptr<RedisStore>> RedisStore::connect(const std::string& host, int port,
+                                                        std::chrono::milliseconds connect_timeout,
+                                                        std::chrono::milliseconds timeout) {
+  std::unique_ptr<RedisStore> s(new RedisStore());
+  s->host_ = host;
+  s->port_ = port;
+  s->timeout_ = timeout;
+  RETURN_IF_ERROR(s->reconnect(connect_timeout));
+  // One request now, so a server that refuses us (a password, protected
+  // mode, not Redis at all) is reported here, not at the first rendezvous.
+  Reply r;
+  RETURN_IF_ERROR(s->command({"PING"}, &r));
+  if (r.type != REDIS_REPLY_STATUS || r.str != "PONG")
+    return Status::InvalidArgument(
+        fmt::format("rendezvous store {} answered PING with '{}', not PONG", s->address(), r.str.substr(0, 64)));
+  return s;
+}
+
+RedisStore::~RedisStore() {
+  if (ctx_) redisFree(ctx_);
+}
+
+std::string RedisStore::address() const { return fmt::format("redis://{}:{}", host_, port_); }
+
+std::string RedisStore::local_address() const {
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (!ctx_ || ::getsockname(ctx_->fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
+    return "127.0.0.1";
+  char buf[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
+  return buf;
+}
+
+Status RedisStore::reconnect(std::chrono::milliseconds connect_timeout) {
+  if (ctx_) redisFree(ctx_);
+  ctx_ = nullptr;
+  const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
+  std::string last;
+  while (true) {
+    // Each attempt's own deadline: what is left, at least 100 ms.
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    redisContext* c =
+        redisConnectWithTimeout(host_.c_str(), port_, to_timeval(std::max(left, std::chrono::milliseconds(100))));
+    if (c && !c->err) {
+      if (redisSetTimeout(c, to_timeval(timeout_)) == REDIS_OK) {
+        redisEnableKeepAlive(c);
+        ctx_ = c;
+        return Status::OK();
+      }
+    }
+    last = c ? c->errstr : "out of memory";
+    if (c) redisFree(c);
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Status::Unavailable(fmt::format("rendezvous store {} unreachable for {:.0f} s: {}", address(),
+                                         connect_timeout.count() / 1e3, last));
+}
+
+Status RedisStore::command(const std::vector<std::string>& argv, Reply* out) {
+  std::vector<const char*> args;
+  std::vector<size_t> lens;
+  for (const std::string& a : argv) {
+    args.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  // Only commands that may run twice are retried on a fresh connection: an
+  // INCRBY whose reply was lost may have been applied.
+  const bool idempotent = argv[0] != "INCRBY";
+  std::string why;
+  for (int attempt = 0; attempt < (idempotent ? 2 : 1); attempt++) {
+    if (!ctx_) RETURN_IF_ERROR(reconnect(timeout_));
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(ctx_, static_cast<int>(args.size()), args.data(), lens.data()));
+    if (r) {
+      out->type = r->type;
+      out->integer = r->integer;
+      out->str.assign(r->str ? r->str : "", r->str ? r->len : 0);
+      freeReplyObject(r);
+      if (out->type == REDIS_REPLY_ERROR)
+        return Status::InvalidArgument(
+            fmt::format("rendezvous store {} refused {}: {}", address(), argv[0], out->str.substr(0, 200)));
+      return Status::OK();
+    }
+    // The context is unusable after an error: drop it.
+    // A socket timeout (SO_RCVTIMEO) is an I/O error with EAGAIN's text.
+    const bool timed_out =
+        ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK ||
+                                      std::string(ctx_->errstr).find("temporarily") != std::string::npos);
+    why = timed_out ? fmt::format("no reply within {:.0f} s", timeout_.count() / 1e3)
+                    : (ctx_->err == REDIS_ERR_PROTOCOL ? fmt::format("{} (is it a Redis server?)", ctx_->errstr)
+                                                       : std::string(ctx_->errstr));
+    redisFree(ctx_);
+    ctx_ = nullptr;
+  }
+  return Status::Unavailable(fmt::format("rendezvous store {}: {} failed: {}", address(), argv[0], why));
+}
+
+Status RedisStore::set(const std::string& key, const std::string& value) {
+  Reply r;
+  return command({"SET", key, value}, &r);
+}
+
+Result<std::string> RedisStore::get(const std::string& key) {
+  Reply r;
+  RETURN_IF_ERROR(command({"GET", key}, &r));
+  if (r.type == REDIS_REPLY_NIL) return Status::NotFound(fmt::format("store: no key '{}'", key));
+  if (r.type != REDIS_REPLY_STRING)
+    return Status::InvalidArgument(fmt::format("rendezvous store {}: GET {} returned reply type {}", address(), key,
+                                               r.type));
+  return r.str;
+}
+
+Result<int64_t> RedisStore::add(const std::string& key, int64_t delta) {
+  Reply r;
+  RETURN_IF_ERROR(command({"INCRBY", key, std::to_string(delta)}, &r));
+  if (r.type != REDIS_REPLY_INTEGER)
+    return Status::InvalidArgument(fmt::format("rendezvous store {}: INCRBY {} returned reply type {}", address(),
+                                               key, r.type));
+  return static_cast<int64_t>(r.integer);
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,90 @@
+#include "comm/rendezvous/store.h"
+
+#include <algorithm>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "comm/rendezvous/etcd_store.h"
+#include "comm/rendezvous/redis_store.h"
+#include "comm/rendezvous/tcp_store.h"
+
+namespace tessera::comm {
+
+Status Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto sleep = std::chrono::milliseconds(1);
+  size_t i = 0;
+  while (i < keys.size()) {
+    Result<std::string> v = get(keys[i]);
+    if (v.ok()) {
+      i++;
+      continue;
+    }
+    if (v.status().code() != StatusCode::kNotFound) return v.status();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string missing;
+      for (size_t j = i; j < keys.size() && j < i + 4; j++) missing += (missing.empty() ? "" : ", ") + keys[j];
+      return Status::Unavailable(fmt::format("rendezvous store {}: keys not set within {:.1f} s: {}", address(),
+                                             timeout.count() / 1e3, missing));
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::milliseconds(20));
+  }
+  return Status::OK();
+}
+
+std::string StoreAddress::url() const {
+  switch (kind) {
+    case Kind::kRedis: return fmt::format("redis://{}:{}", host, port);
+    case Kind::kEtcd: return fmt::format("etcd://{}:{}", host, port);
+    default: return fmt::format("embedded:{}:{}", host, port);
+  }
+}
+
+Result<StoreAddress> parse_store_address(const std::string& text) {
+  StoreAddress a;
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}': {}; the store is embedded, embedded:HOST:PORT, redis://HOST:PORT or etcd://HOST:PORT", text, why));
+  };
+  std::string rest;
+  if (text == "embedded") return a;
+  if (text.rfind("embedded:", 0) == 0) {
+    rest = text.substr(9);
+  } else if (text.rfind("redis://", 0) == 0 || text.rfind("etcd://", 0) == 0) {
+    const bool redis = text[0] == 'r';
+    a.kind = redis ? StoreAddress::Kind::kRedis : StoreAddress::Kind::kEtcd;
+    a.port = redis ? 6379 : 2379;
+    rest = text.substr(redis ? 8 : 7);
+    if (!rest.empty() && rest.back() == '/') rest.pop_back();
+    if (rest.find(':') == std::string::npos) {  // redis://HOST
+      if (rest.empty()) return bad("no host");
+      a.host = rest;
+      return a;
+    }
+  } else if (text.find("://") != std::string::npos) {
+    return bad("unknown scheme '" + text.substr(0, text.find("://")) + "'");
+  } else {
+    rest = text;  // HOST:PORT: the embedded store
+  }
+  Status s = parse_host_port(rest, &a.host, &a.port);
+  if (!s.ok()) return bad(s.message());
+  return a;
+}
+
+Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
+                                             std::chrono::milliseconds timeout) {
+  if (a.kind == StoreAddress::Kind::kEtcd) {
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e, EtcdStore::connect(a.host, a.port, connect_timeout, timeout));
+    return std::unique_ptr<Store>(std::move(e));
+  }
+  if (a.kind == StoreAddress::Kind::kRedis) {
+    ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r, RedisStore::connect(a.host, a.port, connect_timeout, timeout));
+    return std::unique_ptr<Store>(std::move(r));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<StoreClient> c, StoreClient::connect(a.host, a.port, connect_timeout, timeout));
+  return std::unique_ptr<Store>(std::move(c));
+}
+
+}  // namespace tessera::comm

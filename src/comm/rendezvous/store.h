@@ -1,0 +1,67 @@
+// The rendezvous store: a small key-value interface (set, get, add, wait, as
+// Gloo's rendezvous::Store and TorchElastic's c10d store offer) that elastic
+// training and the Gloo communicator use to find each other. Three
+// implementations: the embedded TCP store (tcp_store.h, served by the first
+// `tessera elastic` agent), and Redis (redis_store.h) and etcd
+// (etcd_store.h), external servers for real clusters. docs/elastic.md has the keys the rendezvous writes.
+//
+// Every operation has a deadline (the `timeout` given at connect); a server
+// that is unreachable, does not answer in time or refuses a request is an
+// error naming its address (Unavailable; InvalidArgument for a refusal).
+//
+// Threading: a Store is used by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tessera::comm {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual Status set(const std::string& key, const std::string& value) = 0;
+  // NotFound when the key is not set.
+  virtual Result<std::string> get(const std::string& key) = 0;
+  // Adds delta to the key's counter (0 when unset) and returns the new
+  // value; atomic with respect to every other client.
+  virtual Result<int64_t> add(const std::string& key, int64_t delta) = 0;
+  // Blocks until every key is set, polling get() 1 .. 20 ms apart;
+  // Unavailable naming the missing keys after `timeout`.
+  virtual Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  // The server, as the user named it ("127.0.0.1:29400", "redis://h:6379").
+  virtual std::string address() const = 0;
+  // This end's IP address on the store connection: the interface that
+  // reaches the store (what peers on other hosts can reach too).
+  virtual std::string local_address() const = 0;
+};
+
+// Where the store is: `--rdzv` of `tessera elastic`.
+struct StoreAddress {
+  enum class Kind { kEmbedded, kRedis, kEtcd };
+  Kind kind = Kind::kEmbedded;
+  std::string host = "127.0.0.1";
+  int port = 29400;
+  // "embedded:HOST:PORT", "redis://HOST:PORT" or "etcd://HOST:PORT":
+  // parse_store_address's input.
+  std::string url() const;
+};
+
+// "embedded" (127.0.0.1:29400), "embedded:HOST:PORT", "redis://HOST:PORT"
+// (port 6379 when left out), "etcd://HOST:PORT" (2379) or a bare
+// "HOST:PORT" (embedded). Error naming the text and the accepted forms.
+Result<StoreAddress> parse_store_address(const std::string& text);
+
+// A client of the store at `a`, retrying the connection until
+// `connect_timeout` (the server may be starting); `timeout` is each later
+// operation's deadline. Errors: unreachable (Unavailable, one line naming
+// the address and the reason), a server that refuses (InvalidArgument).
+Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
+                                             std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+}  // namespace tessera::comm

@@ -1,0 +1,197 @@
+// The Redis rendezvous store against a real redis-server (started here on a
+// free loopback port, no persistence; skipped when it is not installed), the
+// store address parser, and a Gloo communicator whose ranks (threads) meet
+// through Redis.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "comm/gloo/gloo_communicator.h"
+#include "comm/rendezvous/redis_store.h"
+#include "comm/rendezvous/store.h"
+
+namespace tessera::comm {
+namespace {
+
+using std::chrono::milliseconds;
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// A redis-server child process for one test.
+class RedisServer {
+ public:
+  RedisServer() {
+    if (std::system("command -v redis-server >/dev/null 2>&1") != 0) return;
+    port_ = free_port();
+    dir_ = std::filesystem::temp_directory_path() / ("tessera-redis-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string port = std::to_string(port_);
+      if (std::freopen("/dev/null", "w", stdout) == nullptr) ::_exit(127);
+      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", dir_.c_str(), "--logfile", "", "--loglevel", "warning",
+               static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~RedisServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  bool running() const { return pid_ > 0; }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::filesystem::path dir_;
+};
+
+std::unique_ptr<RedisStore> connect(int port) {
+  auto c = RedisStore::connect("127.0.0.1", port, milliseconds(10000), milliseconds(5000));
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+TEST(StoreAddress, ParsesEveryForm) {
+  auto e = parse_store_address("embedded");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->kind, StoreAddress::Kind::kEmbedded);
+  EXPECT_EQ(e->url(), "embedded:127.0.0.1:29400");
+  auto h = parse_store_address("embedded:10.0.0.1:29500");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->host, "10.0.0.1");
+  EXPECT_EQ(h->port, 29500);
+  auto bare = parse_store_address("10.0.0.1:29500");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->kind, StoreAddress::Kind::kEmbedded);
+  auto r = parse_store_address("redis://db:7000");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->kind, StoreAddress::Kind::kRedis);
+  EXPECT_EQ(r->url(), "redis://db:7000");
+  auto dflt = parse_store_address("redis://db");
+  ASSERT_TRUE(dflt.ok());
+  EXPECT_EQ(dflt->port, 6379);
+  for (const char* bad : {"foo://x:1", "redis://", "redis://x:0", "embedded:nohost", "redis://x:99999"}) {
+    auto b = parse_store_address(bad);
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(b.status().message().find(bad), std::string::npos) << b.status().message();
+  }
+}
+
+TEST(RedisStore, UnreachableNamesTheAddress) {
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = RedisStore::connect("127.0.0.1", port, milliseconds(300), milliseconds(1000));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("redis://127.0.0.1:" + std::to_string(port) + " unreachable"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));  // bounded by the deadline
+}
+
+TEST(RedisStore, SetGetAddWait) {
+  RedisServer server;
+  if (!server.running()) GTEST_SKIP() << "redis-server is not installed";
+  auto c = connect(server.port());
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->set("job/a", std::string("x\0y", 3)).ok());
+  EXPECT_EQ(c->get("job/a").value(), std::string("x\0y", 3));
+  EXPECT_EQ(c->get("job/missing").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(c->add("job/n", 1).value(), 1);
+  EXPECT_EQ(c->add("job/n", 5).value(), 6);
+  EXPECT_EQ(c->add("job/n", 0).value(), 6);
+  EXPECT_EQ(c->add("job/fresh", 0).value(), 0);
+  EXPECT_EQ(c->address(), "redis://127.0.0.1:" + std::to_string(server.port()));
+  EXPECT_EQ(c->local_address(), "127.0.0.1");
+  std::thread later([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    auto c2 = connect(server.port());
+    if (c2) {
+      EXPECT_TRUE(c2->set("job/late", "1").ok());
+    }
+  });
+  EXPECT_TRUE(c->wait({"job/a", "job/late"}, milliseconds(5000)).ok());
+  later.join();
+  Status s = c->wait({"job/never"}, milliseconds(50));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("job/never"), std::string::npos) << s.message();
+  // A value that is not a counter: Redis refuses INCRBY, in one line.
+  auto bad = c->add("job/a", 1);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("refused INCRBY"), std::string::npos) << bad.status().message();
+  // The connection is still good after a refusal.
+  EXPECT_EQ(c->add("job/n", 1).value(), 7);
+}
+
+TEST(RedisStore, ConcurrentAddsAreAtomic) {
+  RedisServer server;
+  if (!server.running()) GTEST_SKIP() << "redis-server is not installed";
+  std::vector<std::thread> ts;
+  std::vector<std::vector<int64_t>> got(4);
+  for (int t = 0; t < 4; t++)
+    ts.emplace_back([&, t] {
+      auto c = connect(server.port());
+      if (!c) return;
+      for (int i = 0; i < 50; i++) got[t].push_back(c->add("job/count", 1).value());
+    });
+  for (auto& t : ts) t.join();
+  std::vector<int64_t> all;
+  for (auto& g : got) all.insert(all.end(), g.begin(), g.end());
+  std::sort(all.begin(), all.end());
+  ASSERT_EQ(all.size(), 200u);
+  for (int i = 0; i < 200; i++) EXPECT_EQ(all[i], i + 1);  // every slot handed out once
+}
+
+TEST(RedisStore, GlooRanksMeetThroughRedis) {
+  RedisServer server;
+  if (!server.running()) GTEST_SKIP() << "redis-server is not installed";
+  const int n = 3;
+  std::vector<std::thread> ts;
+  std::vector<float> sums(n);
+  for (int r = 0; r < n; r++)
+    ts.emplace_back([&, r] {
+      auto c = connect(server.port());
+      if (!c) return;
+      CommOptions o;
+      o.timeout = milliseconds(20000);
+      auto comm = make_gloo_communicator(*c, "job/r0/gloo/", r, n, c->local_address(), o);
+      ASSERT_TRUE(comm.ok()) << comm.status().message();
+      float x = static_cast<float>(r + 1);
+      ASSERT_TRUE((*comm)->all_reduce(&x, &x, 1, ElemType::kF32).ok());
+      sums[r] = x;
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < n; r++) EXPECT_EQ(sums[r], 6.0f);
+}
+
+}  // namespace
+}  // namespace tessera::comm

@@ -412,6 +412,14 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
       break;
     }
   }
+  // The last save may have waited for the one before it, whose result that
+  // poll returned: poll until the last is published (or failed).
+  while (checkpointer_->pending()) {
+    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
+    report_save(r);
+    if (r.state == ckpt::SaveState::kPublished)
+      summary_.checkpoint = c_.checkpoint_dir + "/" + ckpt::step_dir_name(r.step);
+  }
   return summary_;
 }
 

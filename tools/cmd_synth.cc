@@ -43,7 +43,7 @@ void add_synth_command(CLI::App& app) {
 // tessera bench dlrm: a single-process DLRM trained on click shards, judged
 // on the held-out rows (against the synthetic ground truth with --truth).
 void add_bench_dlrm_command(CLI::App& bench) {
-  auto o = std::make_shared<DlrmTrainOptions>();
+  auto o = std::make_shared<DlrmBenchOptions>();
   auto truth = std::make_shared<std::string>();
   CLI::App* cmd = bench.add_subcommand("dlrm", "Train a DLRM on click shards; held-out log loss and exact AUC");
   cmd->add_option("--train", o->train_shard, "train.bin of tessera prepare --format criteo")->required();
@@ -59,7 +59,7 @@ void add_bench_dlrm_command(CLI::App& bench) {
   cmd->add_option("--seed", o->seed, "initialisation seed");
   cmd->add_option("--truth", *truth, "FILE.truth.json of tessera synth clicks: print the gap to its AUC");
   cmd->callback([o, truth] {
-    DlrmTrainOptions opts = *o;
+    DlrmBenchOptions opts = *o;
     opts.log = stdout;
     double truth_auc = -1.0;
     if (!truth->empty()) {

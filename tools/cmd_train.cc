@@ -10,6 +10,7 @@
 #include "elastic/elastic_trainer.h"
 #include "tools/commands.h"
 #include "train/config.h"
+#include "train/dlrm_trainer.h"
 #include "train/trainer.h"
 
 namespace tessera::tools {
@@ -23,6 +24,25 @@ struct TrainArgs {
   int metrics_port = -1;  // -1: log.metrics_port decides
   std::string trace;      // empty: log.trace decides
 };
+
+// model.kind = "dlrm" (train/dlrm_trainer.h); ends the world as run_train does.
+int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world) {
+  comm::Communicator& w = *world;
+  auto r = run_dlrm_training(c, w, stdout);
+  if (!r.ok()) {
+    if (w.size() > 1 && r.status().code() != StatusCode::kInvalidArgument) comm::abort_job(r.status());
+    int code = w.rank() == 0 ? fail(r.status()) : kExitError;
+    world.reset();
+    comm::mpi_finalize();
+    return code;
+  }
+  if (w.rank() == 0 && r->has_val)
+    std::printf("validation auc: %.4f -> %.4f (log loss %.4f)\n", r->first_auc, r->last_auc, r->last_logloss);
+  if (w.rank() == 0 && !r->checkpoint.empty()) std::printf("checkpoint: %s\n", r->checkpoint.c_str());
+  world.reset();
+  comm::mpi_finalize();
+  return kExitOk;
+}
 
 int run_train(const TrainArgs& a) {
   if (a.print_keys) {  // the table in docs/config.md
@@ -39,7 +59,10 @@ int run_train(const TrainArgs& a) {
   if (a.metrics_port >= 0) c->metrics_port = a.metrics_port;
   if (!a.trace.empty()) c->trace = a.trace;
   elastic::ElasticOptions eo;
-  if (elastic::elastic_options_from_env(&eo)) {  // started by `tessera elastic`
+  const bool elastic = elastic::elastic_options_from_env(&eo);
+  if (elastic && c->model_kind == "dlrm")
+    return fail(Status::InvalidArgument("model.kind = \"dlrm\" does not train under `tessera elastic` yet"));
+  if (elastic) {  // started by `tessera elastic`
     auto r = elastic::run_elastic_training(c.value(), eo, stdout);
     if (!r.ok()) return fail(r.status());
     return kExitOk;
@@ -49,6 +72,7 @@ int run_train(const TrainArgs& a) {
   auto world = comm::world_communicator(opts);
   if (!world.ok()) return fail(world.status());
   comm::Communicator& w = *world.value();
+  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value());
   auto r = run_training(c.value(), w, stdout);
   if (!r.ok()) {
     // A user error is the same on every rank: rank 0 reports it, all exit
@@ -99,7 +123,7 @@ int run_prepare(const data::PrepareOptions& o) {
 
 void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT from a TOML config (docs/config.md)");
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT or a DLRM (model.kind) from a TOML config (docs/config.md)");
   cmd->add_option("--config", a->config, "TOML file")->check(CLI::ExistingFile);
   cmd->add_flag("--print-keys", a->print_keys, "print every config key with its type, default and meaning");
   cmd->add_option("--set", a->overrides, "override a key: section.key=value (repeatable)");

@@ -289,7 +289,14 @@ Result<SynthClicksSummary> synth_clicks(const SynthClicksOptions& o) {
     std::string fields;
     for (int j = 0; j < o.num_dense; j++) {
       fields += '\t';
-      if (uni(rng) < 0.05) continue;  // missing
+      // The planted model sees a feature as `prepare` does (the DLRM
+      // reference's transform): log(1 + x), and 0 for a missing one. (It
+      // used to count a missing feature as its mean, which prepare cannot
+      // tell from x = 0: a gap between the truth and any trained model.)
+      if (uni(rng) < 0.05) {  // missing
+        logit += w_dense[j] * (0.0 - mu[j]);
+        continue;
+      }
       const double x = std::max(0.0, std::floor(std::exp(mu[j] + gauss(rng))) - 1.0);
       logit += w_dense[j] * (std::log1p(x) - mu[j]);
       fields += std::to_string(static_cast<int64_t>(x));

@@ -19,7 +19,8 @@ namespace {
 struct Key {
   const char* name;  // "section.key"
   std::variant<int TrainConfig::*, float TrainConfig::*, std::string TrainConfig::*,
-               std::function<int&(TrainConfig&)>, std::function<float&(TrainConfig&)>>
+               std::function<int&(TrainConfig&)>, std::function<float&(TrainConfig&)>,
+               std::function<std::string&(TrainConfig&)>, std::function<std::vector<int>&(TrainConfig&)>>
       field;
   const char* help;
   double min = -1e300;  // numeric bounds (inclusive)
@@ -33,8 +34,23 @@ std::function<T&(TrainConfig&)> at(T& (*f)(TrainConfig&)) {
 
 static_assert(kMaxMicroBatches == 262144, "train.grad_accum's help names the bound");
 
+// Keys of one model kind only (docs/dlrm.md): setting one for the other
+// kind is an error naming both. Keys in neither list are shared.
+const std::vector<std::string_view> kGptOnlyKeys = {
+    "model.layers",     "model.heads",      "model.dim",         "model.vocab",     "model.context",
+    "model.init_from",  "train.micro_batch", "train.seq",        "train.grad_accum", "train.min_lr",
+    "train.warmup",     "train.grad_clip",  "train.dtype",       "train.device",    "train.eval_batches",
+    "parallel.tp",      "parallel.pp",      "parallel.schedule", "parallel.stages", "parallel.zero",
+    "parallel.bucket_mb"};
+const std::vector<std::string_view> kDlrmOnlyKeys = {
+    "model.embedding_dim", "model.bottom",          "model.top",         "model.table_rows",
+    "model.pooling",       "train.batch",           "train.table_lr",    "train.table_optimizer",
+    "train.adagrad_eps",   "parallel.placement",    "data.val_rows",     "log.every"};
+
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
+      {"model.kind", &TrainConfig::model_kind,
+       "\"gpt\" (a GPT language model) or \"dlrm\" (a recommendation model on click shards: docs/dlrm.md)"},
       {"model.layers", at<int>([](TrainConfig& c) -> int& { return c.model.layers; }), "transformer blocks (L)", 1},
       {"model.heads", at<int>([](TrainConfig& c) -> int& { return c.model.heads; }), "attention heads (NH)", 1},
       {"model.dim", at<int>([](TrainConfig& c) -> int& { return c.model.channels; }), "channels (C)", 1},
@@ -103,6 +119,32 @@ const std::vector<Key>& keys() {
       {"log.profile", &TrainConfig::profile,
        "doctor profile (tessera doctor --save) for MFU and GEMM efficiency; empty: $TESSERA_PROFILE, else MFU against the theoretical peak"},
       {"log.job", &TrainConfig::job, "the job label of every Prometheus series (empty: the config file's stem)"},
+      // model.kind = "dlrm" (DlrmSettings; docs/dlrm.md).
+      {"model.embedding_dim", at<int>([](TrainConfig& c) -> int& { return c.dlrm.embedding_dim; }),
+       "dlrm: embedding dimension (D) of every table", 1},
+      {"model.bottom", at<std::vector<int>>([](TrainConfig& c) -> std::vector<int>& { return c.dlrm.bottom; }),
+       "dlrm: bottom MLP sizes, an array; the last must equal model.embedding_dim"},
+      {"model.top", at<std::vector<int>>([](TrainConfig& c) -> std::vector<int>& { return c.dlrm.top; }),
+       "dlrm: top MLP hidden sizes, an array (a final layer to one logit is added)"},
+      {"model.table_rows", at<std::vector<int>>([](TrainConfig& c) -> std::vector<int>& { return c.dlrm.table_rows; }),
+       "dlrm: rows of each table, an array: empty takes the hash sizes of data.train, one value is every table's; "
+       "each at least its table's hash size"},
+      {"model.pooling", at<std::string>([](TrainConfig& c) -> std::string& { return c.dlrm.pooling; }),
+       "dlrm: how a bag of ids is pooled, \"sum\" or \"mean\""},
+      {"data.val_rows", at<int>([](TrainConfig& c) -> int& { return c.dlrm.val_rows; }),
+       "dlrm: held-out rows of data.val evaluated (exact AUC, log loss); 0: all", 0},
+      {"train.batch", at<int>([](TrainConfig& c) -> int& { return c.dlrm.batch; }),
+       "dlrm: samples per step (the global batch; rows in file order, wrapping at the end)", 1},
+      {"train.table_lr", at<float>([](TrainConfig& c) -> float& { return c.dlrm.table_lr; }),
+       "dlrm: learning rate of the tables' optimizer", 0},
+      {"train.table_optimizer", at<std::string>([](TrainConfig& c) -> std::string& { return c.dlrm.table_optimizer; }),
+       "dlrm: optimizer of the touched table rows, \"adagrad\" (row-wise) or \"sgd\""},
+      {"train.adagrad_eps", at<float>([](TrainConfig& c) -> float& { return c.dlrm.adagrad_eps; }),
+       "dlrm: row-wise Adagrad's epsilon", 0},
+      {"parallel.placement", at<std::string>([](TrainConfig& c) -> std::string& { return c.dlrm.placement; }),
+       "dlrm: tables over ranks, \"table\", \"row\" or \"auto\" (the planner); one rank holds every table"},
+      {"log.every", at<int>([](TrainConfig& c) -> int& { return c.dlrm.log_every; }),
+       "dlrm: steps between progress lines and metrics records (throughput over the interval)", 1},
   };
   return k;
 }
@@ -167,10 +209,27 @@ Status assign(TrainConfig& c, const Key& k, const toml::node& v, const std::stri
         if constexpr (std::is_same_v<F, float TrainConfig::*>) return as_float(c.*f);
         if constexpr (std::is_same_v<F, std::function<int&(TrainConfig&)>>) return as_int(f(c));
         if constexpr (std::is_same_v<F, std::function<float&(TrainConfig&)>>) return as_float(f(c));
-        if constexpr (std::is_same_v<F, std::string TrainConfig::*>) {
+        if constexpr (std::is_same_v<F, std::string TrainConfig::*> ||
+                      std::is_same_v<F, std::function<std::string&(TrainConfig&)>>) {
           auto s = v.value<std::string>();
           if (!s || !v.is_string()) return type_error("a string");
-          c.*f = *s;
+          if constexpr (std::is_same_v<F, std::string TrainConfig::*>) c.*f = *s;
+          else f(c) = *s;
+          return Status::OK();
+        }
+        if constexpr (std::is_same_v<F, std::function<std::vector<int>&(TrainConfig&)>>) {
+          const toml::array* a = v.as_array();
+          if (!a) return type_error("an array of integers, e.g. [64, 16]");
+          std::vector<int> out;
+          for (const toml::node& e : *a) {
+            auto x = e.value_exact<int64_t>();
+            if (!x) return type_error("an array of integers, e.g. [64, 16]");
+            if (*x < 1 || *x > INT32_MAX)
+              return Status::InvalidArgument(
+                  fmt::format("{}: '{}' must hold integers in [1, {}], got {}", where, k.name, INT32_MAX, *x));
+            out.push_back(static_cast<int>(*x));
+          }
+          f(c) = std::move(out);
           return Status::OK();
         }
         return Status::Internal("unhandled key type");
@@ -201,8 +260,42 @@ Result<std::vector<int>> parse_stage_counts(const std::string& s) {
 
 namespace {
 
+// model.kind = "dlrm": its keys' values (the shard-dependent checks, table
+// sizes against the hash sizes, come when the trainer reads data.train).
+Status validate_dlrm(const TrainConfig& c, const std::string& where) {
+  auto bad = [&](std::string msg) { return Status::InvalidArgument(where + ": " + msg); };
+  const DlrmSettings& d = c.dlrm;
+  if (d.pooling != "sum" && d.pooling != "mean")
+    return bad(fmt::format("model.pooling must be \"sum\" or \"mean\", got \"{}\"", d.pooling));
+  if (d.bottom.empty()) return bad("model.bottom is empty; the bottom MLP needs at least one layer");
+  if (d.bottom.back() != d.embedding_dim)
+    return bad(fmt::format("model.bottom's last size ({}) must equal model.embedding_dim ({}): the bottom MLP's "
+                           "output meets the embeddings in the interaction",
+                           d.bottom.back(), d.embedding_dim));
+  if (d.table_optimizer != "adagrad" && d.table_optimizer != "sgd")
+    return bad(fmt::format("train.table_optimizer must be \"adagrad\" or \"sgd\", got \"{}\"", d.table_optimizer));
+  if (d.placement != "table" && d.placement != "row" && d.placement != "auto")
+    return bad(fmt::format("parallel.placement must be \"table\", \"row\" or \"auto\", got \"{}\"", d.placement));
+  if (c.train_data.empty()) return bad("data.train is required (train.bin of tessera prepare --format criteo)");
+  if (!(c.opt.beta1 >= 0.0f && c.opt.beta1 < 1.0f))
+    return bad(fmt::format("train.beta1 must be in [0, 1), got {}", c.opt.beta1));
+  if (!(c.opt.beta2 >= 0.0f && c.opt.beta2 < 1.0f))
+    return bad(fmt::format("train.beta2 must be in [0, 1), got {}", c.opt.beta2));
+  if (c.stop_at > c.steps)
+    return bad(fmt::format("train.stop_at ({}) exceeds train.steps ({}); 0 runs all steps", c.stop_at, c.steps));
+  if (c.checkpoint_dir.empty())
+    return bad("checkpoint.dir is empty; it names the folder for the checkpoints");
+  if (c.checkpoint_on_busy != "wait" && c.checkpoint_on_busy != "skip")
+    return bad(fmt::format("checkpoint.on_busy must be \"wait\" or \"skip\", got \"{}\"", c.checkpoint_on_busy));
+  if (c.metrics_port > 65535) return bad(fmt::format("log.metrics_port must be at most 65535, got {}", c.metrics_port));
+  return Status::OK();
+}
+
 Status validate(const TrainConfig& c, const std::string& where) {
   auto bad = [&](std::string msg) { return Status::InvalidArgument(where + ": " + msg); };
+  if (c.model_kind == "dlrm") return validate_dlrm(c, where);
+  if (c.model_kind != "gpt")
+    return bad(fmt::format("model.kind must be \"gpt\" or \"dlrm\", got \"{}\"", c.model_kind));
   if (c.init_from.empty()) RETURN_IF_ERROR(c.model.validate().With(where));
   if (c.dtype != "fp32" && c.dtype != "bf16") return bad(fmt::format("train.dtype must be \"fp32\" or \"bf16\", got \"{}\"", c.dtype));
   if (c.device != "cpu" && c.device != "cuda")
@@ -261,6 +354,8 @@ Result<TrainConfig> load_train_config(const std::string& path, const std::vector
     return Status::InvalidArgument(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
                                                e.description()));
   }
+  // Where each key was set ("FILE:LINE" or "--set"), for the kind check.
+  std::vector<std::pair<std::string, std::string>> given;
   for (auto&& [section, node] : root) {
     const toml::table* t = node.as_table();
     if (!t) return unknown_key(path, std::string(section.str()));
@@ -268,7 +363,9 @@ Result<TrainConfig> load_train_config(const std::string& path, const std::vector
       std::string name = fmt::format("{}.{}", section.str(), key.str());
       const Key* k = find_key(name);
       if (!k) return unknown_key(path, name);
-      RETURN_IF_ERROR(assign(c, *k, value, fmt::format("{}:{}", path, value.source().begin.line)));
+      std::string where = fmt::format("{}:{}", path, value.source().begin.line);
+      RETURN_IF_ERROR(assign(c, *k, value, where));
+      given.emplace_back(name, where);
     }
   }
   for (const std::string& o : overrides) {
@@ -290,6 +387,28 @@ Result<TrainConfig> load_train_config(const std::string& path, const std::vector
       }
     }
     RETURN_IF_ERROR(assign(c, *k, *v.get("v"), "--set"));
+    given.emplace_back(name, "--set");
+  }
+  // A key of the other model kind is refused by name, so a GPT key in a
+  // DLRM config (or the reverse) is not silently ignored.
+  if (c.model_kind == "gpt" || c.model_kind == "dlrm") {
+    const auto& foreign = c.model_kind == "dlrm" ? kGptOnlyKeys : kDlrmOnlyKeys;
+    for (const auto& [name, where] : given)
+      if (std::find(foreign.begin(), foreign.end(), name) != foreign.end())
+        return Status::InvalidArgument(fmt::format("{}: '{}' is a key of model.kind = \"{}\", but this config's "
+                                                   "model.kind is \"{}\"",
+                                                   where, name, c.model_kind == "dlrm" ? "gpt" : "dlrm",
+                                                   c.model_kind));
+  }
+  // DLRM's defaults for the shared AdamW keys (the DLRM reference's): a
+  // constant 1e-3, beta2 0.999, no weight decay, unless the config sets them.
+  if (c.model_kind == "dlrm") {
+    auto is_given = [&](std::string_view name) {
+      return std::any_of(given.begin(), given.end(), [&](const auto& g) { return g.first == name; });
+    };
+    if (!is_given("train.lr")) c.opt.lr = 1e-3f;
+    if (!is_given("train.beta2")) c.opt.beta2 = 0.999f;
+    if (!is_given("train.weight_decay")) c.opt.weight_decay = 0.0f;
   }
   c.opt.steps = c.steps;
   if (c.job.empty()) c.job = std::filesystem::path(path).stem().string();
@@ -310,6 +429,13 @@ std::vector<ConfigKeyDoc> config_key_docs() {
           if constexpr (std::is_same_v<F, std::function<int&(TrainConfig&)>>) d.type = "int", d.default_value = std::to_string(f(defaults));
           if constexpr (std::is_same_v<F, std::function<float&(TrainConfig&)>>) d.type = "float", d.default_value = fmt::format("{}", f(defaults));
           if constexpr (std::is_same_v<F, std::string TrainConfig::*>) d.type = "string", d.default_value = "\"" + defaults.*f + "\"";
+          if constexpr (std::is_same_v<F, std::function<std::string&(TrainConfig&)>>) d.type = "string", d.default_value = "\"" + f(defaults) + "\"";
+          if constexpr (std::is_same_v<F, std::function<std::vector<int>&(TrainConfig&)>>) {
+            d.type = "int array";
+            d.default_value = "[";
+            for (size_t i = 0; i < f(defaults).size(); i++) d.default_value += (i ? ", " : "") + std::to_string(f(defaults)[i]);
+            d.default_value += "]";
+          }
         },
         k.field);
     out.push_back(d);

@@ -12,7 +12,32 @@
 
 namespace tessera {
 
+// The keys of `[model] kind = "dlrm"` (docs/dlrm.md, "Training"): the
+// model's shape beyond what the click shards say (num_dense, the tables'
+// hash sizes), the batch, the tables' optimizer, evaluation and logging.
+// Shared keys (train.lr, beta1, beta2, weight_decay, steps, seed, eval_every,
+// stop_at, checkpoint.*, log.metrics*) keep their meaning; train.lr is the
+// MLPs' AdamW rate.
+struct DlrmSettings {
+  int embedding_dim = 16;              // D
+  std::vector<int> bottom = {64, 16};  // bottom MLP sizes; the last must equal embedding_dim
+  std::vector<int> top = {64, 32};     // top MLP hidden sizes (a final layer to 1 logit is added)
+  // Rows of each table: empty takes each table's hash size from data.train,
+  // one value is every table's, else one per table; each at least the hash size.
+  std::vector<int> table_rows;
+  std::string pooling = "sum";         // "sum" or "mean"
+  int batch = 256;                     // samples per step (the global batch)
+  float table_lr = 0.05f;
+  std::string table_optimizer = "adagrad";  // "adagrad" (row-wise) or "sgd"
+  float adagrad_eps = 1e-8f;
+  std::string placement = "auto";      // tables over ranks: "table", "row" or "auto"
+  int val_rows = 0;                    // held-out rows evaluated (0: all of data.val)
+  int log_every = 1;                   // steps between progress lines and metrics records
+};
+
 struct TrainConfig {
+  std::string model_kind = "gpt";  // "gpt" or "dlrm" (dlrm: the keys of DlrmSettings)
+  DlrmSettings dlrm;
   GPTConfig model{4, 4, 128, 256, 128};
   std::string init_from;  // safetensors to start from (overrides the shape)
   std::string train_data, val_data;  // paths or globs of token shards

@@ -7,9 +7,8 @@
 #include <fmt/format.h>
 
 #include "data/criteo.h"
-#include "kernels/cpu/ops.h"
 #include "nn/dlrm.h"
-#include "optim/sparse.h"
+#include "train/dlrm_local.h"
 
 namespace tessera {
 
@@ -41,7 +40,7 @@ struct ShardBatch {
 
 }  // namespace
 
-Result<DlrmTrainResult> train_dlrm(const DlrmTrainOptions& o) {
+Result<DlrmTrainResult> train_dlrm(const DlrmBenchOptions& o) {
   if (o.batch <= 0) return Status::InvalidArgument(fmt::format("--batch {} must be > 0", o.batch));
   if (o.epochs <= 0) return Status::InvalidArgument(fmt::format("--epochs {} must be > 0", o.epochs));
   if (o.table_optimizer != "adagrad" && o.table_optimizer != "sgd")
@@ -61,18 +60,18 @@ Result<DlrmTrainResult> train_dlrm(const DlrmTrainOptions& o) {
   cfg.top = o.top;
   for (int64_t e : train->hash_sizes) cfg.table_rows.push_back(static_cast<int>(e));
   if (Status st = cfg.validate(); !st.ok()) return st;
-  Dlrm model(cfg);
-  model.init(o.seed);
-  std::vector<float> m(model.dense_params().size(), 0.0f), v(m.size(), 0.0f);
-  std::vector<std::vector<float>> state;
-  for (int e : cfg.table_rows) state.emplace_back(e, 0.0f);
+  DlrmTrainOptions opts;
+  opts.lr_dense = o.lr;
+  opts.lr_table = o.table_lr;
+  opts.table_optimizer = o.table_optimizer;
+  ASSIGN_OR_RETURN(std::unique_ptr<DlrmLocal> engine, DlrmLocal::create(cfg, opts, nullptr, o.seed));
 
   DlrmTrainResult res;
-  res.params = model.num_params();
+  res.params = engine->num_params();
   res.train_rows = train->rows();
   res.val_rows = val->rows();
   ShardBatch sb;
-  int step = 0;
+  std::vector<float> logits;
   for (int epoch = 0; epoch < o.epochs; epoch++) {
     DlrmEpoch ep;
     double loss_sum = 0.0;
@@ -81,25 +80,9 @@ Result<DlrmTrainResult> train_dlrm(const DlrmTrainOptions& o) {
     for (int64_t begin = 0; begin < train->rows(); begin += o.batch) {
       const int B = static_cast<int>(std::min<int64_t>(o.batch, train->rows() - begin));
       sb.fill(*train, begin, B);
-      loss_sum += model.forward(sb.batch);
+      ASSIGN_OR_RETURN(float loss, engine->train_step(sb.batch));
+      loss_sum += loss;
       batches++;
-      model.zero_dense_grads();
-      model.backward(sb.batch);
-      AdamWParams hp;
-      hp.lr = o.lr;
-      hp.beta2 = 0.999f;
-      hp.weight_decay = 0.0f;
-      hp.t = ++step;
-      cpu::adamw_update(model.dense_params().data(), model.dense_grads().data(), m.data(), v.data(),
-                        static_cast<int64_t>(m.size()), hp);
-      for (size_t t = 0; t < cfg.table_rows.size(); t++) {
-        const SparseRows& g = model.table_grad(static_cast<int>(t));
-        if (o.table_optimizer == "adagrad")
-          rowwise_adagrad_update(model.table(t).data(), state[t].data(), g.rows.data(), g.grads.data(), g.U, cfg.dim,
-                                 {o.table_lr, 1e-8f});
-        else
-          sparse_sgd_update(model.table(t).data(), g.rows.data(), g.grads.data(), g.U, cfg.dim, o.table_lr);
-      }
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ep.train_loss = loss_sum / std::max(batches, 1);
@@ -109,8 +92,12 @@ Result<DlrmTrainResult> train_dlrm(const DlrmTrainOptions& o) {
     for (int64_t begin = 0; begin < val->rows(); begin += o.batch) {
       const int B = static_cast<int>(std::min<int64_t>(o.batch, val->rows() - begin));
       sb.fill(*val, begin, B);
-      ll += static_cast<double>(model.forward(sb.batch)) * B;
-      scores.insert(scores.end(), model.logits().begin(), model.logits().end());
+      RETURN_IF_ERROR(engine->predict(sb.batch, &logits));
+      for (int b = 0; b < B; b++) {  // BCE with logits
+        const double x = logits[b], y = sb.batch.labels[b];
+        ll += std::max(x, 0.0) - x * y + std::log1p(std::exp(-std::abs(x)));
+      }
+      scores.insert(scores.end(), logits.begin(), logits.end());
       labels.insert(labels.end(), sb.batch.labels, sb.batch.labels + B);
     }
     ep.val_logloss = val->rows() > 0 ? ll / static_cast<double>(val->rows()) : 0.0;

@@ -1,8 +1,10 @@
 // A minimal single-process DLRM training loop over click shards
-// (docs/formats/click-shard.md): AdamW on the MLPs, row-wise Adagrad or SGD
-// on the touched table rows, held-out log loss and exact AUC after each
-// epoch. One id per table per sample (the Criteo layout). Used by
-// `tessera bench dlrm`; docs/dlrm.md. Not thread-safe; allocates per call.
+// (docs/formats/click-shard.md), by epochs: the engine of `tessera train`
+// (DlrmLocal: AdamW on the MLPs, row-wise Adagrad or SGD on the touched table
+// rows), held-out log loss and exact AUC after each epoch. One id per table
+// per sample (the Criteo layout). Used by `tessera bench dlrm`; docs/dlrm.md.
+// `tessera train` with model.kind = "dlrm" is the full loop (checkpoints,
+// metrics). Not thread-safe; allocates per call.
 #pragma once
 
 #include <cstdio>
@@ -13,7 +15,7 @@
 
 namespace tessera {
 
-struct DlrmTrainOptions {
+struct DlrmBenchOptions {
   std::string train_shard, val_shard;
   int dim = 16;
   std::vector<int> bottom = {64, 16};  // the last must equal dim
@@ -38,6 +40,6 @@ struct DlrmTrainResult {
   std::vector<DlrmEpoch> epochs;
 };
 
-Result<DlrmTrainResult> train_dlrm(const DlrmTrainOptions& o);
+Result<DlrmTrainResult> train_dlrm(const DlrmBenchOptions& o);
 
 }  // namespace tessera

@@ -38,6 +38,7 @@
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
 #include "train/evaluate.h"
+#include "train/faults.h"
 #include "perf/flops.h"
 #include "train/memory_plan.h"
 #include "train/monitoring.h"
@@ -103,18 +104,6 @@ std::string format_duration(double seconds) {
   return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
 }
 
-// Test hook for fault handling (tests/cli/dp_faults.sh): TESSERA_FAULT is
-// "stall@RANK:STEP" (that rank sleeps for an hour before the step's
-// backward) or "exit@RANK:STEP" (it exits at once with status 3).
-void maybe_inject_fault(int rank, int step) {
-  const char* f = std::getenv("TESSERA_FAULT");
-  if (!f) return;
-  char kind[16] = {};
-  int fr = -1, fs = -1;
-  if (std::sscanf(f, "%15[a-z]@%d:%d", kind, &fr, &fs) != 3 || fr != rank || fs != step) return;
-  if (std::strcmp(kind, "stall") == 0) std::this_thread::sleep_for(std::chrono::hours(1));
-  if (std::strcmp(kind, "exit") == 0) std::_Exit(3);
-}
 
 
 // The training loop in named parts: setup() (devices, mesh, model, data

@@ -136,3 +136,51 @@ TEST(LrSchedule, WarmupThenCosineToMinimum) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+const char* kDlrm =
+    "[model]\nkind = \"dlrm\"\nembedding_dim = 8\nbottom = [32, 8]\ntop = []\ntable_rows = [100]\n"
+    "[data]\ntrain = \"x.bin\"\n[train]\nbatch = 64\ntable_optimizer = \"sgd\"\n";
+
+TEST(TrainConfig, DlrmKeysAndTheirAdamWDefaults) {
+  auto c = load_train_config(write_config("dlrm1.toml", kDlrm), {"train.beta2=0.99", "model.pooling=mean"});
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model_kind, "dlrm");
+  EXPECT_EQ(c->dlrm.embedding_dim, 8);
+  EXPECT_EQ(c->dlrm.bottom, (std::vector<int>{32, 8}));
+  EXPECT_TRUE(c->dlrm.top.empty());
+  EXPECT_EQ(c->dlrm.table_rows, std::vector<int>{100});
+  EXPECT_EQ(c->dlrm.pooling, "mean");
+  EXPECT_EQ(c->dlrm.batch, 64);
+  EXPECT_EQ(c->dlrm.table_optimizer, "sgd");
+  EXPECT_FLOAT_EQ(c->opt.lr, 1e-3f) << "DLRM's default, not GPT's";
+  EXPECT_FLOAT_EQ(c->opt.weight_decay, 0.0f);
+  EXPECT_FLOAT_EQ(c->opt.beta2, 0.99f) << "set: kept";
+  auto g = load_train_config(write_config("gpt1.toml", kMinimal), {});
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->model_kind, "gpt");
+  EXPECT_FLOAT_EQ(g->opt.lr, OptimizerConfig{}.lr);
+}
+
+TEST(TrainConfig, DlrmRefusesKeysOfTheOtherKind) {
+  auto c = load_train_config(write_config("dlrm2.toml", std::string(kDlrm) + "seq = 64\n"), {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'train.seq' is a key of model.kind = \"gpt\""), std::string::npos)
+      << c.status().message();
+  c = load_train_config(write_config("gpt2.toml", kMinimal), {"train.table_lr=0.1"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("'train.table_lr' is a key of model.kind = \"dlrm\""), std::string::npos)
+      << c.status().message();
+  c = load_train_config(write_config("dlrm3.toml", kDlrm), {"model.bottom=[32, 0]"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("integers in [1,"), std::string::npos) << c.status().message();
+  c = load_train_config(write_config("dlrm4.toml", kDlrm), {"model.embedding_dim=16"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("must equal model.embedding_dim (16)"), std::string::npos)
+      << c.status().message();
+}
+
+}  // namespace
+}  // namespace tessera

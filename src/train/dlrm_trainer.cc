@@ -1,0 +1,434 @@
+#include "train/dlrm_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpointer.h"
+#include "ckpt/dir_lock.h"
+#include "data/criteo.h"
+#include "io/file.h"
+#include "obs/http/metrics_exporter.h"
+#include "train/dlrm_checkpointing.h"
+#include "train/dlrm_local.h"
+#include "train/faults.h"
+#include "train/monitoring.h"
+
+namespace tessera {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// B rows of a click shard from row `begin` on, wrapping to row 0 at the end
+// (so a step's batch is always full and is a function of the step alone), as
+// a DlrmBatch (one id per table per sample). Owns the copies it points to.
+class ClickBatch {
+ public:
+  const DlrmBatch& fill(const data::ClickShard& s, int64_t begin, int B, bool wrap) {
+    const int T = s.num_cat, Nd = s.num_dense;
+    const int64_t N = s.rows();
+    if (!wrap) B = static_cast<int>(std::min<int64_t>(B, N - begin));
+    dense_.resize(static_cast<size_t>(B) * Nd);
+    labels_.resize(B);
+    ids_.resize(T);
+    offsets_.resize(B + 1);
+    for (int b = 0; b <= B; b++) offsets_[b] = b;
+    for (int t = 0; t < T; t++) ids_[t].resize(B);
+    for (int b = 0; b < B; b++) {
+      const int64_t r = (begin + b) % N;
+      labels_[b] = s.labels[r];
+      std::memcpy(&dense_[static_cast<size_t>(b) * Nd], &s.dense[r * Nd], sizeof(float) * Nd);
+      for (int t = 0; t < T; t++) ids_[t][b] = s.cats[r * T + t];
+    }
+    batch_.B = B;
+    batch_.dense = dense_.data();
+    batch_.labels = labels_.data();
+    batch_.ids.resize(T);
+    batch_.offsets.assign(T, offsets_.data());
+    for (int t = 0; t < T; t++) batch_.ids[t] = ids_[t].data();
+    return batch_;
+  }
+
+ private:
+  std::vector<float> dense_, labels_;
+  std::vector<std::vector<int>> ids_;
+  std::vector<int> offsets_;
+  DlrmBatch batch_;
+};
+
+class MetricsLog {  // JSON lines, flushed per record (rank 0)
+ public:
+  Status open(const std::string& path) {
+    if (path.empty()) return Status::OK();
+    RETURN_IF_ERROR(io::check_openable_for_writing(path));
+    f_ = std::fopen(path.c_str(), "w");
+    if (!f_) return Status::IOError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+    return Status::OK();
+  }
+  void write(const nlohmann::json& j) {
+    if (!f_) return;
+    std::fprintf(f_, "%s\n", j.dump().c_str());
+    std::fflush(f_);
+  }
+  ~MetricsLog() {
+    if (f_) std::fclose(f_);
+  }
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
+// The DLRM loop in named parts, as train/trainer.cc's: setup(), step(),
+// evaluate(), log(), save(); run() calls them.
+class DlrmTrainer {
+ public:
+  DlrmTrainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry)
+      : c_(c), world_(world), out_(world.rank() == 0 ? out : nullptr), rank_(world.rank()),
+        registry_(registry ? *registry : own_registry_) {}
+
+  Result<DlrmTrainSummary> run();
+
+ private:
+  Status setup();
+  Status setup_outputs();
+  Result<DlrmConfig> model_config() const;
+  Status evaluate(int step);
+  Status save(int step, bool force, bool last);
+  void report_save(const ckpt::PollResult& r);
+  void log(int step, double loss_sum, int steps, double secs);
+  template <typename... Args>
+  void say(const char* fmt, Args... args) {
+    if (out_) {
+      std::fprintf(out_, fmt, args...);
+      std::fflush(out_);
+    }
+  }
+
+  const TrainConfig& c_;
+  comm::Communicator& world_;
+  std::FILE* out_;
+  const int rank_;
+  obs::Registry own_registry_;
+  obs::Registry& registry_;
+  std::unique_ptr<obs::MetricsExporter> exporter_;
+  ckpt::DirLock dir_lock_;
+  MetricsLog metrics_;
+  std::optional<data::ClickShard> train_, val_;
+  std::unique_ptr<DlrmEngine> engine_;
+  std::unique_ptr<ckpt::Checkpointer> checkpointer_;
+  ClickBatch batch_;
+  int64_t start_step_ = 0;
+  bool finished_ = false;  // resumed at or past train.steps
+  int64_t last_saved_ = -1;
+  DlrmEngine::Stats stats_prev_;  // at the last log()
+  double train_s_ = 0.0;
+  DlrmTrainSummary summary_;
+};
+
+Status DlrmTrainer::setup_outputs() {
+  Status mine;
+  if (rank_ == 0) {
+    mine = io::check_writable_folder(c_.checkpoint_dir).With("checkpoint.dir");
+    if (mine.ok()) {
+      std::string took_over;
+      Result<ckpt::DirLock> lock = ckpt::DirLock::acquire(c_.checkpoint_dir, c_.job, host_name(), &took_over);
+      if (lock.ok()) dir_lock_ = std::move(lock).value();
+      else mine = lock.status().With("checkpoint.dir");
+      if (mine.ok() && !took_over.empty())
+        say("checkpoint.dir: took over the lock of %s, which ended without releasing it\n", took_over.c_str());
+    }
+    if (mine.ok()) mine = metrics_.open(c_.metrics).With("log.metrics");
+    if (!mine.ok()) mine = Status::InvalidArgument(mine.message());
+  }
+  int32_t ok = mine.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+  RETURN_IF_ERROR(mine);
+  if (!ok) return Status::InvalidArgument("rank 0 refused an output path (see its error)");
+  return Status::OK();
+}
+
+// The model: num_dense and the tables from data.train, the rest from the keys.
+Result<DlrmConfig> DlrmTrainer::model_config() const {
+  const DlrmSettings& d = c_.dlrm;
+  DlrmConfig m;
+  m.num_dense = train_->num_dense;
+  m.dim = d.embedding_dim;
+  m.bottom = d.bottom;
+  m.top = d.top;
+  m.pooling = d.pooling == "mean" ? Pooling::kMean : Pooling::kSum;
+  const size_t T = train_->hash_sizes.size();
+  if (d.table_rows.empty()) {
+    for (int64_t h : train_->hash_sizes) m.table_rows.push_back(static_cast<int>(h));
+  } else if (d.table_rows.size() == 1) {
+    m.table_rows.assign(T, d.table_rows[0]);
+  } else if (d.table_rows.size() == T) {
+    m.table_rows = d.table_rows;
+  } else {
+    return Status::InvalidArgument(fmt::format("model.table_rows has {} entries but {} has {} tables (give one value "
+                                               "for all, one per table, or none for the hash sizes)",
+                                               d.table_rows.size(), c_.train_data, T));
+  }
+  for (size_t t = 0; t < T; t++)
+    if (m.table_rows[t] < train_->hash_sizes[t])
+      return Status::InvalidArgument(fmt::format("model.table_rows: table {} has {} rows but {} hashes it into {}",
+                                                 t, m.table_rows[t], c_.train_data, train_->hash_sizes[t]));
+  RETURN_IF_ERROR(m.validate());
+  return m;
+}
+
+Status DlrmTrainer::setup() {
+  RETURN_IF_ERROR(setup_outputs());
+  registry_.set_const_labels(rank_labels(c_, rank_, comm::MeshCoord{0, 0, 0}));
+  ASSIGN_OR_RETURN(exporter_, start_metrics_exporter(c_, world_, registry_));
+  if (exporter_) say("metrics: http://%s:%d/metrics\n", exporter_->host().c_str(), exporter_->port());
+
+  ASSIGN_OR_RETURN(data::ClickShard train, data::read_click_shard(c_.train_data));
+  if (train.rows() == 0) return Status::InvalidArgument(c_.train_data + ": no rows");
+  train_.emplace(std::move(train));
+  if (!c_.val_data.empty()) {
+    ASSIGN_OR_RETURN(data::ClickShard val, data::read_click_shard(c_.val_data));
+    if (val.num_dense != train_->num_dense || val.hash_sizes != train_->hash_sizes)
+      return Status::InvalidArgument(fmt::format("{} and {} have different layouts (dense features or tables)",
+                                                 c_.train_data, c_.val_data));
+    if (c_.dlrm.val_rows > 0 && val.rows() > c_.dlrm.val_rows) {
+      const int64_t n = c_.dlrm.val_rows;
+      val.labels.resize(n);
+      val.dense.resize(n * val.num_dense);
+      val.cats.resize(n * val.num_cat);
+    }
+    if (val.rows() > 0) val_.emplace(std::move(val));
+  }
+  ASSIGN_OR_RETURN(DlrmConfig mc, model_config());
+  DlrmTrainOptions o;
+  o.lr_dense = c_.opt.lr;
+  o.beta1 = c_.opt.beta1;
+  o.beta2 = c_.opt.beta2;
+  o.eps = c_.opt.eps;
+  o.weight_decay = c_.opt.weight_decay;
+  o.table_optimizer = c_.dlrm.table_optimizer;
+  o.lr_table = c_.dlrm.table_lr;
+  o.adagrad_eps = c_.dlrm.adagrad_eps;
+  o.placement = c_.dlrm.placement;
+  const auto t_init = Clock::now();
+  ASSIGN_OR_RETURN(engine_, DlrmEngine::create(mc, o, &world_, static_cast<uint64_t>(c_.seed)));
+  int64_t table_params = 0;
+  for (int e : mc.table_rows) table_params += int64_t{e} * mc.dim;
+  say("model: dlrm, %d dense features, %zu tables (%lld rows of dim %d), bottom %s, top %s; %.2fM parameters "
+      "(%.2fM in the MLPs); initialised in %.1f s\n",
+      mc.num_dense, mc.table_rows.size(), static_cast<long long>(table_params / mc.dim), mc.dim,
+      nlohmann::json(mc.bottom).dump().c_str(), nlohmann::json(mc.top).dump().c_str(),
+      static_cast<double>(engine_->num_params()) / 1e6,
+      static_cast<double>(engine_->num_params() - table_params) / 1e6, seconds_since(t_init));
+  say("data: %lld train rows (%s), %lld held-out rows; batch %d samples/step, %.2f epochs in %d steps\n",
+      static_cast<long long>(train_->rows()), c_.train_data.c_str(),
+      static_cast<long long>(val_ ? val_->rows() : 0), c_.dlrm.batch,
+      static_cast<double>(c_.steps) * c_.dlrm.batch / static_cast<double>(train_->rows()), c_.steps);
+
+  if (!c_.resume.empty()) {
+    const std::string path = c_.resume == "latest" ? c_.checkpoint_dir : c_.resume;
+    ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
+    ASSIGN_OR_RETURN(DlrmResumeState rs, load_dlrm_checkpoint(ck, *engine_));
+    const int64_t saved_rows = ck.config().value("train_rows", int64_t{-1});
+    const int saved_batch = ck.config().value("batch", -1);
+    if (saved_rows != train_->rows() || saved_batch != c_.dlrm.batch)
+      return Status::InvalidArgument(fmt::format(
+          "{} was trained on {} rows in batches of {}, but data.train has {} rows and train.batch is {}: the data "
+          "position would not continue",
+          ck.dir(), saved_rows, saved_batch, train_->rows(), c_.dlrm.batch));
+    start_step_ = rs.step;
+    last_saved_ = rs.step;
+    summary_.steps = rs.step;
+    if (start_step_ >= c_.steps) {
+      say("already finished: %s is at step %lld of train.steps = %d; nothing to train\n", ck.dir().c_str(),
+          static_cast<long long>(start_step_), c_.steps);
+      summary_.checkpoint = ck.dir();
+      finished_ = true;
+      return Status::OK();
+    }
+    say("resumed from %s at step %lld (epoch %lld, row %lld; saved by %d rank(s))\n", ck.dir().c_str(),
+        static_cast<long long>(start_step_), static_cast<long long>(rs.epoch), static_cast<long long>(rs.data_row),
+        ck.world_size());
+  }
+
+  ckpt::CheckpointerOptions co;
+  co.dir = c_.checkpoint_dir;
+  co.keep = c_.checkpoint_keep;
+  co.on_busy = c_.checkpoint_on_busy == "skip" ? ckpt::OnBusy::kSkip : ckpt::OnBusy::kWait;
+  co.config = {{"kind", "dlrm"},         {"model", dlrm_config_json(mc)}, {"seed", c_.seed},
+               {"batch", c_.dlrm.batch}, {"train_rows", train_->rows()},  {"table_optimizer", o.table_optimizer}};
+  co.layout = {{"ranks", world_.size()}, {"placement", o.placement}};
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(std::move(co));
+  return Status::OK();
+}
+
+// Exact AUC and log loss over the held-out rows (every rank predicts the
+// whole set; rank 0 reports).
+Status DlrmTrainer::evaluate(int step) {
+  if (!val_) return Status::OK();
+  const auto t0 = Clock::now();
+  const int EB = std::max(c_.dlrm.batch, 4096);
+  std::vector<float> scores, logits;
+  scores.reserve(static_cast<size_t>(val_->rows()));
+  for (int64_t begin = 0; begin < val_->rows(); begin += EB) {
+    const DlrmBatch& b = batch_.fill(*val_, begin, EB, false);
+    RETURN_IF_ERROR(engine_->predict(b, &logits));
+    scores.insert(scores.end(), logits.begin(), logits.end());
+  }
+  double ll = 0.0;  // BCE with logits: max(x,0) - xy + log(1 + e^-|x|)
+  for (size_t i = 0; i < scores.size(); i++) {
+    const double x = scores[i], y = val_->labels[i];
+    ll += std::max(x, 0.0) - x * y + std::log1p(std::exp(-std::abs(x)));
+  }
+  ll /= static_cast<double>(scores.size());
+  const double auc = data::exact_auc(scores, val_->labels);
+  if (!summary_.has_val) summary_.first_auc = auc;
+  summary_.has_val = true;
+  summary_.last_auc = auc;
+  summary_.last_logloss = ll;
+  registry_.gauge("tessera_train_val_auc", "Exact ROC AUC on the held-out rows, last evaluation").set(auc);
+  registry_.gauge("tessera_train_val_logloss", "Log loss on the held-out rows, last evaluation").set(ll);
+  say("step %5d | val auc %.4f | val log loss %.4f (%lld rows, %.1f s)\n", step, auc, ll,
+      static_cast<long long>(val_->rows()), seconds_since(t0));
+  metrics_.write({{"step", step}, {"val_auc", auc}, {"val_logloss", ll}, {"val_rows", val_->rows()}});
+  return Status::OK();
+}
+
+void DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
+  const DlrmEngine::Stats& s = engine_->stats();
+  const double samples = static_cast<double>(steps) * c_.dlrm.batch;
+  const double lookups = static_cast<double>(s.lookups - stats_prev_.lookups);
+  const double a2a = s.alltoall_s - stats_prev_.alltoall_s, lookup = s.lookup_s - stats_prev_.lookup_s,
+               mlp = s.mlp_s - stats_prev_.mlp_s;
+  stats_prev_ = s;
+  const double loss = loss_sum / steps, sps = samples / std::max(secs, 1e-9), lps = lookups / std::max(secs, 1e-9);
+  registry_.counter("tessera_train_steps_total", "Optimizer steps completed").add(steps);
+  registry_.counter("tessera_train_samples_total", "Samples trained on").add(samples);
+  registry_.counter("tessera_train_lookups_total", "Embedding ids looked up in training").add(lookups);
+  registry_.gauge("tessera_train_loss", "Training loss, mean over the last logged steps").set(loss);
+  registry_.gauge("tessera_train_samples_per_second", "Training throughput over the last logged steps").set(sps);
+  registry_.gauge("tessera_train_lookups_per_second", "Embedding lookups per second over the last logged steps").set(lps);
+  const char* help = "Time per step by part, mean over the last logged steps";
+  registry_.gauge("tessera_train_dlrm_part_seconds", help, {{"part", "alltoall"}}).set(a2a / steps);
+  registry_.gauge("tessera_train_dlrm_part_seconds", help, {{"part", "lookup"}}).set(lookup / steps);
+  registry_.gauge("tessera_train_dlrm_part_seconds", help, {{"part", "mlp"}}).set(mlp / steps);
+  const double left = train_s_ / std::max<int64_t>(1, step - start_step_) * (c_.steps - step);
+  say("step %5d/%d | loss %.4f | %.2f ms/step (all-to-all %.2f) | %.0f samples/s | %.3g lookups/s | eta %.0fs\n", step,
+      c_.steps, loss, secs / steps * 1e3, a2a / steps * 1e3, sps, lps, left);
+  metrics_.write({{"step", step},
+                  {"loss", loss},
+                  {"steps", steps},
+                  {"step_ms", secs / steps * 1e3},
+                  {"samples_per_s", sps},
+                  {"lookups_per_s", lps},
+                  {"alltoall_ms", a2a / steps * 1e3},
+                  {"lookup_ms", lookup / steps * 1e3},
+                  {"mlp_ms", mlp / steps * 1e3}});
+  summary_.last_train_loss = loss;
+}
+
+void DlrmTrainer::report_save(const ckpt::PollResult& r) {
+  if (r.state == ckpt::SaveState::kPublished) {
+    registry_.counter("tessera_train_checkpoints_total", "Checkpoints published").add(1);
+    say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s%s%s\n",
+        static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
+        r.warning.empty() ? "" : "; ", r.warning.c_str());
+    metrics_.write({{"checkpoint_step", r.step}, {"stall_ms", r.stats.stall_ms}, {"bytes", r.stats.bytes_total},
+                    {"write_mb_s", r.stats.write_mb_s}});
+  } else if (r.state == ckpt::SaveState::kFailed) {
+    registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed").add(1);
+    if (out_)
+      std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
+                   r.error.message().c_str());
+    metrics_.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
+  }
+}
+
+// After step `step` (1-based): a save when one is due (every checkpoint.every
+// steps, and `force`: a stop or the end), then the poll of the one in flight
+// (waiting for it when `last`). The pieces point into the engine, and the
+// checkpointer copies them into its staging buffer inside save().
+Status DlrmTrainer::save(int step, bool force, bool last) {
+  const bool due = (c_.checkpoint_every > 0 && step % c_.checkpoint_every == 0) || force;
+  if (due && step != last_saved_) {
+    const std::vector<ckpt::SavePiece> pieces = dlrm_checkpoint_pieces(*engine_, rank_);
+    const int64_t rows_done = static_cast<int64_t>(step) * c_.dlrm.batch;
+    const std::string state = nlohmann::json{{"step", step},
+                                             {"adam_t", engine_->adam_step()},
+                                             {"data_row", rows_done % train_->rows()},
+                                             {"epoch", rows_done / train_->rows()}}
+                                  .dump();
+    ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, pieces, state));
+    if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step);
+    else last_saved_ = step;
+  }
+  ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, last));
+  report_save(r);
+  if (r.state == ckpt::SaveState::kPublished) summary_.checkpoint = c_.checkpoint_dir + "/" + ckpt::step_dir_name(r.step);
+  return Status::OK();
+}
+
+Result<DlrmTrainSummary> DlrmTrainer::run() {
+  RETURN_IF_ERROR(setup());
+  if (finished_) return summary_;
+  RETURN_IF_ERROR(evaluate(static_cast<int>(start_step_)));
+  const int B = c_.dlrm.batch, every = c_.dlrm.log_every;
+  stats_prev_ = engine_->stats();
+  double loss_sum = 0.0, secs = 0.0;
+  int logged = 0;
+  for (int64_t s = start_step_; s < c_.steps; s++) {
+    const int step = static_cast<int>(s);
+    const auto t0 = Clock::now();
+    const DlrmBatch& b = batch_.fill(*train_, s * B % train_->rows(), B, true);
+    maybe_inject_fault(rank_, step);
+    ASSIGN_OR_RETURN(float loss, engine_->train_step(b));
+    if (!std::isfinite(loss))
+      return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or train.table_lr", loss, step + 1));
+    const double dt = seconds_since(t0);
+    secs += dt;
+    train_s_ += dt;
+    loss_sum += loss;
+    logged++;
+    summary_.steps = step + 1;
+    const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
+    const bool last = step + 1 == c_.steps || stop;
+    if ((step + 1) % every == 0 || last) {
+      log(step + 1, loss_sum, logged, secs);
+      loss_sum = 0.0, secs = 0.0, logged = 0;
+    }
+    if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
+    RETURN_IF_ERROR(save(step + 1, last, last));
+    if (stop) {
+      say("stopped after step %d of %d (train.stop_at)\n", step + 1, c_.steps);
+      break;
+    }
+  }
+  // The last save may have waited for the one before it, whose result that
+  // poll returned: poll until the last is published (or failed).
+  while (checkpointer_->pending()) {
+    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
+    report_save(r);
+    if (r.state == ckpt::SaveState::kPublished)
+      summary_.checkpoint = c_.checkpoint_dir + "/" + ckpt::step_dir_name(r.step);
+  }
+  return summary_;
+}
+
+}  // namespace
+
+Result<DlrmTrainSummary> run_dlrm_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
+                                           obs::Registry* metrics) {
+  DlrmTrainer trainer(c, world, out, metrics);
+  return trainer.run();
+}
+
+}  // namespace tessera

@@ -38,8 +38,9 @@ void forward_signal(int sig) {
   if (g_worker > 0) ::kill(g_worker, sig);
 }
 
-pid_t start_worker(const ElasticArgs& a, const std::string& store) {
+pid_t start_worker(const ElasticArgs& a, const std::string& store, int restart) {
   std::vector<std::string> env = {
+      fmt::format("TESSERA_ELASTIC_RESTART={}", restart),
       "TESSERA_ELASTIC_STORE=" + store,
       "TESSERA_ELASTIC_JOB=" + a.job,
       fmt::format("TESSERA_ELASTIC_MIN={}", a.min),
@@ -103,7 +104,7 @@ int run_elastic(const ElasticArgs& a) {
   int restarts = 0;
   int code = kExitOk;
   while (true) {
-    pid_t pid = start_worker(a, store);
+    pid_t pid = start_worker(a, store, restarts);
     if (pid < 0) return fail(Status::Internal(fmt::format("elastic: fork: {}", std::strerror(errno))));
     g_worker = pid;
     std::printf("elastic: agent %d started worker pid %d (restart %d of %d)\n", ::getpid(), pid, restarts,

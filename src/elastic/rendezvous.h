@@ -5,7 +5,8 @@
 // joined and the last-call wait has passed. Below `min` for the whole
 // rendezvous timeout, the leader fails the round, and every member gets the
 // same error. A closed round's members connect a Gloo communicator under the
-// round's own key prefix.
+// round's own key prefix. The leader beats (a counter) while the round is
+// open; members that see the beat stop abandon the round (a dead leader).
 //
 // Not thread-safe; one training loop drives it.
 #pragma once

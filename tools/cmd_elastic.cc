@@ -36,12 +36,15 @@ struct ElasticArgs {
 };
 
 volatile sig_atomic_t g_worker = 0;
+volatile sig_atomic_t g_stop = 0;  // the signal that stops this agent
 void forward_signal(int sig) {
+  g_stop = sig;
   if (g_worker > 0) ::kill(g_worker, sig);
 }
 
-pid_t start_worker(const ElasticArgs& a, const std::string& store) {
+pid_t start_worker(const ElasticArgs& a, const std::string& store, int restart) {
   std::vector<std::string> env = {
+      fmt::format("TESSERA_ELASTIC_RESTART={}", restart),
       "TESSERA_ELASTIC_STORE=" + store,
       "TESSERA_ELASTIC_JOB=" + a.job,
       fmt::format("TESSERA_ELASTIC_MIN={}", a.min),
@@ -114,9 +117,10 @@ int run_elastic(const ElasticArgs& a) {
   int restarts = 0;
   int code = kExitOk;
   while (true) {
-    pid_t pid = start_worker(a, store);
+    pid_t pid = start_worker(a, store, restarts);
     if (pid < 0) return fail(Status::Internal(fmt::format("elastic: fork: {}", std::strerror(errno))));
     g_worker = pid;
+    if (g_stop) ::kill(pid, g_stop);  // the signal came before g_worker was set
     std::printf("elastic: agent %d started worker pid %d (restart %d of %d)\n", ::getpid(), pid, restarts,
                 a.max_restarts);
     std::fflush(stdout);
@@ -125,6 +129,11 @@ int run_elastic(const ElasticArgs& a) {
     }
     g_worker = 0;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+    if (g_stop) {
+      // Stopped (SIGTERM, SIGINT): no restart, and no serving the store on.
+      std::printf("elastic: agent %d stopped by signal %d\n", ::getpid(), static_cast<int>(g_stop));
+      return 128 + g_stop;
+    }
     if (WIFEXITED(status) && WEXITSTATUS(status) == kExitError) {
       // The worker reported why in one line (a bad config, fewer than min
       // workers): the whole job's error; neither a restart nor serving the
@@ -150,7 +159,7 @@ int run_elastic(const ElasticArgs& a) {
     if (code != kExitOk)
       std::printf("elastic: agent %d keeps serving the rendezvous store until the job ends\n", ::getpid());
     std::fflush(stdout);
-    while (server->idle_seconds() < a.rdzv_timeout_s + 30) {
+    while (server->idle_seconds() < a.rdzv_timeout_s + 30 && !g_stop) {
       std::string last, closed, finished;
       if (server->get(a.job + "/last", &last) && server->get(fmt::format("{}/r{}/closed", a.job, last), &closed)) {
         if (closed.rfind("fail:", 0) == 0) break;  // the job failed below min: nobody goes on

@@ -178,14 +178,25 @@ Status ElasticTrainer::sync_state() {
   }
   if (same) return Status::OK();
   const auto t0 = Clock::now();
+  // A worker behind `best` overwrites its state with the root's; if the
+  // transfer breaks half way its state is torn (new parameters, old
+  // moments), so it no longer counts as holding any: the next round's
+  // transfer gives it the whole state again. (Workers at `best` receive
+  // their own bytes.)
+  const bool receiver = step_ != best;
   Arena& params = model_->params();
-  RETURN_IF_ERROR(comm_->broadcast(params.base(), static_cast<int64_t>(params.bytes() / sizeof(float)),
-                                   comm::ElemType::kF32, root));
+  Status s = comm_->broadcast(params.base(), static_cast<int64_t>(params.bytes() / sizeof(float)),
+                              comm::ElemType::kF32, root);
+  if (s.ok() && receiver) fault_point("transfer", epoch_);
   ShardedAdamW::State st = opt_->state();
-  RETURN_IF_ERROR(comm_->broadcast(st.m, st.hi - st.lo, comm::ElemType::kF32, root));
-  RETURN_IF_ERROR(comm_->broadcast(st.v, st.hi - st.lo, comm::ElemType::kF32, root));
+  if (s.ok()) s = comm_->broadcast(st.m, st.hi - st.lo, comm::ElemType::kF32, root);
+  if (s.ok()) s = comm_->broadcast(st.v, st.hi - st.lo, comm::ElemType::kF32, root);
   int64_t meta[2] = {opt_->steps(), best};
-  RETURN_IF_ERROR(comm_->broadcast(meta, 2, comm::ElemType::kI64, root));
+  if (s.ok()) s = comm_->broadcast(meta, 2, comm::ElemType::kI64, root);
+  if (!s.ok()) {
+    if (receiver) step_ = -1;
+    return s;
+  }
   opt_->set_steps(static_cast<int>(meta[0]));
   const int behind = static_cast<int>(std::count_if(steps.begin(), steps.end(), [&](int64_t s) { return s != best; }));
   const double mb = (params.bytes() + 2.0 * (st.hi - st.lo) * 4) / 1e6;
@@ -211,13 +222,24 @@ Status ElasticTrainer::rebuild(const std::string& why) {
     if (since(t0) > o_.rdzv_timeout_s + o_.last_call_s + 60)
       return Status::Unavailable(
           fmt::format("elastic: no round could be formed within {:.0f} s; last: {}", since(t0), last_error));
-    Result<Round> r = rdzv_->join(epoch_ + 1, step_ >= 0 ? rank_ : -1, connect);
+    // The next round after this worker's last and after the job's last
+    // closed one: a worker that was cut off (or slow) goes straight to the
+    // round the running job will see. The store unreachable (this host cut
+    // off, or the store's host gone) is retried on the same round until the
+    // deadline above, so a healed host rejoins the job's next round.
+    Result<int64_t> next = rdzv_->first_epoch();
+    if (!next.ok()) {
+      last_error = next.status().message();
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    Result<Round> r = rdzv_->join(std::max(epoch_ + 1, *next), step_ >= 0 ? rank_ : -1, connect);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kUnavailable) return r.status();
       last_error = r.status().message();
       std::fprintf(stderr, "tessera: elastic: round %lld failed, joining the next: %s\n",
-                   static_cast<long long>(epoch_ + 1), r.status().message().c_str());
-      epoch_++;
+                   static_cast<long long>(rdzv_->last_epoch_tried()), r.status().message().c_str());
+      epoch_ = std::max(epoch_, rdzv_->last_epoch_tried());
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       continue;
     }
@@ -262,6 +284,7 @@ Status ElasticTrainer::rebuild(const std::string& why) {
 }
 
 Status ElasticTrainer::train_step() {
+  const auto t_step = Clock::now();
   const int B = c_.micro_batch, T = c_.seq;
   // This worker's contiguous share of the global micro-batches (the first
   // G % n workers take one more).
@@ -283,9 +306,11 @@ Status ElasticTrainer::train_step() {
   // One store request a step, from rank 0: the all-reduce below tells every
   // worker.
   bool waiting = false;
+  const auto t_store = Clock::now();
   if (rank_ == 0) {
     ASSIGN_OR_RETURN(waiting, rdzv_->joiner_waiting(epoch_));
   }
+  const double store_ms = since(t_store) * 1e3;
   double sums[2] = {loss_sum, waiting ? 1.0 : 0.0};
   RETURN_IF_ERROR(comm_->all_reduce(sums, sums, 2, comm::ElemType::kF64));
   // Every collective of the step succeeded: the update is the same on every
@@ -299,7 +324,9 @@ Status ElasticTrainer::train_step() {
                                         step_));
   say("step {:5d}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {} worker(s)\n", step_, c_.steps, last_loss_, lr, norm,
       size_);
-  event({{"step", step_}, {"loss", last_loss_}, {"lr", lr}, {"grad_norm", norm}, {"workers", size_}}, "");
+  event({{"step", step_}, {"loss", last_loss_}, {"lr", lr}, {"grad_norm", norm}, {"workers", size_},
+         {"step_ms", since(t_step) * 1e3}, {"store_ms", store_ms}, {"time", unix_now()}},
+        "");
   ckpts_->after_step(rank_, step_, *model_, *opt_);
   if (failed_at_) {
     const double resume_s = since(*failed_at_);

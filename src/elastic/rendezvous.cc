@@ -1,7 +1,11 @@
 #include "elastic/rendezvous.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -16,8 +20,27 @@ using Clock = std::chrono::steady_clock;
 // Added to a round's counter to close it: a later joiner's add returns more
 // than this and knows the round closed without it.
 constexpr int64_t kClosedBias = int64_t{1} << 40;
+// The leader bumps rE/beat this often while it waits to close the round; a
+// member that sees no beat for kLeaderSilence abandons the round (the leader
+// was killed during it). Generous: a loaded machine may not schedule the
+// leader for a while, and abandoning a live round only costs a retry.
+constexpr auto kBeatEvery = std::chrono::milliseconds(200);
+constexpr double kLeaderSilence = 5.0;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
+
+void fault_point(const char* point, int64_t epoch) {
+  static const char* spec = std::getenv("TESSERA_ELASTIC_FAULT");
+  static const char* restart = std::getenv("TESSERA_ELASTIC_RESTART");
+  if (!spec || !*spec || (restart && std::atoi(restart) != 0)) return;  // the agent's first worker only
+  const char* at = std::strchr(spec, '@');
+  if (!at || static_cast<size_t>(at - spec) != std::strlen(point) || std::strncmp(spec, point, at - spec) != 0) return;
+  if (std::strtoll(at + 1, nullptr, 10) != epoch) return;
+  std::fprintf(stderr, "tessera: elastic: test fault: killing this worker at %s in round %lld\n", point,
+               static_cast<long long>(epoch));
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+}
 
 Rendezvous::Rendezvous(comm::Store& store, RendezvousOptions o, std::string id)
     : store_(store), o_(std::move(o)), id_(std::move(id)) {}
@@ -43,9 +66,18 @@ Result<bool> Rendezvous::joiner_waiting(int64_t epoch) {
 Result<int> Rendezvous::lead(int64_t epoch) {
   const auto t0 = Clock::now();
   std::optional<Clock::time_point> reached_min;
+  Clock::time_point last_beat = t0 - kBeatEvery;
   while (true) {
+    if (Clock::now() - last_beat >= kBeatEvery) {
+      RETURN_IF_ERROR(store_.add(key(epoch, "beat"), 1).status());
+      last_beat = Clock::now();
+    }
     ASSIGN_OR_RETURN(int64_t n, store_.add(key(epoch, "count"), 0));
-    if (n >= o_.min && !reached_min) reached_min = Clock::now();
+    if (n >= o_.min && !reached_min) {
+      reached_min = Clock::now();
+      fault_point("rdzv", epoch);
+      fault_point("rdzv-leader", epoch);
+    }
     if (n >= o_.max || (reached_min && since(*reached_min) >= o_.last_call_s)) break;
     if (!reached_min && since(t0) >= o_.timeout_s) {
       const std::string why = fmt::format(
@@ -61,15 +93,51 @@ Result<int> Rendezvous::lead(int64_t epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSIGN_OR_RETURN(int64_t closed, store_.add(key(epoch, "count"), kClosedBias));
+  // A member closed it first: it took this leader for dead (wait_closed).
+  if (closed >= 2 * kClosedBias)
+    return Status::Unavailable(fmt::format("elastic: round {} was abandoned by its members (leader silent for {:.0f} s)",
+                                           epoch, kLeaderSilence));
   const int size = static_cast<int>(std::min<int64_t>(closed - kClosedBias, o_.max));
   RETURN_IF_ERROR(store_.set(key(epoch, "closed"), std::to_string(size)));
   RETURN_IF_ERROR(store_.set(o_.job + "/last", std::to_string(epoch)));
   return size;
 }
 
-Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options) {
-  const auto wait_close = std::chrono::milliseconds(static_cast<int64_t>((o_.timeout_s + o_.last_call_s + 30) * 1e3));
+Status Rendezvous::wait_closed(int64_t epoch) {
+  const auto t0 = Clock::now();
+  const double give_up = o_.timeout_s + o_.last_call_s + 30;
+  int64_t beat = -1;
+  auto beat_seen = t0;
   while (true) {
+    Result<std::string> closed = store_.get(key(epoch, "closed"));
+    if (closed.ok()) return Status::OK();
+    if (closed.status().code() != StatusCode::kNotFound) return closed.status();
+    ASSIGN_OR_RETURN(int64_t b, store_.add(key(epoch, "beat"), 0));
+    if (b != beat) {
+      beat = b;
+      beat_seen = Clock::now();
+    }
+    if (since(t0) >= give_up)
+      return Status::Unavailable(fmt::format("not closed within {:.0f} s", give_up));
+    if (since(beat_seen) < kLeaderSilence) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    // The leader is gone: close the round so that no one else joins it, and
+    // tell its members. Whoever adds the bias first decides; if the leader
+    // closed it meanwhile, the round stands.
+    ASSIGN_OR_RETURN(int64_t v, store_.add(key(epoch, "count"), kClosedBias));
+    if (v >= 2 * kClosedBias) return store_.wait({key(epoch, "closed")}, std::chrono::seconds(30));
+    const std::string why = fmt::format("abandoned: its leader was silent for {:.0f} s", since(beat_seen));
+    return store_.set(key(epoch, "closed"), why);
+  }
+}
+
+Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options) {
+  // Every record is written right after its add; 30 s covers a stalled process.
+  const auto wait_records = std::chrono::seconds(30);
+  while (true) {
+    tried_ = epoch;
     ASSIGN_OR_RETURN(int64_t n, store_.add(key(epoch, "count"), 1));
     if (n > kClosedBias) {  // closed without this worker: the next round
       epoch++;
@@ -81,12 +149,15 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
     if (slot == 0) {
       ASSIGN_OR_RETURN(size, lead(epoch));
     } else {
-      Status w = store_.wait({key(epoch, "closed")}, wait_close);
+      fault_point("rdzv", epoch);
+      Status w = wait_closed(epoch);
       if (!w.ok())
         return Status::Unavailable(fmt::format("elastic: round {} was never closed (its leader gone?): {}", epoch,
                                                w.message()));
       ASSIGN_OR_RETURN(std::string closed, store_.get(key(epoch, "closed")));
       if (closed.rfind("fail:", 0) == 0) return Status::ResourceExhausted(closed.substr(5));
+      if (closed.rfind("abandoned:", 0) == 0)
+        return Status::Unavailable(fmt::format("elastic: round {} {}", epoch, closed));
       size = std::atoi(closed.c_str());
     }
     if (slot >= size) {  // joined after the leader counted max: the next round
@@ -97,7 +168,7 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
     // the order they joined.
     std::vector<std::string> keys;
     for (int s = 0; s < size; s++) keys.push_back(key(epoch, fmt::format("m{}", s)));
-    RETURN_IF_ERROR(store_.wait(keys, wait_close));
+    RETURN_IF_ERROR(store_.wait(keys, wait_records));
     struct Entry {
       int64_t order;
       int slot;

@@ -6,7 +6,8 @@
 // joined and the last-call wait has passed. Below `min` for the whole
 // rendezvous timeout, the leader fails the round, and every member gets the
 // same error. A closed round's members connect a Gloo communicator under the
-// round's own key prefix.
+// round's own key prefix. The leader beats (a counter) while the round is
+// open; members that see the beat stop abandon the round (a dead leader).
 //
 // Not thread-safe; one training loop drives it.
 #pragma once
@@ -55,15 +56,31 @@ class Rendezvous {
   Result<Round> join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options);
   // Whether a worker waits in round epoch + 1 (one store request).
   Result<bool> joiner_waiting(int64_t epoch);
+  // The round the last join() ended in (joined, failed or abandoned): a
+  // retry joins a later one.
+  int64_t last_epoch_tried() const { return tried_; }
   const RendezvousOptions& options() const { return o_; }
 
  private:
   std::string key(int64_t epoch, const std::string& what) const;
   Result<int> lead(int64_t epoch);
+  // A member's wait for the round to close; abandons it (kUnavailable) when
+  // the leader's heartbeat stops.
+  Status wait_closed(int64_t epoch);
 
   comm::Store& store_;
   RendezvousOptions o_;
   std::string id_;
+  int64_t tried_ = -1;
 };
+
+// Test hook (tests/cli/elastic_faults.sh): TESSERA_ELASTIC_FAULT=POINT@EPOCH
+// makes this process kill itself with SIGKILL when it reaches POINT in round
+// EPOCH: `rdzv` (a member of the open round, after its record; a leader once
+// min have joined, in the last call), `rdzv-leader` (only the round's leader,
+// in the last call), `transfer` (a receiver of the state broadcast, after the
+// parameters and before the moments). Only an agent's first worker
+// (TESSERA_ELASTIC_RESTART=0) dies: a restarted one rejoins.
+void fault_point(const char* point, int64_t epoch);
 
 }  // namespace tessera::elastic

@@ -84,6 +84,8 @@ class DlrmParallel {
 
   const DlrmPlan& plan() const { return plan_; }
   const DlrmConfig& config() const { return config_; }
+  // Parameters of the whole model (MLPs and every table), on any rank.
+  int64_t num_params() const;
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }
   // First sample of rank r's slice of a batch of B (r = ranks(): B).

@@ -42,7 +42,7 @@ Status check_dlrm_config(const nlohmann::json& saved, const DlrmConfig& want, co
   return Status::OK();
 }
 
-std::vector<ckpt::SavePiece> dlrm_checkpoint_pieces(DlrmEngine& engine, int rank) {
+std::vector<ckpt::SavePiece> dlrm_checkpoint_pieces(DlrmParallel& engine, int rank) {
   std::vector<ckpt::SavePiece> pieces;
   if (rank == 0) {
     const int64_t P = static_cast<int64_t>(engine.dense_params().size());
@@ -52,7 +52,7 @@ std::vector<ckpt::SavePiece> dlrm_checkpoint_pieces(DlrmEngine& engine, int rank
     pieces.push_back({"adam_v", whole, engine.adam_v().data()});
   }
   const DlrmConfig& cfg = engine.config();
-  for (const DlrmEngine::TableShard& s : engine.owned_shards()) {
+  for (const DlrmParallel::TableShard& s : engine.owned_shards()) {
     if (s.row_end <= s.row_begin) continue;
     const int64_t E = cfg.table_rows[s.table];
     pieces.push_back({fmt::format("table/{}", s.table), row_slice(E, cfg.dim, s.row_begin, s.row_end), s.values});
@@ -62,7 +62,7 @@ std::vector<ckpt::SavePiece> dlrm_checkpoint_pieces(DlrmEngine& engine, int rank
   return pieces;
 }
 
-Result<DlrmResumeState> load_dlrm_checkpoint(const ckpt::Checkpoint& ck, DlrmEngine& engine) {
+Result<DlrmResumeState> load_dlrm_checkpoint(const ckpt::Checkpoint& ck, DlrmParallel& engine) {
   if (ck.config().value("kind", "") != "dlrm" || !ck.config().contains("model"))
     return Status::InvalidArgument(fmt::format("{} is not a DLRM checkpoint (its config has no kind \"dlrm\")", ck.dir()));
   RETURN_IF_ERROR(check_dlrm_config(ck.config()["model"], engine.config(), ck.dir()));
@@ -73,7 +73,7 @@ Result<DlrmResumeState> load_dlrm_checkpoint(const ckpt::Checkpoint& ck, DlrmEng
   RETURN_IF_ERROR(read_all("adam_m", engine.adam_m()));
   RETURN_IF_ERROR(read_all("adam_v", engine.adam_v()));
   const DlrmConfig& cfg = engine.config();
-  for (const DlrmEngine::TableShard& s : engine.owned_shards()) {
+  for (const DlrmParallel::TableShard& s : engine.owned_shards()) {
     const int64_t n = s.row_end - s.row_begin;
     if (n <= 0) continue;
     const int64_t E = cfg.table_rows[s.table];

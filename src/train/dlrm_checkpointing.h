@@ -21,7 +21,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
-#include "train/dlrm_local.h"
+#include "parallel/dlrm_parallel.h"
 
 namespace tessera {
 
@@ -33,7 +33,7 @@ Status check_dlrm_config(const nlohmann::json& saved, const DlrmConfig& want, co
 
 // This rank's pieces (pointing into the engine's buffers: valid until the
 // next train_step). rank: the world rank (0 saves the replicated tensors).
-std::vector<ckpt::SavePiece> dlrm_checkpoint_pieces(DlrmEngine& engine, int rank);
+std::vector<ckpt::SavePiece> dlrm_checkpoint_pieces(DlrmParallel& engine, int rank);
 
 struct DlrmResumeState {
   int64_t step = 0;      // steps completed
@@ -46,6 +46,6 @@ struct DlrmResumeState {
 // their Adagrad state) out of ck and sets its AdamW step; returns rank 0's
 // state. Errors: another model (InvalidArgument), a table optimizer that
 // the checkpoint has no state for, unreadable or corrupt pieces.
-Result<DlrmResumeState> load_dlrm_checkpoint(const ckpt::Checkpoint& ck, DlrmEngine& engine);
+Result<DlrmResumeState> load_dlrm_checkpoint(const ckpt::Checkpoint& ck, DlrmParallel& engine);
 
 }  // namespace tessera

@@ -8,7 +8,7 @@
 
 #include "data/criteo.h"
 #include "nn/dlrm.h"
-#include "train/dlrm_local.h"
+#include "parallel/dlrm_parallel.h"
 
 namespace tessera {
 
@@ -60,11 +60,11 @@ Result<DlrmTrainResult> train_dlrm(const DlrmBenchOptions& o) {
   cfg.top = o.top;
   for (int64_t e : train->hash_sizes) cfg.table_rows.push_back(static_cast<int>(e));
   if (Status st = cfg.validate(); !st.ok()) return st;
-  DlrmTrainOptions opts;
+  DlrmParallelOptions opts;
   opts.lr_dense = o.lr;
   opts.lr_table = o.table_lr;
   opts.table_optimizer = o.table_optimizer;
-  ASSIGN_OR_RETURN(std::unique_ptr<DlrmLocal> engine, DlrmLocal::create(cfg, opts, nullptr, o.seed));
+  ASSIGN_OR_RETURN(std::unique_ptr<DlrmParallel> engine, DlrmParallel::create(cfg, opts, nullptr, o.seed));
 
   DlrmTrainResult res;
   res.params = engine->num_params();

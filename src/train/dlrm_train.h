@@ -1,6 +1,6 @@
 // A minimal single-process DLRM training loop over click shards
 // (docs/formats/click-shard.md), by epochs: the engine of `tessera train`
-// (DlrmLocal: AdamW on the MLPs, row-wise Adagrad or SGD on the touched table
+// (DlrmParallel: AdamW on the MLPs, row-wise Adagrad or SGD on the touched table
 // rows), held-out log loss and exact AUC after each epoch. One id per table
 // per sample (the Criteo layout). Used by `tessera bench dlrm`; docs/dlrm.md.
 // `tessera train` with model.kind = "dlrm" is the full loop (checkpoints,

@@ -18,7 +18,7 @@
 #include "io/file.h"
 #include "obs/http/metrics_exporter.h"
 #include "train/dlrm_checkpointing.h"
-#include "train/dlrm_local.h"
+#include "parallel/dlrm_parallel.h"
 #include "train/faults.h"
 #include "train/monitoring.h"
 
@@ -124,13 +124,13 @@ class DlrmTrainer {
   ckpt::DirLock dir_lock_;
   MetricsLog metrics_;
   std::optional<data::ClickShard> train_, val_;
-  std::unique_ptr<DlrmEngine> engine_;
+  std::unique_ptr<DlrmParallel> engine_;
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   ClickBatch batch_;
   int64_t start_step_ = 0;
   bool finished_ = false;  // resumed at or past train.steps
   int64_t last_saved_ = -1;
-  DlrmEngine::Stats stats_prev_;  // at the last log()
+  DlrmParallel::Stats stats_prev_;  // at the last log()
   double train_s_ = 0.0;
   DlrmTrainSummary summary_;
 };
@@ -209,7 +209,7 @@ Status DlrmTrainer::setup() {
     if (val.rows() > 0) val_.emplace(std::move(val));
   }
   ASSIGN_OR_RETURN(DlrmConfig mc, model_config());
-  DlrmTrainOptions o;
+  DlrmParallelOptions o;
   o.lr_dense = c_.opt.lr;
   o.beta1 = c_.opt.beta1;
   o.beta2 = c_.opt.beta2;
@@ -220,7 +220,7 @@ Status DlrmTrainer::setup() {
   o.adagrad_eps = c_.dlrm.adagrad_eps;
   o.placement = c_.dlrm.placement;
   const auto t_init = Clock::now();
-  ASSIGN_OR_RETURN(engine_, DlrmEngine::create(mc, o, &world_, static_cast<uint64_t>(c_.seed)));
+  ASSIGN_OR_RETURN(engine_, DlrmParallel::create(mc, o, &world_, static_cast<uint64_t>(c_.seed)));
   int64_t table_params = 0;
   for (int e : mc.table_rows) table_params += int64_t{e} * mc.dim;
   say("model: dlrm, %d dense features, %zu tables (%lld rows of dim %d), bottom %s, top %s; %.2fM parameters "
@@ -304,7 +304,7 @@ Status DlrmTrainer::evaluate(int step) {
 }
 
 void DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
-  const DlrmEngine::Stats& s = engine_->stats();
+  const DlrmParallel::Stats& s = engine_->stats();
   const double samples = static_cast<double>(steps) * c_.dlrm.batch;
   const double lookups = static_cast<double>(s.lookups - stats_prev_.lookups);
   const double a2a = s.alltoall_s - stats_prev_.alltoall_s, lookup = s.lookup_s - stats_prev_.lookup_s,

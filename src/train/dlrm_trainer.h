@@ -1,5 +1,5 @@
 // The DLRM training loop behind `tessera train` with model.kind = "dlrm"
-// (docs/dlrm.md, "Training"): click shards in, the engine (DlrmEngine) steps,
+// (docs/dlrm.md, "Training"): click shards in, the engine (DlrmParallel) steps,
 // held-out exact AUC and log loss every train.eval_every steps and at the
 // end, progress lines, JSON-lines and Prometheus metrics (samples/s,
 // lookups/s, all-to-all time), and sharded checkpoints with the sparse

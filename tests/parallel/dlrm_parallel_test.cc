@@ -108,7 +108,12 @@ void on_ranks(int n, F f) {
       co.timeout = std::chrono::milliseconds(30000);
       auto c = comm::make_gloo_communicator(**client, "dlrm/", r, n, "127.0.0.1", co);
       ASSERT_TRUE(c.ok()) << c.status().message();
+      // Gloo's connect returns when this rank's pairs are up, a peer's may
+      // still be finishing: a rank that ends at once (a refused batch) must
+      // not close its sockets under it. Likewise before the teardown.
+      ASSERT_TRUE((*c)->barrier().ok());
       f(c->get());
+      ASSERT_TRUE((*c)->barrier().ok());
     });
   for (auto& t : ts) t.join();
 }

@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "ckpt/thread_comm.h"
-#include "train/dlrm_local.h"
+#include "parallel/dlrm_parallel.h"
 
 namespace tessera {
 namespace {
@@ -54,10 +54,10 @@ struct Batch {
   }
 };
 
-std::unique_ptr<DlrmLocal> engine(uint64_t seed, const std::string& opt = "adagrad") {
-  DlrmTrainOptions o;
+std::unique_ptr<DlrmParallel> engine(uint64_t seed, const std::string& opt = "adagrad") {
+  DlrmParallelOptions o;
   o.table_optimizer = opt;
-  auto e = DlrmLocal::create(small_config(), o, nullptr, seed);
+  auto e = DlrmParallel::create(small_config(), o, nullptr, seed);
   EXPECT_TRUE(e.ok()) << e.status().message();
   return std::move(e).value();
 }
@@ -80,7 +80,7 @@ void save(const std::string& dir, int ranks, int64_t step,
   });
 }
 
-void expect_same(DlrmLocal& a, DlrmLocal& b) {
+void expect_same(DlrmParallel& a, DlrmParallel& b) {
   EXPECT_EQ(a.dense_params(), b.dense_params());
   EXPECT_EQ(a.adam_m(), b.adam_m());
   EXPECT_EQ(a.adam_v(), b.adam_v());
@@ -111,7 +111,7 @@ class DlrmCheckpoint : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_;
-  std::unique_ptr<DlrmLocal> trained_;
+  std::unique_ptr<DlrmParallel> trained_;
 };
 
 TEST_F(DlrmCheckpoint, LoadsBitForBitAndTrainsOnAlike) {
@@ -179,22 +179,22 @@ TEST_F(DlrmCheckpoint, RefusesAnotherModelAndMissingAdagradState) {
 
   DlrmConfig other = small_config();
   other.table_rows[1] = 8;
-  auto e = DlrmLocal::create(other, DlrmTrainOptions{}, nullptr, 1);
+  auto e = DlrmParallel::create(other, DlrmParallelOptions{}, nullptr, 1);
   ASSERT_TRUE(e.ok());
   st = load_dlrm_checkpoint(*ck, **e);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("table_rows"), std::string::npos) << st.status().message();
 }
 
-TEST(DlrmLocal, RefusesBadOptions) {
-  DlrmTrainOptions o;
+TEST(DlrmParallel, RefusesBadOptions) {
+  DlrmParallelOptions o;
   o.table_optimizer = "adam";
-  auto e = DlrmLocal::create(small_config(), o, nullptr, 1);
+  auto e = DlrmParallel::create(small_config(), o, nullptr, 1);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("adagrad"), std::string::npos);
-  o = DlrmTrainOptions{};
+  o = DlrmParallelOptions{};
   o.placement = "column";
-  EXPECT_FALSE(DlrmLocal::create(small_config(), o, nullptr, 1).ok());
+  EXPECT_FALSE(DlrmParallel::create(small_config(), o, nullptr, 1).ok());
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ int run(DlrmParallelArgs a) {
   if (root) {
     std::printf("# dlrm-parallel: %d rank(s), placement %s, %zu tables, %lld params\n", c.size(),
                 p.plan().placement.c_str(), cfg.table_rows.size(),
-                static_cast<long long>(Dlrm(cfg).num_params()));
+                static_cast<long long>(p.num_params()));
     const std::string d = describe_plan(p.plan());
     for (size_t i = 0, j; i < d.size(); i = j + 1) {
       j = d.find('\n', i);

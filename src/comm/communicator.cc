@@ -54,7 +54,7 @@ std::string format_peer_list(const std::vector<int>& peers) {
   return out + "]";
 }
 
-Status check_all_to_all_v_args(int size, const void* send, const std::vector<int64_t>& send_counts,
+Status check_all_to_all_v_args(int size, int rank, const void* send, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& send_displs, const void* recv,
                                const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs) {
   const std::pair<const char*, const std::vector<int64_t>*> args[] = {{"send_counts", &send_counts},
@@ -75,6 +75,9 @@ Status check_all_to_all_v_args(int size, const void* send, const std::vector<int
     if (recv == nullptr && recv_counts[static_cast<size_t>(p)] > 0)
       return Status::InvalidArgument(fmt::format("recv is null but recv_counts[{}] = {}", p, recv_counts[p]));
   }
+  if (send_counts[rank] != recv_counts[rank])
+    return Status::InvalidArgument(fmt::format("send_counts[{0}] = {1} but recv_counts[{0}] = {2} (this rank's own block)",
+                                               rank, send_counts[rank], recv_counts[rank]));
   return Status::OK();
 }
 
@@ -126,7 +129,7 @@ std::unique_ptr<Work> Communicator::all_to_all_v_async(const void* send, const s
                                                        const std::vector<int64_t>& recv_displs, ElemType type) {
   const int n = size(), me = rank();
   const std::string what = fmt::format("all_to_all_v on communicator '{}' (rank {} of {})", name(), me, n);
-  if (Status st = check_all_to_all_v_args(n, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  if (Status st = check_all_to_all_v_args(n, me, send, send_counts, send_displs, recv, recv_counts, recv_displs);
       !st.ok())
     return std::make_unique<FailedWork>(st.With(what));
   const int64_t esz = static_cast<int64_t>(elem_size(type));
@@ -143,11 +146,7 @@ std::unique_ptr<Work> Communicator::all_to_all_v_async(const void* send, const s
     const int to = (me + s) % n;
     parts.push_back(send_async(src + send_displs[to] * esz, send_counts[to] * esz, to, kAllToAllTag));
   }
-  if (send_counts[me] != recv_counts[me])
-    parts.push_back(std::make_unique<FailedWork>(Status::InvalidArgument(fmt::format(
-        "send_counts[{0}] = {1} but recv_counts[{0}] = {2} (this rank's own block)", me, send_counts[me],
-        recv_counts[me]))));
-  else if (send_counts[me] > 0)
+  if (send_counts[me] > 0)
     std::memmove(dst + recv_displs[me] * esz, src + send_displs[me] * esz, static_cast<size_t>(send_counts[me] * esz));
   return std::make_unique<AllToAllVWork>(what, std::move(parts));
 }

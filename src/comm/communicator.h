@@ -39,9 +39,10 @@ std::string format_rank_runs(const std::vector<int>& ranks);
 std::string format_peer_list(const std::vector<int>& peers);
 
 // The argument checks of Communicator::all_to_all_v_async, shared by the
-// backends: every vector has `size` entries, none negative, and a buffer
-// with a non-zero count is not null. The error names the argument.
-Status check_all_to_all_v_args(int size, const void* send, const std::vector<int64_t>& send_counts,
+// backends: every vector has `size` entries, none negative, a buffer with a
+// non-zero count is not null, and this rank's (`rank`) own block has equal
+// send and receive counts. The error names the argument.
+Status check_all_to_all_v_args(int size, int rank, const void* send, const std::vector<int64_t>& send_counts,
                                const std::vector<int64_t>& send_displs, const void* recv,
                                const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 #include <random>
 
 #include <fmt/format.h>
@@ -40,9 +41,17 @@ Result<std::unique_ptr<DlrmParallel>> DlrmParallel::create(const DlrmConfig& con
   po.state_floats_per_row = opts.table_optimizer == "adagrad" ? 1 : 0;
   auto plan = plan_dlrm_tables(config, po);
   if (!plan.ok()) return plan.status();
-  std::unique_ptr<DlrmParallel> p(new DlrmParallel(config, opts, comm, std::move(*plan)));
-  p->init(seed);
-  return p;
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  const int64_t bytes = plan->rank_bytes[static_cast<size_t>(rank)];
+  try {
+    std::unique_ptr<DlrmParallel> p(new DlrmParallel(config, opts, comm, std::move(*plan)));
+    p->init(seed);
+    return p;
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(fmt::format(
+        "dlrm: rank {} cannot allocate its tables ({:.1f} MB of rows and optimizer state) and the MLPs", rank,
+        static_cast<double>(bytes) / 1e6));
+  }
 }
 
 DlrmParallel::DlrmParallel(const DlrmConfig& config, const DlrmParallelOptions& opts, comm::Communicator* comm,
@@ -197,7 +206,7 @@ Status DlrmParallel::forward(const DlrmBatch& g) {
   t0 = Clock::now();
   dense_.forward_bottom(g.dense + begin[rank_] * config_.num_dense, static_cast<int>(mine));
   std::vector<float>& feat = dense_.feat();
-  for (int64_t b = 0; b < mine; b++) std::fill(&feat[(b * F + 1) * D], &feat[(b + 1) * F * D], 0.0f);
+  for (int64_t b = 0; b < mine; b++) std::fill(feat.data() + (b * F + 1) * D, feat.data() + (b + 1) * F * D, 0.0f);
   int64_t off = 0;
   for (int p = 0; p < ranks_; p++)
     for (int t : tables_of_[p]) {
@@ -259,7 +268,7 @@ Result<float> DlrmParallel::train_step(const DlrmBatch& g) {
     for (int p = 0; p < ranks_; p++)
       for (int t : tables_of_[p]) {
         for (int64_t b = 0; b < mine; b++)
-          std::copy(&dfeat[(b * F + 1 + t) * D], &dfeat[(b * F + 2 + t) * D], send_.data() + off + b * D);
+          std::copy(dfeat.data() + (b * F + 1 + t) * D, dfeat.data() + (b * F + 2 + t) * D, send_.data() + off + b * D);
         off += mine * D;
       }
   }
@@ -348,8 +357,8 @@ Status DlrmParallel::predict(const DlrmBatch& g, std::vector<float>* logits) {
   if (!st.ok()) return st;
   for (int r = 0; r < ranks_; r++) {
     const int64_t b0 = slice_begin(B, r), n = slice_begin(B, r + 1) - b0;
-    std::copy(&logits_all_[r * std::max<int64_t>(most, 1)], &logits_all_[r * std::max<int64_t>(most, 1) + n],
-              logits->begin() + b0);
+    const float* from = logits_all_.data() + r * std::max<int64_t>(most, 1);
+    std::copy(from, from + n, logits->begin() + b0);
   }
   return Status::OK();
 }

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
+#include <optional>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "kernels/cpu/ops.h"
 #include "nn/dlrm.h"
@@ -41,7 +45,15 @@ Result<DlrmOpsResult> bench_dlrm_ops(const DlrmOpsOptions& o) {
   config.top = o.top;
   config.table_rows.assign(static_cast<size_t>(o.tables), static_cast<int>(o.rows));
   RETURN_IF_ERROR(config.validate());
-  Dlrm model(config);
+  std::optional<Dlrm> made;
+  try {
+    made.emplace(config);
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(fmt::format("cannot allocate {} tables of {} rows of dimension {} ({:.1f} GB)",
+                                                 o.tables, o.rows, o.dim,
+                                                 static_cast<double>(o.tables) * o.rows * o.dim * 4 / 1e9));
+  }
+  Dlrm& model = *made;
   model.init(o.seed);
 
   const int B = o.batch, L = o.ids_per_bag, T = o.tables, D = o.dim;

@@ -99,13 +99,18 @@ class DlrmTrainer {
   Result<DlrmTrainSummary> run();
 
  private:
+  // Every rank learns whether all succeeded: a failure on some ranks only
+  // (one rank's memory, one rank's piece of a checkpoint) would leave the
+  // others in the next collective until its deadline. A failing rank other
+  // than 0 prints its own line (only rank 0 reports the returned error).
+  Status agree(Status mine, const char* what);
   Status setup();
   Status setup_outputs();
   Result<DlrmConfig> model_config() const;
   Status evaluate(int step);
   Status save(int step, bool force, bool last);
   void report_save(const ckpt::PollResult& r);
-  void log(int step, double loss_sum, int steps, double secs);
+  Status log(int step, double loss_sum, int steps, double secs);
   template <typename... Args>
   void say(const char* fmt, Args... args) {
     if (out_) {
@@ -134,6 +139,17 @@ class DlrmTrainer {
   double train_s_ = 0.0;
   DlrmTrainSummary summary_;
 };
+
+Status DlrmTrainer::agree(Status mine, const char* what) {
+  int32_t ok = mine.ok() ? 1 : 0;
+  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
+  if (!mine.ok()) {
+    if (rank_ != 0) std::fprintf(stderr, "tessera: error: rank %d: %s\n", rank_, mine.message().c_str());
+    return mine;
+  }
+  if (!ok) return Status::InvalidArgument(fmt::format("another rank failed to {} (see its error line)", what));
+  return Status::OK();
+}
 
 Status DlrmTrainer::setup_outputs() {
   Status mine;
@@ -220,7 +236,11 @@ Status DlrmTrainer::setup() {
   o.adagrad_eps = c_.dlrm.adagrad_eps;
   o.placement = c_.dlrm.placement;
   const auto t_init = Clock::now();
-  ASSIGN_OR_RETURN(engine_, DlrmParallel::create(mc, o, &world_, static_cast<uint64_t>(c_.seed)));
+  {
+    Result<std::unique_ptr<DlrmParallel>> made = DlrmParallel::create(mc, o, &world_, static_cast<uint64_t>(c_.seed));
+    RETURN_IF_ERROR(agree(made.ok() ? Status::OK() : made.status(), "build its part of the model"));
+    engine_ = std::move(made).value();
+  }
   int64_t table_params = 0;
   for (int e : mc.table_rows) table_params += int64_t{e} * mc.dim;
   say("model: dlrm, %d dense features, %zu tables (%lld rows of dim %d), bottom %s, top %s; %.2fM parameters "
@@ -236,8 +256,17 @@ Status DlrmTrainer::setup() {
 
   if (!c_.resume.empty()) {
     const std::string path = c_.resume == "latest" ? c_.checkpoint_dir : c_.resume;
-    ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
-    ASSIGN_OR_RETURN(DlrmResumeState rs, load_dlrm_checkpoint(ck, *engine_));
+    Result<ckpt::Checkpoint> opened = ckpt::Checkpoint::open(path);
+    RETURN_IF_ERROR(agree(opened.status(), "open the checkpoint"));
+    const ckpt::Checkpoint& ck = *opened;
+    const std::string saved_opt = ck.config().value("table_optimizer", "");
+    if (saved_opt != c_.dlrm.table_optimizer)  // the same on every rank: no agreement needed
+      return Status::InvalidArgument(fmt::format("{} was trained with train.table_optimizer = \"{}\" but the config "
+                                                 "asks for \"{}\"",
+                                                 ck.dir(), saved_opt, c_.dlrm.table_optimizer));
+    Result<DlrmResumeState> loaded = load_dlrm_checkpoint(ck, *engine_);
+    RETURN_IF_ERROR(agree(loaded.status(), "read its part of the checkpoint"));
+    const DlrmResumeState rs = *loaded;
     const int64_t saved_rows = ck.config().value("train_rows", int64_t{-1});
     const int saved_batch = ck.config().value("batch", -1);
     if (saved_rows != train_->rows() || saved_batch != c_.dlrm.batch)
@@ -276,6 +305,7 @@ Status DlrmTrainer::setup() {
 Status DlrmTrainer::evaluate(int step) {
   if (!val_) return Status::OK();
   const auto t0 = Clock::now();
+  const DlrmParallel::Stats before = engine_->stats();
   const int EB = std::max(c_.dlrm.batch, 4096);
   std::vector<float> scores, logits;
   scores.reserve(static_cast<size_t>(val_->rows()));
@@ -290,6 +320,12 @@ Status DlrmTrainer::evaluate(int step) {
     ll += std::max(x, 0.0) - x * y + std::log1p(std::exp(-std::abs(x)));
   }
   ll /= static_cast<double>(scores.size());
+  // The training figures (log()) leave evaluation's lookups and gathers out.
+  const DlrmParallel::Stats& after = engine_->stats();
+  stats_prev_.lookups += after.lookups - before.lookups;
+  stats_prev_.alltoall_s += after.alltoall_s - before.alltoall_s;
+  stats_prev_.lookup_s += after.lookup_s - before.lookup_s;
+  stats_prev_.mlp_s += after.mlp_s - before.mlp_s;
   const double auc = data::exact_auc(scores, val_->labels);
   if (!summary_.has_val) summary_.first_auc = auc;
   summary_.has_val = true;
@@ -303,10 +339,13 @@ Status DlrmTrainer::evaluate(int step) {
   return Status::OK();
 }
 
-void DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
+Status DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
   const DlrmParallel::Stats& s = engine_->stats();
   const double samples = static_cast<double>(steps) * c_.dlrm.batch;
-  const double lookups = static_cast<double>(s.lookups - stats_prev_.lookups);
+  // Every rank looks up its own shards' rows: the job's lookups are the sum.
+  int64_t lookups_all = s.lookups - stats_prev_.lookups;
+  if (world_.size() > 1) RETURN_IF_ERROR(world_.all_reduce(&lookups_all, &lookups_all, 1, comm::ElemType::kI64));
+  const double lookups = static_cast<double>(lookups_all);
   const double a2a = s.alltoall_s - stats_prev_.alltoall_s, lookup = s.lookup_s - stats_prev_.lookup_s,
                mlp = s.mlp_s - stats_prev_.mlp_s;
   stats_prev_ = s;
@@ -334,6 +373,7 @@ void DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
                   {"lookup_ms", lookup / steps * 1e3},
                   {"mlp_ms", mlp / steps * 1e3}});
   summary_.last_train_loss = loss;
+  return Status::OK();
 }
 
 void DlrmTrainer::report_save(const ckpt::PollResult& r) {
@@ -402,7 +442,7 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
     const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
     const bool last = step + 1 == c_.steps || stop;
     if ((step + 1) % every == 0 || last) {
-      log(step + 1, loss_sum, logged, secs);
+      RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));
       loss_sum = 0.0, secs = 0.0, logged = 0;
     }
     if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));

@@ -221,12 +221,14 @@ class MpiWork final : public Work {
   ~MpiWork() override {
     untrack();
     if (done_ || !mpi_active()) return;
+    bool pending = false;
     for (MPI_Request& r : reqs_) {
       int flag = 0;
       if (r != MPI_REQUEST_NULL) MPI_Test(&r, &flag, MPI_STATUS_IGNORE);
-      if (r != MPI_REQUEST_NULL) mpi_process().orphans.push_back(r);
+      if (r != MPI_REQUEST_NULL) mpi_process().orphans.push_back(r), pending = true;
     }
-    if (keep_) mpi_process().orphan_keep.push_back(std::move(keep_));
+    // What MPI may still read lives as long as a request it serves.
+    if (keep_ && pending) mpi_process().orphan_keep.push_back(std::move(keep_));
   }
 
   void add(MPI_Request r) { reqs_.push_back(r); }
@@ -460,7 +462,7 @@ class MpiCommunicator final : public Communicator {
     for (size_t p = 0; p < send_counts.size() && p < recv_counts.size(); p++)
       moved += std::max<int64_t>(send_counts[p], 0) + std::max<int64_t>(recv_counts[p], 0);
     auto w = begin({"all_to_all_v", 0, moved, type}, moved * static_cast<int64_t>(esz));
-    if (Status st = check_all_to_all_v_args(n, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+    if (Status st = check_all_to_all_v_args(n, info_->rank, send, send_counts, send_displs, recv, recv_counts, recv_displs);
         !st.ok())
       return invalid(std::move(w), st.message());
     traffic().account_all_to_all(info_->rank, info_->world_ranks, send_counts, recv_counts,
@@ -489,9 +491,6 @@ class MpiCommunicator final : public Communicator {
     // This rank's own block is a plain copy here, so MPI never copies
     // locally through one of the derived types above.
     const int me = info_->rank;
-    if (ok.ok() && send_counts[me] != recv_counts[me])
-      ok = Status::InvalidArgument(fmt::format("send_counts[{0}] = {1} but recv_counts[{0}] = {2} (this rank's own "
-                                               "block)", me, send_counts[me], recv_counts[me]));
     if (ok.ok() && send_counts[me] > 0)
       std::memmove(static_cast<char*>(recv) + recv_displs[me] * esz,
                    static_cast<const char*>(send) + send_displs[me] * esz, send_counts[me] * esz);
@@ -586,7 +585,11 @@ class MpiCommunicator final : public Communicator {
     const int64_t chunks = count / limit, rest = count % limit;
     MPI_Datatype chunk = MPI_DATATYPE_NULL, tail = MPI_DATATYPE_NULL, block = MPI_DATATYPE_NULL;
     if (chunks > 0) TRY_MPI(MPI_Type_contiguous, static_cast<int>(limit), base, &chunk);
-    if (rest > 0) TRY_MPI(MPI_Type_contiguous, static_cast<int>(rest), base, &tail);
+    if (rest > 0)
+      if (Status st = TESSERA_MPI(MPI_Type_contiguous, static_cast<int>(rest), base, &tail); !st.ok()) {
+        if (chunk != MPI_DATATYPE_NULL) MPI_Type_free(&chunk);
+        return st;
+      }
     int lens[2];
     MPI_Aint offs[2];
     MPI_Datatype types[2];

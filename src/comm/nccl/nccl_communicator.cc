@@ -593,7 +593,7 @@ std::unique_ptr<Work> NcclCommunicator::all_to_all_v_async(const void* send, con
   NcclState& s = *state_;
   const int n = size();
   const size_t esz = elem_size(type);
-  Status args = check_all_to_all_v_args(n, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  Status args = check_all_to_all_v_args(n, rank(), send, send_counts, send_displs, recv, recv_counts, recv_displs);
   int64_t moved = 0;
   if (args.ok())
     for (int p = 0; p < n; p++) moved += send_counts[p] + recv_counts[p];

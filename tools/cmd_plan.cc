@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/cluster.h"
+#include "plan/dlrm.h"
 #include "plan/estimate.h"
 #include "plan/model.h"
+#include "tools/cmd_plan_dlrm.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -27,6 +29,7 @@ struct PlanArgs {
   double bucket_mb = 25;
   std::vector<std::string> clusters;
   bool json = false, explain = false, recompute = false;
+  PlanDlrmArgs dlrm;  // DLRM jobs (cmd_plan_dlrm.cc)
 };
 
 // "10B", "2.5e9", "300M": tokens.
@@ -286,7 +289,7 @@ int run_plan(const PlanArgs& a) {
 void add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand("plan", "Time, memory and cost of a training job on CPU/GPU clusters (docs/planner.md)");
-  cmd->add_option("--model", a->model, "a preset: " + plan::model_preset_names());
+  cmd->add_option("--model", a->model, "a preset: " + plan::model_preset_names() + "; DLRM: " + plan::dlrm_preset_names());
   cmd->add_option("--layers", a->layers, "L (overrides the preset)")->check(CLI::PositiveNumber);
   cmd->add_option("--heads", a->heads, "NH")->check(CLI::PositiveNumber);
   cmd->add_option("--dim", a->dim, "C")->check(CLI::PositiveNumber);
@@ -312,7 +315,45 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--recompute", a->recompute, "full activation recomputation (not in Tessera; for comparing published runs)");
   cmd->add_flag("--json", a->json, "one JSON document (schema tessera.plan, version 1)");
   cmd->add_flag("--explain", a->explain, "print every term of the model for the best layout");
-  cmd->callback([a] { exit_code() = run_plan(*a); });
+  // DLRM jobs (docs/planner.md, "DLRM"): a train config or these flags.
+  PlanDlrmArgs& d = a->dlrm;
+  cmd->add_option("--config", d.config, "DLRM: a tessera train config with model.kind = \"dlrm\" (configs/dlrm_500m.toml)");
+  cmd->add_option("--set", d.overrides, "DLRM: override a config key, section.key=value (repeatable)");
+  cmd->add_option("--tables", d.tables, "DLRM: embedding tables")->check(CLI::Range(1, 100000));
+  cmd->add_option("--table-rows", d.table_rows, "DLRM: rows of every table (300000), or one per table (1000,2000,...)");
+  cmd->add_option("--embedding-dim", d.dim, "DLRM: D")->check(CLI::PositiveNumber);
+  cmd->add_option("--dense", d.dense, "DLRM: dense features (default 13)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--bottom-mlp", d.bottom, "DLRM: bottom MLP sizes, the last = D (512,256,64)");
+  cmd->add_option("--top-mlp", d.top, "DLRM: top MLP hidden sizes (512,256; a final layer to one logit is added)");
+  cmd->add_option("--bag", d.bag, "DLRM: ids per sample and table (default 1)")->check(CLI::PositiveNumber);
+  cmd->add_option("--samples", d.samples, "DLRM: samples to train on: 4.4B, 300M (default: train.steps x train.batch of --config)");
+  cmd->add_option("--table-optimizer", d.table_optimizer, "DLRM: adagrad (row-wise) or sgd")->check(CLI::IsMember({"adagrad", "sgd"}));
+  cmd->add_option("--placement", d.placement, "DLRM: table, row or auto (default: the config's, else auto: both searched)")
+      ->check(CLI::IsMember({"table", "row", "auto"}));
+  cmd->callback([a, cmd] {
+    a->dlrm.model = a->model;
+    if (!plan_is_dlrm(a->dlrm)) {
+      exit_code() = run_plan(*a);
+      return;
+    }
+    for (const char* gpt : {"--layers", "--heads", "--dim", "--vocab", "--seq", "--context", "--tokens", "--layout",
+                            "--recompute", "--attention", "--checkpoint-every", "--bucket-mb"})
+      if (cmd->count(gpt) > 0) {
+        exit_code() = fail(Status::InvalidArgument(fmt::format("{} is a GPT flag; this is a DLRM plan (docs/planner.md, \"DLRM\")", gpt)));
+        return;
+      }
+    PlanDlrmArgs d = a->dlrm;
+    d.global_batch = a->global_batch;
+    if (cmd->count("--dtype") > 0) d.dtype = a->dtype;
+    d.objective = a->objective;
+    d.clusters = a->clusters;
+    d.top_k = a->top;
+    d.ranks_per_node = a->ranks_per_node;
+    d.threads_per_rank = a->threads_per_rank;
+    d.json = a->json;
+    d.explain = a->explain;
+    exit_code() = run_plan_dlrm(d);
+  });
 }
 
 }  // namespace tessera::tools

@@ -43,12 +43,23 @@ NodeType entry_from_toml(const std::string& name, const toml::table& e) {
   n.backward_factor["fp32"] = 0.9;
   n.backward_factor["bf16"] = n.kind == DeviceKind::kGpu ? 0.9 : 0.72;
   n.backward_factor["tf32"] = 0.9;
+  n.lookup_efficiency = e["lookup_efficiency"].value_or(n.kind == DeviceKind::kGpu ? 0.6 : 0.55);
+  n.interaction_efficiency = e["interaction_efficiency"].value_or(n.kind == DeviceKind::kGpu ? 0.0 : 0.08);
   auto link = intra_link(e["intra"].value_or(std::string("shm")), n);
   if (link.ok()) n.intra = *link;
   return n;
 }
 
 }  // namespace
+
+double NodeType::a2a_busbw_at(double bytes) const {
+  double best = a2a.busbw, dist = 1e300;
+  for (const auto& [b, bw] : a2a_points) {
+    const double d = std::abs(std::log2(std::max(bytes, 1.0) / b));
+    if (d < dist) dist = d, best = bw;
+  }
+  return best;
+}
 
 double NodeType::mfu_peak_of(const std::string& dtype) const {
   auto it = mfu_peak.find(dtype);
@@ -185,6 +196,7 @@ Result<NodeType> node_from_profile(const std::string& path) {
   n.backward_factor["fp32"] = 0.9;
   n.backward_factor["bf16"] = 0.72;
   n.intra = *intra_link("shm", n);
+  n.interaction_efficiency = 0.08;  // Tessera's CPU kernel (docs/planner.md, "DLRM")
   // A measured all-reduce among the profile's ranks on this host replaces
   // the shared-memory default: the largest size's busbw, and alpha from the
   // smallest size's time over its 2(n-1) ring steps.
@@ -199,7 +211,27 @@ Result<NodeType> node_from_profile(const std::string& path) {
         small_bytes = b, n.intra.alpha = value * 1e-6 / (2.0 * (ranks - 1));
     }
     if (best_bytes > 0) n.intra.note = fmt::format("measured all-reduce busbw over {} ranks (profile)", ranks);
+    // The same for an all-to-all (tessera bench alltoall): every size's busbw
+    // (it varies with the message size far more than an all-reduce's), alpha
+    // from the smallest size's time over its n-1 steps.
+    double a2a_small = 1e300;
+    for (const auto& [name, value] : fig) {
+      double b;
+      if (std::sscanf(name.c_str(), "comm.alltoall.busbw.%lf", &b) == 1 && value > 0) n.a2a_points.push_back({b, value * 1e9});
+      if (std::sscanf(name.c_str(), "comm.alltoall.time_us.%lf", &b) == 1 && b < a2a_small && value > 0)
+        a2a_small = b, n.a2a.alpha = value * 1e-6 / (ranks - 1);
+    }
+    if (!n.a2a_points.empty()) {
+      std::sort(n.a2a_points.begin(), n.a2a_points.end());
+      n.a2a.kind = "shm";
+      n.a2a.busbw = n.a2a_points.back().second;
+      n.a2a.note = fmt::format("measured all-to-all busbw over {} ranks (profile)", ranks);
+    }
   }
+  // Embedding-bag lookups (tessera bench dlrm-ops: rows read + ids + pooled
+  // output per second, the same threads as the triad figure).
+  if (auto eb = fig.find("cpu.mem.embedding_bag"); eb != fig.end() && triad != fig.end() && triad->second > 0)
+    n.lookup_efficiency = std::min(1.0, eb->second / triad->second);
   return n;
 }
 

@@ -57,6 +57,20 @@ struct NodeType {
   double act_bytes = 4;
   double mem_efficiency = 1.0;  // fraction of mem_bw the elementwise kernels reach
   LinkModel intra;         // the measured or typical link inside the node
+  // DLRM (plan/dlrm.h). Random reads of embedding rows (256 B at D = 64)
+  // reach this fraction of mem_bw x mem_efficiency: a profile's measured
+  // cpu.mem.embedding_bag over its triad, else the catalogue's figure.
+  double lookup_efficiency = 0.55;
+  // DLRM's dot interaction (F x F dots of D floats per sample) as a fraction
+  // of the fp32 peak: Tessera's CPU kernel, measured (0.08); 0: the GEMM
+  // curve at (F, F, D), for GPUs (a batched GEMM).
+  double interaction_efficiency = 0;
+  // A measured all-to-all among ranks on this node (a profile's
+  // comm.alltoall.*): busbw by bytes per rank, alpha; busbw 0 when none.
+  LinkModel a2a;
+  std::vector<std::pair<double, double>> a2a_points;  // (bytes per rank, busbw), ascending bytes
+  // busbw at the measured size nearest (in log) to `bytes`; a2a.busbw when none.
+  double a2a_busbw_at(double bytes) const;
 
   double peak_of(const std::string& dtype) const;  // falls back to fp32
   double mfu_peak_of(const std::string& dtype) const;  // mfu_peak, else peak_of

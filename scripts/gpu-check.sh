@@ -6,8 +6,10 @@
 #   configure  cmake, TESSERA_CUDA=ON, into build/gpu (sm_XX of the GPU found)
 #   build      tessera, tessera_tests, tessera_mpi_tests
 #   info       tessera info (devices, NCCL)
-#   cuda-tests tessera_tests --gtest_filter='*Cuda*:*cuda*' (device API, kernels vs the oracle,
-#              GPT on CUDA vs the CPU and vs the PyTorch reference)
+#   cuda-tests tessera_tests --gtest_filter='*Cuda*:*cuda*:-*CudaDlrm*' (device API, kernels vs
+#              the oracle, GPT on CUDA vs the CPU and vs the PyTorch reference)
+#   cuda-dlrm  tessera_tests --gtest_filter='*CudaDlrm*': the DLRM ops on CUDA (embedding bag,
+#              sparse backward, interaction, BCE, ReLU, row-wise Adagrad, sparse SGD) vs the oracle
 #   nccl-np1   tessera_mpi_tests --gtest_filter='Nccl*' at -np 1
 #   nccl-npN   the same at -np N, N = min(GPUs, 4), when there are 2 or more
 #   cuda-train tests/cli/cuda_train.sh: train.device = "cuda", bitwise checkpoint
@@ -21,6 +23,8 @@
 #              with --backend cuda if `bench train --help` lists it; else
 #              recorded as not available (the CPU run is not a GPU check)
 #   bench-allreduce  tessera bench allreduce --backend nccl at -np 1 (and -np N)
+#   bench-dlrm-ops  tessera bench dlrm-ops --backend cuda --json (lookup GB/s vs a device
+#              copy, sparse backward, Adagrad, interaction), if its --help lists --backend
 # Every step has a timeout and the script goes on past a failing one; the
 # whole run stays under ~8 minutes (later steps get what is left of a 470 s
 # budget). Logs and a summary (summary.txt, summary.json) go to $OUT when
@@ -125,8 +129,11 @@ skipped_note() {
   [ -n "$n" ] && echo "$n test(s) skipped: $(grep -A1 'Skipped$' "$out/$1.log" | grep -v -e 'Skipped$' -e '^--$' |
                                               tail -1 | cut -c1-140)"
 }
-step cuda-tests 120 "$build/tests/tessera_tests" --gtest_filter='*Cuda*:*cuda*' --gtest_color=no
+step cuda-tests 120 "$build/tests/tessera_tests" --gtest_filter='*Cuda*:*cuda*:-*CudaDlrm*' --gtest_color=no
 s=$(skipped_note cuda-tests); [ -n "$s" ] && notes[${#notes[@]}-1]="$s"
+
+step cuda-dlrm 60 "$build/tests/tessera_tests" --gtest_filter='*CudaDlrm*' --gtest_color=no
+s=$(skipped_note cuda-dlrm); [ -n "$s" ] && notes[${#notes[@]}-1]="$s"
 
 step nccl-np1 120 "${mpirun_cmd[@]}" -np 1 "$build/tests/tessera_mpi_tests" --gtest_filter='Nccl*' --gtest_color=no
 s=$(skipped_note nccl-np1); [ -n "$s" ] && notes[${#notes[@]}-1]="$s"
@@ -160,6 +167,16 @@ step bench-allreduce 90 "${mpirun_cmd[@]}" -np 1 "$tessera" bench allreduce --ba
 if [ "$np" -ge 2 ]; then
   step "bench-allreduce-np$np" 90 "${mpirun_cmd[@]}" -np "$np" "$tessera" bench allreduce --backend nccl \
     -b 8 -e 512M -f 4 -n 20 -w 5 -c 1
+fi
+
+# The DLRM sparse ops: 26 tables of 150k x 64 (1 GB), batch 2048 and 65536.
+"$tessera" bench dlrm-ops --help >"$out/bench-dlrm-ops-help.log" 2>&1
+if grep -q -- '--backend' "$out/bench-dlrm-ops-help.log"; then
+  step bench-dlrm-ops 60 bash -c '"$0" bench dlrm-ops --backend cuda --json &&
+    "$0" bench dlrm-ops --backend cuda --json --batch 65536' "$tessera"
+  grep '^{' "$out/bench-dlrm-ops.log" >"$out/bench-dlrm-ops.json"
+else
+  record bench-dlrm-ops SKIP 0 "not available: 'tessera bench dlrm-ops --help' lists no --backend"
 fi
 
 # ---- summary -----------------------------------------------------------------

@@ -21,4 +21,11 @@ struct AdamWParams {
   float grad_scale = 1.0f;
 };
 
+// Hyper-parameters of row-wise Adagrad on embedding rows (optim/sparse.h,
+// and kernels/cuda's rowwise_adagrad_update).
+struct RowwiseAdagradParams {
+  float lr = 0.01f;
+  float eps = 1e-8f;
+};
+
 }  // namespace tessera

@@ -9,16 +9,16 @@
 
 #include <cstdint>
 
+#include "kernels/precision.h"  // RowwiseAdagradParams
+
 namespace tessera {
 
 // Row-wise Adagrad, as FBGEMM's EXACT_ROWWISE_ADAGRAD and TorchRec use it:
 // one accumulator per row (state (E)), not per element. For each touched
 // row r with gradient g (D):
 //   state[r] += mean_d(g[d]^2);   w[r] -= lr * g / (sqrt(state[r]) + eps).
-struct RowwiseAdagradParams {
-  float lr = 0.01f;
-  float eps = 1e-8f;
-};
+// RowwiseAdagradParams (lr, eps) is in kernels/precision.h, shared with the
+// CUDA kernels of these updates (kernels/cuda/ops.h).
 void rowwise_adagrad_update(float* table, float* state, const int* rows, const float* grads, int U, int D,
                             const RowwiseAdagradParams& hp);
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -51,5 +52,30 @@ struct DlrmOpsResult {
 
 // Errors: a configuration nn::DlrmConfig refuses (InvalidArgument naming it).
 Result<DlrmOpsResult> bench_dlrm_ops(const DlrmOpsOptions& o);
+
+// `--device cuda` (perf/cuda_dlrm_bench.cc): the sparse half of the step on
+// device 0 with the CUDA kernels (kernels/cuda/dlrm.cu), the same tables,
+// batch and ids as above. Lookups are measured as bandwidth against a
+// device-to-device copy of the same run (reads + writes); the other parts as
+// times. No MLPs (the DLRM model does not run on CUDA). Timed on the host
+// around a device synchronize, best of `iters` (after one untimed run), so a
+// part is never faster than its kernel launches. Allocates T*E*D floats of
+// tables (and T*E of Adagrad state) on the device.
+struct DlrmCudaOpsResult {
+  std::string device;       // cuda::device_summary(0)
+  double lookup_s = 0;      // embedding-bag forward, every table
+  double lookup_bytes = 0;  // as DlrmOpsResult's
+  double lookup_gbps = 0;
+  double copy_gbps = 0;     // cudaMemcpy device to device, 2 x bytes / time
+  double backward_s = 0;    // embedding-bag backward (sort-based sparse gradient), every table
+  double adagrad_s = 0;     // row-wise Adagrad on every table's touched rows
+  double interaction_s = 0; // interaction forward + backward, F = T + 1
+  int64_t lookups = 0;      // ids per batch (B*L*T)
+  int64_t unique_rows = 0;  // distinct rows touched, summed over tables
+  int64_t table_params = 0; // T*E*D
+};
+// Errors: bad sizes (InvalidArgument); no device or CUDA not compiled in,
+// out of device memory (Unavailable, ResourceExhausted: the CUDA error).
+Result<DlrmCudaOpsResult> bench_dlrm_ops_cuda(const DlrmOpsOptions& o);
 
 }  // namespace tessera::perf

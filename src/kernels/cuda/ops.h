@@ -3,6 +3,8 @@
 // int) storage on the current device (device.h: set_device). Kernels run on
 // the legacy default stream, in call order; a call returns once its work is
 // queued, so read results after synchronize() or a blocking memcpy_d2h.
+// The exception: embedding_bag_backward returns U to the host, so it waits
+// for its own work (and what was queued before it) before returning.
 // MatmulPrecision::kBF16 rounds the matmul inputs to bf16 and accumulates in
 // fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); kF32 is plain fp32 (no TF32).
 // Errors inside a kernel call (launch failure, cuBLASLt error) are bugs or a
@@ -60,4 +62,12 @@ void crossentropy_lse_forward(float* losses, float* lse, const float* logits, co
 // accumulated: the buffer held logits).
 void crossentropy_lse_backward(float* logits, const float* lse, const int* targets, float dloss, int N, int V,
                                int Vp);
+
+// ---- Sparse optimizers of embedding tables (dlrm.cu): optim/sparse.h's
+// updates on device tables, same arguments and preconditions (rows distinct
+// and in [0, E); U and D on the host). SGD equals the CPU's bitwise; row-wise
+// Adagrad sums each row's squares in another order (a warp reduction).
+void rowwise_adagrad_update(float* table, float* state, const int* rows, const float* grads, int U, int D,
+                            const RowwiseAdagradParams& hp);
+void sparse_sgd_update(float* table, const int* rows, const float* grads, int U, int D, float lr);
 }  // namespace tessera::cuda

@@ -135,7 +135,8 @@ class ElasticTrainer {
   std::deque<nlohmann::json> recent_;
   std::set<int64_t> logged_, logged_val_;
   bool loaded_from_disk_ = false;
-  bool progress_written_ = false;  // this round's JOB/progress (rank 0)
+  bool progress_written_ = false;  // this round's JOB/progress (rank 0), last written at progress_at_
+  Clock::time_point progress_at_;
   std::vector<uint16_t> val_tokens_;
   int64_t evaluated_ = -1;  // the step of the last validation pass
 };
@@ -229,7 +230,7 @@ Status ElasticTrainer::sync_state() {
   }
   evaluated_ = evaluated;
   int64_t best = *std::max_element(steps.begin(), steps.end());
-  if (best < progress) {
+  if (progress > 0 && best < progress) {
     RETURN_IF_ERROR(recover_from_disk(best, progress));
     RETURN_IF_ERROR(comm_->all_gather(&step_, steps.data(), 1, comm::ElemType::kI64));
     best = *std::max_element(steps.begin(), steps.end());
@@ -314,15 +315,15 @@ Status ElasticTrainer::recover_from_disk(int64_t best, int64_t progress) {
     if (best >= 0) {  // an older state survives (a worker cut off long ago): go on from it, loudly
       event({{"event", "state_behind"}, {"epoch", epoch_}, {"step", best}, {"progress", progress},
              {"time", unix_now()}},
-            fmt::format("elastic: warning: the job had completed step {} but the newest state any worker holds is "
-                        "step {}, and no checkpoint is newer: going on from step {}",
+            fmt::format("elastic: warning: the job had completed at least step {} but the newest state any worker "
+                        "holds is step {}, and no checkpoint is newer: going on from step {}",
                         progress, best, best));
       return Status::OK();
     }
     return Status::NotFound(fmt::format(
-        "elastic: no worker of round {} holds the state of job '{}' (it had completed step {}: every worker that "
-        "held it is gone) and no member's checkpoint.dir ({}) has a checkpoint to continue from; not starting "
-        "over from step 0 (set checkpoint.every, or start a new --job to train from scratch)",
+        "elastic: no worker of round {} holds the state of job '{}' (it had completed at least step {}: every "
+        "worker that held it is gone) and no member's checkpoint.dir ({}) has a checkpoint to continue from; not "
+        "starting over from step 0 (set checkpoint.every, or start a new --job to train from scratch)",
         epoch_, o_.job, progress, c_.checkpoint_dir));
   }
   const int root = static_cast<int>(std::find(cks.begin(), cks.end(), newest) - cks.begin());
@@ -342,14 +343,14 @@ Status ElasticTrainer::recover_from_disk(int64_t best, int64_t progress) {
   if (loaded < 0) {
     if (best >= 0) return Status::OK();
     return Status::NotFound(fmt::format(
-        "elastic: no worker of round {} holds the state of job '{}' (it had completed step {}) and rank {}'s "
+        "elastic: no worker of round {} holds the state of job '{}' (it had completed at least step {}) and rank {}'s "
         "checkpoint of step {} could not be loaded (its error is on that worker's stderr)",
         epoch_, o_.job, progress, root, newest));
   }
   loaded_from_disk_ = true;
   event({{"event", "state_from_disk"}, {"epoch", epoch_}, {"step", loaded}, {"progress", progress}, {"root", root},
          {"time", unix_now()}},
-        fmt::format("elastic: no worker holds the job's state (it had completed step {}); rank {} loaded the "
+        fmt::format("elastic: no worker holds the job's state (it had completed at least step {}); rank {} loaded the "
                     "checkpoint of step {} from its checkpoint.dir; continuing from step {}",
                     progress, root, loaded, loaded));
   return Status::OK();
@@ -558,12 +559,14 @@ Status ElasticTrainer::train_step() {
     event(record, "");
     if (rank_ == 0) logged_.insert(step_);
   }
-  // The job's progress, once a round (its first step): what tells a round
+  // The job's progress, at a round's first step and then at most once a
+  // second (a store write; negligible next to a step): what tells a round
   // whose members all lost the state from a new job (sync_state).
-  if (rank_ == 0 && !progress_written_) {
+  if (rank_ == 0 && (!progress_written_ || since(progress_at_) >= 1.0)) {
     Status p = store_->set(o_.job + "/progress", std::to_string(step_));
     if (!p.ok()) return Status::Unavailable(p.message());  // the step stands; the next round sees the store
     progress_written_ = true;
+    progress_at_ = Clock::now();
   }
   ckpts_->after_step(rank_, step_, *model_, *opt_);
   if (failed_at_) {

@@ -569,6 +569,7 @@ Status ElasticTrainer::train_step() {
     progress_at_ = Clock::now();
   }
   ckpts_->after_step(rank_, step_, *model_, *opt_);
+  fault_point("after-step", step_);
   if (failed_at_) {
     const double resume_s = since(*failed_at_);
     event({{"event", "resumed"}, {"step", step_}, {"resume_s", resume_s}, {"time", unix_now()}},

@@ -41,7 +41,8 @@ void fault_point(const char* point, int64_t epoch) {
   const char* at = std::strchr(spec, '@');
   if (!at || static_cast<size_t>(at - spec) != std::strlen(point) || std::strncmp(spec, point, at - spec) != 0) return;
   if (std::strtoll(at + 1, nullptr, 10) != epoch) return;
-  const bool step = std::strcmp(point, "before-log") == 0;  // its number is a step, not a round
+  // Their number is a step, not a round.
+  const bool step = std::strcmp(point, "before-log") == 0 || std::strcmp(point, "after-step") == 0;
   std::fprintf(stderr, "tessera: elastic: test fault: killing this worker at %s in %s %lld\n", point,
                step ? "step" : "round", static_cast<long long>(epoch));
   std::fflush(stderr);

@@ -86,7 +86,8 @@ class Rendezvous {
 // in the last call), `rdzv-record` (the member in slot 1, after its add and
 // before its record), `transfer` (a receiver of the state broadcast, after the
 // parameters and before the moments), `before-log` (EPOCH is a step here:
-// rank 0 once it completed that step, before it logged it). Only an agent's first worker
+// rank 0 once it completed that step, before it logged it), `after-step`
+// (a step too: every worker, once it completed and logged it). Only an agent's first worker
 // (TESSERA_ELASTIC_RESTART=0) dies: a restarted one rejoins.
 void fault_point(const char* point, int64_t epoch);
 

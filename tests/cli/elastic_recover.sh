@@ -5,9 +5,9 @@
 # and must log every step exactly once, with every step's loss (and every
 # validation loss) equal to a fixed-size single-process run of the same
 # global batch within 1e-5 relative:
-#   lost:     every worker killed at once (kill -9) after a periodic
-#             checkpoint; the restarted workers hold no state and load the
-#             checkpoint (not step 0 with fresh weights);
+#   lost:     every worker killed at once (SIGKILL, after step 12, with
+#             checkpoints every 5 steps); the restarted workers hold no state
+#             and load the newest checkpoint (not step 0 with fresh weights);
 #   nockpt:   the same without checkpoints: the job fails with one line;
 #   unlogged: rank 0 dies after it completed a step and before it logged it;
 #             the next round's rank 0 logs it;
@@ -75,10 +75,10 @@ for c in $cases; do
   apids=(); port=$(free_port); t0=$(date +%s); rt=20; X=(--set parallel.timeout=8)
   case $c in
     lost|nockpt)
+      # Every worker kills itself (SIGKILL) once it completed step 12;
+      # their agents restart them.
       [ $c = lost ] && X+=(--set checkpoint.every=5)
-      for i in 0 1 2; do agent $c $i 1; done
-      if [ $c = lost ]; then wait_for "checkpoint of step 10" has "checkpoint step 10 published"; else wait_for "step 12" at_step 12; fi
-      kill -9 "$(worker_of 0)" "$(worker_of 1)" "$(worker_of 2)"
+      for i in 0 1 2; do agent $c $i 1 TESSERA_ELASTIC_FAULT=after-step@12; done
       if [ $c = lost ]; then
         finish "0 1 2" ""
         want "the reload" "no worker holds the job's state (it had completed at least step .*); rank . loaded the checkpoint of step"

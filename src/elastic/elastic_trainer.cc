@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -17,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "data/loader.h"
 #include "elastic/elastic_checkpoints.h"
@@ -25,6 +28,7 @@
 #include "optim/zero.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline.h"
+#include "train/checkpointing.h"
 #include "train/monitoring.h"
 
 namespace tessera::elastic {
@@ -70,6 +74,23 @@ class ElasticTrainer {
   // Leaves the current round (if any) and joins the next; syncs the state.
   Status rebuild(const std::string& why);
   Status sync_state();
+  // No member holds the job's newest state (every worker that held it is
+  // gone): the newest disk checkpoint any member can read newer than
+  // `best` is loaded by its lowest rank (then broadcast as usual), or the
+  // job fails in one line when there is none and no member holds any state.
+  Status recover_from_disk(int64_t best, int64_t progress);
+  // Rank 0 of a new round: the steps the metrics file already has, and the
+  // lines of steps this worker completed that it lacks (a rank 0 killed
+  // after a step, before its line).
+  void catch_up_metrics();
+  // The validation loss at step_, over every member (train.eval_every,
+  // data.val); Unavailable: a peer failed (the pass is redone after the
+  // next round forms).
+  Status evaluate();
+  bool eval_due() const {
+    return !val_tokens_.empty() && step_ != evaluated_ &&
+           (step_ == 0 || step_ == c_.steps || (c_.eval_every > 0 && step_ % c_.eval_every == 0));
+  }
   // One step; on success step_ advanced. Unavailable: a peer failed.
   Status train_step();
   // The job cannot go on (fewer than min workers, the store gone): this
@@ -108,7 +129,19 @@ class ElasticTrainer {
   // Since the failure this worker saw, until its first completed step.
   std::optional<Clock::time_point> failed_at_;
   std::FILE* metrics_ = nullptr;
+  // The records of the steps this worker completed lately (every worker
+  // keeps them: its rank 0 may die before it logs one), and the steps the
+  // metrics file has (rank 0, from its last scan on).
+  std::deque<nlohmann::json> recent_;
+  std::set<int64_t> logged_, logged_val_;
+  bool loaded_from_disk_ = false;
+  bool progress_written_ = false;  // this round's JOB/progress (rank 0), last written at progress_at_
+  Clock::time_point progress_at_;
+  std::vector<uint16_t> val_tokens_;
+  int64_t evaluated_ = -1;  // the step of the last validation pass
 };
+
+constexpr size_t kRecentSteps = 1000;
 
 void ElasticTrainer::event(const nlohmann::json& j, const std::string& line) {
   if (!line.empty()) say("{}\n", line);
@@ -150,6 +183,11 @@ Status ElasticTrainer::setup() {
   Result<data::TokenLoader> train = data::TokenLoader::open(c_.train_data, c_.seq, c_.seed, model_->config().vocab);
   if (!train.ok()) return train.status().With("data.train");
   train_ = std::move(train).value();
+  if (!c_.val_data.empty()) {
+    Result<data::TokenLoader> val = data::TokenLoader::open(c_.val_data, c_.seq, c_.seed, model_->config().vocab);
+    if (!val.ok()) return val.status().With("data.val");
+    val_tokens_ = val->all_tokens();
+  }
   ckpts_ = std::make_unique<ElasticCheckpoints>(c_, o_.job, id_, *self_, out_);
   if (!c_.resume.empty()) {  // every worker reads it; the rounds then agree on its step
     ASSIGN_OR_RETURN(step_, resume_elastic(c_, *model_, *opt_));
@@ -166,14 +204,47 @@ Status ElasticTrainer::setup() {
 // its step count when anyone differs (a joiner has none). A survivor that
 // completed the step in flight before the failure is ahead by one: its
 // update used the complete all-reduced gradient, so it is the state to keep.
+//
+// The job's progress (JOB/progress in the store: a step the job completed,
+// written by rank 0 at each round's first step) tells a new job (none)
+// from one whose every worker holding the state is gone (all members
+// behind it): the latter continues from the newest disk checkpoint, or
+// fails; it never starts over from fresh weights.
 Status ElasticTrainer::sync_state() {
+  int64_t progress = 0;
+  {
+    Result<std::string> p = store_->get(o_.job + "/progress");
+    if (p.ok()) progress = std::strtoll(p->c_str(), nullptr, 10);
+    else if (p.status().code() != StatusCode::kNotFound) return Status::Unavailable(p.status().message());
+  }
+  // Each member: its steps, the progress it read, its last validation
+  // pass (all then agree whether the pass at this step is still due).
+  std::vector<int64_t> mine = {step_, progress, evaluated_}, all(3 * static_cast<size_t>(size_));
+  RETURN_IF_ERROR(comm_->all_gather(mine.data(), all.data(), 3, comm::ElemType::kI64));
   std::vector<int64_t> steps(size_);
-  RETURN_IF_ERROR(comm_->all_gather(&step_, steps.data(), 1, comm::ElemType::kI64));
-  const int64_t best = *std::max_element(steps.begin(), steps.end());
+  int64_t evaluated = -1;
+  for (int r = 0; r < size_; r++) {
+    steps[r] = all[3 * r];
+    progress = std::max(progress, all[3 * r + 1]);
+    evaluated = std::max(evaluated, all[3 * r + 2]);
+  }
+  evaluated_ = evaluated;
+  int64_t best = *std::max_element(steps.begin(), steps.end());
+  if (progress > 0 && best < progress) {
+    RETURN_IF_ERROR(recover_from_disk(best, progress));
+    RETURN_IF_ERROR(comm_->all_gather(&step_, steps.data(), 1, comm::ElemType::kI64));
+    best = *std::max_element(steps.begin(), steps.end());
+  }
   const int root = static_cast<int>(std::find(steps.begin(), steps.end(), best) - steps.begin());
   const bool same = std::all_of(steps.begin(), steps.end(), [&](int64_t s) { return s == best; });
   if (best < 0) {  // a new job: everyone starts from the same seed
     step_ = 0;
+    // Its metrics lines start now (catch_up_metrics ignores older ones in
+    // the same file).
+    if (rank_ == 0) {
+      Status st = store_->set(o_.job + "/started", fmt::format("{:.3f}", unix_now()));
+      if (!st.ok()) return Status::Unavailable(st.message());
+    }
     return Status::OK();
   }
   if (same) return Status::OK();
@@ -198,13 +269,90 @@ Status ElasticTrainer::sync_state() {
     return s;
   }
   opt_->set_steps(static_cast<int>(meta[0]));
+  step_ = best;  // the whole state has arrived
+  // The root's records of the steps the others missed: the next rank 0 may
+  // be one of them, and logs what the dead rank 0 did not
+  // (catch_up_metrics). A failure here leaves the state whole.
+  const int64_t lowest = *std::min_element(steps.begin(), steps.end());
+  std::string recs;
+  if (rank_ == root)
+    for (const nlohmann::json& j : recent_)
+      if (j["step"].get<int64_t>() > lowest) recs += j.dump() + "\n";
+  int64_t recs_bytes = static_cast<int64_t>(recs.size());
+  s = comm_->broadcast(&recs_bytes, 1, comm::ElemType::kI64, root);
+  recs.resize(static_cast<size_t>(recs_bytes));
+  if (s.ok()) s = comm_->broadcast(recs.data(), recs_bytes, comm::ElemType::kU8, root);
+  if (!s.ok()) return s;
+  if (receiver) {
+    const int64_t have = recent_.empty() ? -1 : recent_.back()["step"].get<int64_t>();
+    for (size_t at = 0, nl; (nl = recs.find('\n', at)) != std::string::npos; at = nl + 1) {
+      nlohmann::json j = nlohmann::json::parse(recs.substr(at, nl - at), nullptr, false);
+      if (j.is_object() && j["step"].get<int64_t>() > have) recent_.push_back(std::move(j));
+    }
+    while (recent_.size() > kRecentSteps) recent_.pop_front();
+  }
   const int behind = static_cast<int>(std::count_if(steps.begin(), steps.end(), [&](int64_t s) { return s != best; }));
   const double mb = (params.bytes() + 2.0 * (st.hi - st.lo) * 4) / 1e6;
   event({{"event", "state_transfer"}, {"epoch", epoch_}, {"step", best}, {"root", root}, {"receivers", behind},
          {"mb", mb}, {"seconds", since(t0)}},
         fmt::format("elastic: state of step {} broadcast by rank {} to {} worker(s) behind it ({:.1f} MB in {:.2f} s)",
                     best, root, behind, mb, since(t0)));
-  step_ = best;
+  return Status::OK();
+}
+
+Status ElasticTrainer::recover_from_disk(int64_t best, int64_t progress) {
+  // Each member's newest checkpoint in its checkpoint.dir (-1: none, or
+  // not newer than the state held).
+  int64_t ck_step = -1;
+  if (!c_.checkpoint_dir.empty()) {
+    Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(c_.checkpoint_dir);
+    if (ck.ok() && ck->step() > best) ck_step = ck->step();
+  }
+  std::vector<int64_t> cks(size_);
+  RETURN_IF_ERROR(comm_->all_gather(&ck_step, cks.data(), 1, comm::ElemType::kI64));
+  const int64_t newest = *std::max_element(cks.begin(), cks.end());
+  if (newest < 0) {
+    if (best >= 0) {  // an older state survives (a worker cut off long ago): go on from it, loudly
+      event({{"event", "state_behind"}, {"epoch", epoch_}, {"step", best}, {"progress", progress},
+             {"time", unix_now()}},
+            fmt::format("elastic: warning: the job had completed at least step {} but the newest state any worker "
+                        "holds is step {}, and no checkpoint is newer: going on from step {}",
+                        progress, best, best));
+      return Status::OK();
+    }
+    return Status::NotFound(fmt::format(
+        "elastic: no worker of round {} holds the state of job '{}' (it had completed at least step {}: every "
+        "worker that held it is gone) and no member's checkpoint.dir ({}) has a checkpoint to continue from; not "
+        "starting over from step 0 (set checkpoint.every, or start a new --job to train from scratch)",
+        epoch_, o_.job, progress, c_.checkpoint_dir));
+  }
+  const int root = static_cast<int>(std::find(cks.begin(), cks.end(), newest) - cks.begin());
+  if (rank_ == root) {
+    Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(c_.checkpoint_dir);
+    Result<ResumeState> rs = ck.ok() ? load_checkpoint(*ck, *model_, *opt_) : Result<ResumeState>(ck.status());
+    if (rs.ok()) {
+      step_ = rs->step;
+    } else {  // the parameters may be half overwritten: this worker holds no state
+      step_ = -1;
+      std::fprintf(stderr, "tessera: elastic: checkpoint of step %lld in %s could not be loaded: %s\n",
+                   static_cast<long long>(newest), c_.checkpoint_dir.c_str(), rs.status().message().c_str());
+    }
+  }
+  int64_t loaded = step_;
+  RETURN_IF_ERROR(comm_->broadcast(&loaded, 1, comm::ElemType::kI64, root));
+  if (loaded < 0) {
+    if (best >= 0) return Status::OK();
+    return Status::NotFound(fmt::format(
+        "elastic: no worker of round {} holds the state of job '{}' (it had completed at least step {}) and rank {}'s "
+        "checkpoint of step {} could not be loaded (its error is on that worker's stderr)",
+        epoch_, o_.job, progress, root, newest));
+  }
+  loaded_from_disk_ = true;
+  event({{"event", "state_from_disk"}, {"epoch", epoch_}, {"step", loaded}, {"progress", progress}, {"root", root},
+         {"time", unix_now()}},
+        fmt::format("elastic: no worker holds the job's state (it had completed at least step {}); rank {} loaded the "
+                    "checkpoint of step {} from its checkpoint.dir; continuing from step {}",
+                    progress, root, loaded, loaded));
   return Status::OK();
 }
 
@@ -213,10 +361,14 @@ Status ElasticTrainer::rebuild(const std::string& why) {
   ddp_.reset();
   comm_.reset();  // closes this worker's connections
   const std::vector<Member> before = members_;
+  const bool was_rank0 = rank_ == 0 && !before.empty();
+  // Two deadlines: the collectives' is parallel.timeout (a slow step is not
+  // a failure before it); the connect's, bounded by the rendezvous timeout
+  // too, is how long a round with a dead member waits before it is tried again.
   comm::CommOptions co;
   co.timeout = std::chrono::milliseconds(static_cast<int64_t>(c_.timeout_s * 1000.0));
-  comm::CommOptions connect = co;
-  connect.timeout = std::min(co.timeout, std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1e3)));
+  const auto connect =
+      std::min(co.timeout, std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1e3)));
   std::string last_error;
   while (true) {
     if (since(t0) > o_.rdzv_timeout_s + o_.last_call_s + 60)
@@ -233,7 +385,7 @@ Status ElasticTrainer::rebuild(const std::string& why) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       continue;
     }
-    Result<Round> r = rdzv_->join(std::max(epoch_ + 1, *next), step_ >= 0 ? rank_ : -1, connect);
+    Result<Round> r = rdzv_->join(std::max(epoch_ + 1, *next), step_ >= 0 ? rank_ : -1, co, connect);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kUnavailable) return r.status();
       last_error = r.status().message();
@@ -244,11 +396,13 @@ Status ElasticTrainer::rebuild(const std::string& why) {
       continue;
     }
     epoch_ = r->epoch;
+    progress_written_ = false;
     rank_ = r->rank;
     size_ = r->size;
     members_ = r->members;
     comm_ = std::move(r->comm);
     Status s = sync_state();
+    if (!s.ok() && s.code() != StatusCode::kUnavailable) return s;  // no state anywhere: the job's error
     if (s.ok()) {
       ASSIGN_OR_RETURN(ddp_, DataParallel::create(*model_, *comm_,
                                                   DataParallelOptions{static_cast<int64_t>(c_.bucket_mb * (1 << 20)),
@@ -280,6 +434,75 @@ Status ElasticTrainer::rebuild(const std::string& why) {
         fmt::format("elastic: round {}: {} worker(s) (was {}) at step {}; left: {}; joined: {}; reason: {}; "
                     "rendezvous {:.2f} s",
                     epoch_, size_, before.size(), step_, list(left), list(joined), why, rdzv_s));
+  if (rank_ == 0 && (!was_rank0 || loaded_from_disk_)) catch_up_metrics();
+  loaded_from_disk_ = false;
+  return Status::OK();
+}
+
+void ElasticTrainer::catch_up_metrics() {
+  if (c_.metrics.empty()) return;
+  // Which steps have a line: a record without "event" with "loss" (a
+  // step) or "val_loss" (a validation pass). A plain scan, no JSON parse.
+  logged_.clear();
+  logged_val_.clear();
+  double started = 0;  // lines of an earlier run in the same file do not count
+  if (Result<std::string> t = store_->get(o_.job + "/started"); t.ok()) started = std::atof(t->c_str());
+  std::ifstream in(c_.metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\"") != std::string::npos) continue;
+    const size_t at = line.find("\"step\":");
+    if (at == std::string::npos) continue;
+    const int64_t step = std::strtoll(line.c_str() + at + 7, nullptr, 10);
+    const size_t t = line.find("\"time\":");
+    if (t == std::string::npos || std::atof(line.c_str() + t + 7) < started) continue;
+    if (line.find("\"val_loss\":") != std::string::npos) logged_val_.insert(step);
+    else if (line.find("\"loss\":") != std::string::npos) logged_.insert(step);
+  }
+  int filled = 0;
+  for (nlohmann::json j : recent_) {
+    const int64_t step = j["step"].get<int64_t>();
+    if (step > step_ || logged_.count(step)) continue;
+    j["logged_late"] = true;
+    event(j, "");
+    logged_.insert(step);
+    filled++;
+  }
+  if (filled > 0)
+    say("elastic: logged {} step(s) completed before this round that had no line in {}\n", filled, c_.metrics);
+}
+
+Status ElasticTrainer::evaluate() {
+  const int B = c_.micro_batch, T = c_.seq;
+  const int64_t BT = int64_t{B} * T;
+  const int64_t available = (static_cast<int64_t>(val_tokens_.size()) - 1) / BT;
+  if (available <= 0)
+    return Status::InvalidArgument(fmt::format("{}: {} tokens are fewer than one batch needs ({})", c_.val_data,
+                                               val_tokens_.size(), BT + 1));
+  const int64_t batches = std::min<int64_t>(available, c_.eval_batches);
+  std::vector<int> in(BT), tg(BT);
+  double sums[2] = {0.0, 0.0};  // loss sum, batches
+  // Batches dealt round-robin to the members, sums all-reduced: the same
+  // mean for every split (up to the summation order).
+  for (int64_t k = rank_; k < batches; k += size_) {
+    const uint16_t* base = val_tokens_.data() + k * BT;
+    for (int64_t i = 0; i < BT; i++) {
+      in[i] = base[i];
+      tg[i] = base[i + 1];
+    }
+    RETURN_IF_ERROR(model_->check_batch(in.data(), tg.data(), B, T).With(c_.val_data));
+    float loss = 0.0f;
+    RETURN_IF_ERROR(pipe_->forward_only(B, T, in.data(), tg.data(), &loss));
+    sums[0] += loss;
+    sums[1] += 1;
+  }
+  RETURN_IF_ERROR(comm_->all_reduce(sums, sums, 2, comm::ElemType::kF64));
+  evaluated_ = step_;
+  const double loss = sums[0] / sums[1];
+  if (logged_val_.count(step_)) return Status::OK();  // redone after a reload from disk
+  logged_val_.insert(step_);
+  say("step {:5d} | val loss {:.4f} ({} tokens)\n", step_, loss, batches * BT);
+  event({{"step", step_}, {"val_loss", loss}, {"time", unix_now()}}, "");
   return Status::OK();
 }
 
@@ -322,12 +545,31 @@ Status ElasticTrainer::train_step() {
   if (!std::isfinite(last_loss_))
     return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or check the data", last_loss_,
                                         step_));
+  // Every worker keeps the step's record: if rank 0 dies before its line,
+  // the next round's rank 0 writes it (catch_up_metrics).
+  nlohmann::json record = {{"step", step_},      {"loss", last_loss_},        {"lr", lr},
+                           {"grad_norm", norm}, {"workers", size_},           {"step_ms", since(t_step) * 1e3},
+                           {"store_ms", store_ms}, {"time", unix_now()}};
+  recent_.push_back(record);
+  if (recent_.size() > kRecentSteps) recent_.pop_front();
+  if (rank_ == 0) fault_point("before-log", step_);
   say("step {:5d}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {} worker(s)\n", step_, c_.steps, last_loss_, lr, norm,
       size_);
-  event({{"step", step_}, {"loss", last_loss_}, {"lr", lr}, {"grad_norm", norm}, {"workers", size_},
-         {"step_ms", since(t_step) * 1e3}, {"store_ms", store_ms}, {"time", unix_now()}},
-        "");
+  if (!logged_.count(step_)) {  // a step redone after a reload from disk has its line
+    event(record, "");
+    if (rank_ == 0) logged_.insert(step_);
+  }
+  // The job's progress, at a round's first step and then at most once a
+  // second (a store write; negligible next to a step): what tells a round
+  // whose members all lost the state from a new job (sync_state).
+  if (rank_ == 0 && (!progress_written_ || since(progress_at_) >= 1.0)) {
+    Status p = store_->set(o_.job + "/progress", std::to_string(step_));
+    if (!p.ok()) return Status::Unavailable(p.message());  // the step stands; the next round sees the store
+    progress_written_ = true;
+    progress_at_ = Clock::now();
+  }
   ckpts_->after_step(rank_, step_, *model_, *opt_);
+  fault_point("after-step", step_);
   if (failed_at_) {
     const double resume_s = since(*failed_at_);
     event({{"event", "resumed"}, {"step", step_}, {"resume_s", resume_s}, {"time", unix_now()}},
@@ -362,6 +604,18 @@ Result<ElasticSummary> ElasticTrainer::run() {
       if (!r.ok()) return fail_with_checkpoint(r);
       need_round = false;
     }
+    if (eval_due()) {
+      Status e = evaluate();
+      if (!e.ok()) {
+        if (e.code() != StatusCode::kUnavailable) return e;
+        why = e.message();
+        need_round = true;
+        failed_at_ = Clock::now();
+        std::fprintf(stderr, "tessera: elastic: validation at step %lld abandoned: %s\n",
+                     static_cast<long long>(step_), why.c_str());
+        continue;
+      }
+    }
     if (step_ >= c_.steps) {
       Status b = comm_->barrier();  // everyone is done before anyone leaves
       if (b.ok()) break;
@@ -381,6 +635,8 @@ Result<ElasticSummary> ElasticTrainer::run() {
     }
   }
   ckpts_->finish();
+  // The job is done: a new one under the same id starts afresh.
+  if (rank_ == 0) (void)store_->set(o_.job + "/progress", "0");
   ElasticSummary sum;
   sum.last_train_loss = last_loss_;
   sum.rounds = rounds_;

@@ -26,6 +26,11 @@ constexpr int64_t kClosedBias = int64_t{1} << 40;
 // leader for a while, and abandoning a live round only costs a retry.
 constexpr auto kBeatEvery = std::chrono::milliseconds(200);
 constexpr double kLeaderSilence = 5.0;
+// Every member writes its record right after its add; a record still
+// missing this long after the round closed means its member died in
+// between: the round is abandoned (as for a silent leader, generous for a
+// loaded machine).
+constexpr auto kRecordWait = std::chrono::seconds(5);
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
@@ -36,8 +41,10 @@ void fault_point(const char* point, int64_t epoch) {
   const char* at = std::strchr(spec, '@');
   if (!at || static_cast<size_t>(at - spec) != std::strlen(point) || std::strncmp(spec, point, at - spec) != 0) return;
   if (std::strtoll(at + 1, nullptr, 10) != epoch) return;
-  std::fprintf(stderr, "tessera: elastic: test fault: killing this worker at %s in round %lld\n", point,
-               static_cast<long long>(epoch));
+  // Their number is a step, not a round.
+  const bool step = std::strcmp(point, "before-log") == 0 || std::strcmp(point, "after-step") == 0;
+  std::fprintf(stderr, "tessera: elastic: test fault: killing this worker at %s in %s %lld\n", point,
+               step ? "step" : "round", static_cast<long long>(epoch));
   std::fflush(stderr);
   ::raise(SIGKILL);
 }
@@ -133,9 +140,8 @@ Status Rendezvous::wait_closed(int64_t epoch) {
   }
 }
 
-Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options) {
-  // Every record is written right after its add; 30 s covers a stalled process.
-  const auto wait_records = std::chrono::seconds(30);
+Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options,
+                               std::chrono::milliseconds connect_timeout) {
   while (true) {
     tried_ = epoch;
     ASSIGN_OR_RETURN(int64_t n, store_.add(key(epoch, "count"), 1));
@@ -144,6 +150,7 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
       continue;
     }
     const int slot = static_cast<int>(n - 1);
+    if (slot == 1) fault_point("rdzv-record", epoch);
     RETURN_IF_ERROR(store_.set(key(epoch, fmt::format("m{}", slot)), fmt::format("{} {}", prev_rank, id_)));
     int size = 0;
     if (slot == 0) {
@@ -168,7 +175,19 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
     // the order they joined.
     std::vector<std::string> keys;
     for (int s = 0; s < size; s++) keys.push_back(key(epoch, fmt::format("m{}", s)));
-    RETURN_IF_ERROR(store_.wait(keys, wait_records));
+    Status records = store_.wait(keys, kRecordWait);
+    if (!records.ok()) {
+      if (records.code() != StatusCode::kUnavailable) return records;
+      std::string missing;
+      for (int s = 0; s < size; s++)
+        if (store_.get(keys[s]).status().code() == StatusCode::kNotFound)
+          missing += fmt::format("{}{}", missing.empty() ? "" : ", ", s);
+      if (missing.empty()) return records;  // the store itself failed
+      return Status::Unavailable(fmt::format(
+          "elastic: round {} abandoned: no record from slot(s) {} of {} within {} s of its close (a member died "
+          "after joining)",
+          epoch, missing, size, std::chrono::duration_cast<std::chrono::seconds>(kRecordWait).count()));
+    }
     struct Entry {
       int64_t order;
       int slot;
@@ -193,8 +212,11 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
       if (entries[i].slot == slot) r.rank = i;
       r.members.push_back(entries[i].m);
     }
+    comm::GlooConnect connect;
+    connect.timeout = connect_timeout;
+    for (const Member& m : r.members) connect.names.push_back(m.id);
     ASSIGN_OR_RETURN(r.comm, comm::make_gloo_communicator(store_, key(epoch, "gloo/"), r.rank, size, o_.host,
-                                                          comm_options, "dp"));
+                                                          comm_options, "dp", connect));
     return r;
   }
 }

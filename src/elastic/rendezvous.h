@@ -12,6 +12,7 @@
 // Not thread-safe; one training loop drives it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,8 +53,12 @@ class Rendezvous {
   // one that takes it. Errors: kResourceExhausted when fewer than min joined
   // within the timeout (the job cannot go on; the message is the line to
   // print); kUnavailable for a round that could not be formed (a member gone
-  // during it): join the next epoch.
-  Result<Round> join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options);
+  // during it: the leader's beat stopped, a member's record is missing 5 s
+  // after the close, the connect failed): join the next epoch.
+  // comm_options.timeout: the communicator's collectives' deadline;
+  // connect_timeout: its connect's (0: the same).
+  Result<Round> join(int64_t epoch, int prev_rank, const comm::CommOptions& comm_options,
+                     std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(0));
   // Whether a worker waits in round epoch + 1 (one store request).
   Result<bool> joiner_waiting(int64_t epoch);
   // The round the last join() ended in (joined, failed or abandoned): a
@@ -78,8 +83,11 @@ class Rendezvous {
 // makes this process kill itself with SIGKILL when it reaches POINT in round
 // EPOCH: `rdzv` (a member of the open round, after its record; a leader once
 // min have joined, in the last call), `rdzv-leader` (only the round's leader,
-// in the last call), `transfer` (a receiver of the state broadcast, after the
-// parameters and before the moments). Only an agent's first worker
+// in the last call), `rdzv-record` (the member in slot 1, after its add and
+// before its record), `transfer` (a receiver of the state broadcast, after the
+// parameters and before the moments), `before-log` (EPOCH is a step here:
+// rank 0 once it completed that step, before it logged it), `after-step`
+// (a step too: every worker, once it completed and logged it). Only an agent's first worker
 // (TESSERA_ELASTIC_RESTART=0) dies: a restarted one rejoins.
 void fault_point(const char* point, int64_t epoch);
 

@@ -41,10 +41,7 @@ kill -9 "$(grep -o "started worker pid [0-9]*" "$victim" | head -1 | awk '{print
 n=${#pids[@]}
 for i in 0 1 2; do wait "${pids[$((n - 3 + i))]}" || { echo "FAIL: agent $i exited $?"; cat "$tmp"/a*.log; exit 1; }; done
 [ -n "$(grep '"event":"state_transfer"' "$tmp/el.jsonl")" ] || { echo "FAIL: no state transfer"; cat "$tmp"/a*.log; exit 1; }
-paste <(losses "$tmp/ref.jsonl") <(grep -v '"event"' "$tmp/el.jsonl" | grep '"loss"' | sed 's/.*"loss":\([-0-9.eE+]*\).*/\1/') |
-  awk '{ n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r }
-       END { if (n != 20 || w > 1e-5) { printf "FAIL: %d steps, worst loss difference %.2e\n", n, w; exit 1 }
-             printf "ok   losses through etcd: 20 steps, worst relative difference %.2e\n", w }'
+elastic_losses "$tmp/ref.jsonl" "$tmp/el.jsonl" 20 1e-5 "losses through etcd"
 
 dead=$(free_port)
 if timeout 60 "$tessera" elastic --min 1 --max 1 --rdzv "etcd://127.0.0.1:$dead" --job x \

@@ -58,10 +58,7 @@ finish() {
   local i
   for i in $1; do wait "${apids[$i]}" || fail "agent $i exited $?"; done
   for i in $2; do if wait "${apids[$i]}"; then fail "agent $i should have failed (no restarts left)"; fi; done
-  paste <(losses "$tmp/ref.jsonl") <(grep -v '"event"' "$tmp/$c.jsonl" | grep '"loss"' | sed 's/.*"loss":\([-0-9.eE+]*\).*/\1/') |
-    awk -v steps=$steps '{ n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r }
-         END { if (n != steps || w > 1e-5) { printf "%d steps, worst loss difference %.2e\n", n, w; exit 1 } }' ||
-    fail "losses differ from the fixed-size run"
+  elastic_losses "$tmp/ref.jsonl" "$tmp/$c.jsonl" "$steps" 1e-5 "$c" || fail "losses differ from the fixed-size run"
 }
 want() { [ -n "$(grep -h -- "$2" "$tmp/$c".a*.log "$tmp/$c.jsonl" 2>/dev/null || true)" ] || fail "$1: no '$2'"; }
 cases=${ELASTIC_FAULTS:-twice leader member transfer}

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -196,6 +197,42 @@ TEST(GlooCommunicator, PeerGoneFailsFastAndBreaksTheCommunicator) {
         EXPECT_NE(again.message().find("broke earlier"), std::string::npos) << again.message();
       },
       milliseconds(60000));
+}
+
+// A deadline names the rank this one waited on (Gloo's own message names
+// none): rank 1 of 2 never joins the all-reduce; rank 0 receives from it.
+// The connect has its own deadline, apart from the collectives'.
+TEST(GlooCommunicator, DeadlineNamesTheSilentPeer) {
+  auto server = StoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  std::atomic<bool> done{false};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; r++)
+    ts.emplace_back([&, r] {
+      auto c = client((*server)->port());
+      CommOptions o;
+      o.timeout = milliseconds(500);
+      GlooConnect connect;
+      connect.timeout = milliseconds(20000);
+      connect.names = {"hostA:100", "hostB:200"};
+      auto comm = make_gloo_communicator(*c, "silent/", r, 2, "127.0.0.1", o, "dp", connect);
+      ASSERT_TRUE(comm.ok()) << comm.status().message();
+      if (r == 1) {  // silent until rank 0 gave up
+        while (!done) std::this_thread::sleep_for(milliseconds(10));
+        return;
+      }
+      std::vector<float> x(1000, 1.0f);
+      Status s = (*comm)->all_reduce(x.data(), x.size());
+      done = true;
+      ASSERT_FALSE(s.ok());
+      EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+      EXPECT_NE(s.message().find("failed on rank 0 (hostA:100) of 2 (peers 1 (hostB:200)"), std::string::npos)
+          << s.message();
+      EXPECT_NE(s.message().find("Timed out"), std::string::npos) << s.message();
+      EXPECT_NE(s.message().find("waited on rank 1 (hostB:200)"), std::string::npos) << s.message();
+      EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+    });
+  for (auto& t : ts) t.join();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "comm/gloo/gloo_communicator.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -90,8 +91,16 @@ ReduceFn reduce_fn(ElemType t, ReduceOp op) {
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::string name, const CommOptions& o)
-      : ctx_(std::move(ctx)), name_(std::move(name)), opts_(o), rank_(ctx_->rank), size_(ctx_->size) {}
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::string name, const CommOptions& o,
+                   std::vector<std::string> names)
+      : ctx_(std::move(ctx)),
+        name_(std::move(name)),
+        opts_(o),
+        rank_(ctx_->rank),
+        size_(ctx_->size),
+        names_(std::move(names)) {
+    if (names_.size() != static_cast<size_t>(size_)) names_.clear();
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -244,12 +253,11 @@ class GlooCommunicator : public Communicator {
       op();
       return Status::OK();
     } catch (const std::exception& e) {
-      std::vector<int> peers(size_);
-      std::iota(peers.begin(), peers.end(), 0);
-      peers.erase(peers.begin() + rank_);
-      broken_ = Status::Unavailable(fmt::format(
-          "gloo {}: {} #{} ({} x {}) failed on rank {} of {} (peers {}, deadline {:.1f} s): {}", name_, what, seq,
-          elem_name(type), count, rank_, size_, format_peer_list(peers), opts_.timeout.count() / 1e3, e.what()));
+      broken_ = Status::Unavailable(fmt::format("gloo {}: {} #{} ({} x {}) failed on {} of {} ({}, deadline {:.1f} s): "
+                                                "{}{}",
+                                                name_, what, seq, elem_name(type), count, who(rank_), size_,
+                                                peer_list(), opts_.timeout.count() / 1e3, e.what(),
+                                                waited_on(what, e.what())));
       // Closing every connection now wakes the peers waiting on this rank.
       ctx_.reset();
       return broken_;
@@ -314,10 +322,54 @@ class GlooCommunicator : public Communicator {
     return packed->data();
   }
 
+  // "rank 2 (host:pid)", or "rank 2" without names.
+  std::string who(int r) const {
+    return names_.empty() ? fmt::format("rank {}", r) : fmt::format("rank {} ({})", r, names_[r]);
+  }
+  // "peers 1-3", with their names in a small round: "peers 1 (h:12), 2 (h:13)".
+  std::string peer_list() const {
+    std::vector<int> peers(size_);
+    std::iota(peers.begin(), peers.end(), 0);
+    peers.erase(peers.begin() + rank_);
+    if (names_.empty() || size_ > 8) return "peers " + format_peer_list(peers);
+    std::string s;
+    for (int p : peers) s += fmt::format("{}{} ({})", s.empty() ? "peers " : ", ", p, names_[p]);
+    return s;
+  }
+  // For a deadline (Gloo's "Timed out waiting Nms for recv operation to
+  // complete" names no peer): the rank this one was waiting on, where the
+  // operation tells. Gloo's ring all_reduce receives from rank + 1 and sends
+  // to rank - 1, its all_gather receives from rank - 1 and sends to rank + 1
+  // (gloo/allreduce.cc, gloo/allgather.cc); a point-to-point operation waits
+  // on its peer. In a ring every rank ends up waiting, on its neighbour: the
+  // first to time out is the silent rank's neighbour, and its error names
+  // the silent rank. Empty for other operations and other errors.
+  std::string waited_on(const std::string& what, const std::string& error) const {
+    if (error.find("Timed out") == std::string::npos || size_ < 2) return "";
+    const bool recv = error.find("recv operation") != std::string::npos;
+    const bool send = error.find("send operation") != std::string::npos;
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    int peer = -1;
+    std::string how;
+    if (what == "all_reduce" && (recv || send)) {
+      peer = recv ? next : prev;
+      how = recv ? "the rank it receives from in the ring" : "the rank it sends to in the ring";
+    } else if (what == "all_gather" && (recv || send)) {
+      peer = recv ? prev : next;
+      how = recv ? "the rank it receives from in the ring" : "the rank it sends to in the ring";
+    } else if (what.rfind("recv from ", 0) == 0 || what.rfind("send to ", 0) == 0) {
+      peer = std::atoi(what.c_str() + what.find(' ', 5) + 1);
+      how = "its peer";
+    }
+    if (peer < 0 || peer >= size_ || peer == rank_) return "";
+    return fmt::format("; this rank waited on {}, {}", who(peer), how);
+  }
+
   std::shared_ptr<gloo::Context> ctx_;
   std::string name_;
   CommOptions opts_;
   int rank_, size_;
+  std::vector<std::string> names_;  // by rank, or empty
   int64_t seq_ = 0;
   Status broken_;
 };
@@ -326,21 +378,28 @@ class GlooCommunicator : public Communicator {
 
 Result<std::unique_ptr<Communicator>> make_gloo_communicator(Store& store, const std::string& prefix,
                                                              int rank, int size, const std::string& host,
-                                                             const CommOptions& options, const std::string& name) {
+                                                             const CommOptions& options, const std::string& name,
+                                                             const GlooConnect& connect) {
   if (size < 1 || rank < 0 || rank >= size)
     return Status::InvalidArgument(fmt::format("gloo: rank {} of size {}", rank, size));
+  const std::chrono::milliseconds connect_timeout =
+      connect.timeout.count() > 0 ? connect.timeout : options.timeout;
   try {
     gloo::transport::tcp::attr attr(host.c_str());
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(options.timeout);
-    PrefixedStore s(store, prefix, options.timeout);
+    ctx->setTimeout(connect_timeout);
+    PrefixedStore s(store, prefix, connect_timeout);
     ctx->connectFullMesh(s, dev);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(ctx), name, options));
+    // From here on, the collectives' deadline (each operation also sets
+    // its own, in setup()).
+    ctx->setTimeout(options.timeout);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(ctx), name, options, connect.names));
   } catch (const std::exception& e) {
-    return Status::Unavailable(fmt::format("gloo {}: rank {} of {} could not connect to its peers (store {}, keys "
-                                           "{}): {}",
-                                           name, rank, size, store.address(), prefix, e.what()));
+    return Status::Unavailable(fmt::format("gloo {}: rank {} of {} could not connect to its peers within {:.1f} s "
+                                           "(store {}, keys {}): {}",
+                                           name, rank, size, connect_timeout.count() / 1e3, store.address(), prefix,
+                                           e.what()));
   }
 }
 

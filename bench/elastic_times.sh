@@ -18,11 +18,14 @@
 #   bash bench/elastic_times.sh [build/rel/tessera] [models] [rates]
 #     models: brown gpt2 (default both); rates: 1gbit 10gbit (default both)
 #   STEPS=N  steps after the join (default 3)
+#   AGENT_TIMEOUT=S  each agent (and the MPI run) is killed after S seconds
+#     (default 3600), so a killed script leaves no worker training on
 set -uo pipefail
 tessera=$(realpath "${1:-build/rel/tessera}")
 models=${2:-brown gpt2}
 rates=${3:-1gbit 10gbit}
 after=${STEPS:-3}
+limit=${AGENT_TIMEOUT:-3600}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cluster=$root/scripts/cluster.sh
 data=$(realpath "$root/data/brown")
@@ -61,8 +64,9 @@ for model in $models; do
     rm -f "$tmp"/*.jsonl "$tmp"/*.log
     S=(--config "$root/configs/brown.toml" --set "data.train=$data/train_*.bin" --set train.eval_every=0
        --set train.steps=100000 --set parallel.dp=1 --set parallel.timeout=120 $(model_sets "$model"))
-    agent() {  # HOST LOG
-      bash "$cluster" exec "$p$1" "$tessera" elastic --min 2 --max 3 --rdzv "embedded:10.99.0.1:29400" --job bench \
+    agent() {  # HOST LOG; `timeout` inside the namespace is the agent's parent: it passes the
+      # script's kill on (SIGTERM: the agent stops its worker) and ends an agent the script left behind.
+      bash "$cluster" exec "$p$1" timeout -k 30 "$limit" "$tessera" elastic --min 2 --max 3 --rdzv "embedded:10.99.0.1:29400" --job bench \
         --last-call 1 --max-restarts 0 -- train "${S[@]}" --set "log.metrics=$tmp/el.jsonl" \
         --set "checkpoint.dir=$tmp/el$1" >"$tmp/$2.log" 2>&1 &
       pids+=($!)
@@ -96,7 +100,7 @@ for model in $models; do
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
     wait 2>/dev/null; pids=()
     # The same layout, fixed size: 3 ranks under MPI.
-    "$tessera" launch --netns --tcp-if 10.99.0.0/24 -n 3 --hosts "${p}1:1,${p}2:1,${p}3:1" -- train "${S[@]}" \
+    timeout -k 30 "$limit" "$tessera" launch --netns --tcp-if 10.99.0.0/24 -n 3 --hosts "${p}1:1,${p}2:1,${p}3:1" -- train "${S[@]}" \
       --set parallel.dp=3 --set train.grad_accum=2 \
       --set train.steps=4 --set train.warmup=2 --set "log.metrics=$tmp/mpi.jsonl" --set "checkpoint.dir=$tmp/mpi" >"$tmp/mpi.log" 2>&1 ||
       { grep -m3 "error" "$tmp/mpi.log" >&2; die "the MPI run failed"; }

@@ -22,7 +22,9 @@ etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$port" --adve
   --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
   --initial-cluster "default=http://127.0.0.1:$peer" >"$tmp/etcd.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 200); do curl -sf -X POST "http://127.0.0.1:$port/v3/maintenance/status" -d '{}' >/dev/null 2>&1 && break; sleep 0.1; done
+etcd_up() { curl -sf -X POST "http://127.0.0.1:$port/v3/maintenance/status" -d '{}' >/dev/null 2>&1; }
+for _ in $(seq 200); do etcd_up && break; sleep 0.1; done
+etcd_up || { echo "FAIL: etcd did not answer on port $port within 20 s"; cat "$tmp/etcd.log"; exit 1; }
 
 S=(--set train.micro_batch=2 --set train.grad_accum=4 --set train.steps=20 --set train.warmup=2 --set parallel.timeout=60
    --set model.dim=64 --set model.layers=3 --set train.lr=1e-3 --set train.min_lr=1e-4)
@@ -34,9 +36,12 @@ for i in 0 1 2; do
     --set "checkpoint.dir=$tmp/el$i" >"$tmp/a$i.log" 2>&1 &
   pids+=($!)
 done
-for _ in $(seq 1 6000); do [ -n "$(grep -h "^step *8/" "$tmp"/a*.log 2>/dev/null || true)" ] && break; sleep 0.02; done
+reached() { [ -n "$(grep -h "^step *$1/" "$tmp"/a*.log 2>/dev/null || true)" ]; }
+for _ in $(seq 1 6000); do reached 8 && break; sleep 0.02; done
+reached 8 || { echo "FAIL: step 8 never reached"; cat "$tmp"/a*.log; exit 1; }
 # A worker that is not rank 0 (rank 0 prints the steps).
 victim=$(grep -L "^step" "$tmp"/a*.log | head -1)
+[ -n "$victim" ] || { echo "FAIL: no agent without steps (every worker rank 0?)"; cat "$tmp"/a*.log; exit 1; }
 kill -9 "$(grep -o "started worker pid [0-9]*" "$victim" | head -1 | awk '{print $4}')"
 n=${#pids[@]}
 for i in 0 1 2; do wait "${pids[$((n - 3 + i))]}" || { echo "FAIL: agent $i exited $?"; cat "$tmp"/a*.log; exit 1; }; done

@@ -39,21 +39,29 @@ std::string b64(const std::string& in) {
   return out;
 }
 
-std::string unb64(const std::string& in) {
-  std::string out;
+// Standard base64 with '=' padding (what grpc-gateway writes); false at the
+// first character that is not (a truncated or corrupted reply).
+bool unb64(const std::string& in, std::string* out) {
+  out->clear();
   uint32_t v = 0;
   int bits = 0;
-  for (char c : in) {
-    const char* p = c == '=' ? nullptr : std::strchr(kB64, c);
-    if (!p || c == '\0') break;
+  size_t i = 0;
+  for (; i < in.size() && in[i] != '='; i++) {
+    const char* p = in[i] == '\0' ? nullptr : std::strchr(kB64, in[i]);
+    if (!p) return false;
     v = (v << 6) | static_cast<uint32_t>(p - kB64);
     bits += 6;
     if (bits >= 8) {
       bits -= 8;
-      out.push_back(static_cast<char>((v >> bits) & 0xff));
+      out->push_back(static_cast<char>((v >> bits) & 0xff));
     }
   }
-  return out;
+  const size_t data = i;
+  for (; i < in.size(); i++)
+    if (in[i] != '=') return false;
+  // Whole 4-character groups, at most 2 of them '=' (or none when unpadded).
+  const size_t pad = in.size() - data;
+  return pad <= 2 && (pad == 0 ? data % 4 != 1 : in.size() % 4 == 0);
 }
 
 // grpc-gateway writes 64-bit integers as strings.
@@ -68,18 +76,39 @@ struct Kv {
   int64_t mod_revision = 0;
 };
 
-Kv first_kv(const json& range) {
+// The first key-value of a range reply (etcd's RangeResponse as JSON).
+// Corruption naming the reply when it is not JSON or its value not base64.
+Result<Kv> first_kv(const std::string& address, const json& range, const std::string& text) {
   Kv kv;
+  if (range.is_discarded() || !range.is_object())
+    return Status::Corruption(
+        fmt::format("rendezvous store {}: a range reply that is not a JSON object: '{}'", address, text.substr(0, 120)));
   if (range.contains("kvs") && range["kvs"].is_array() && !range["kvs"].empty()) {
     const json& e = range["kvs"][0];
     kv.found = true;
-    kv.value = unb64(e.value("value", ""));
+    const json v = e.is_object() ? e.value("value", json("")) : json();
+    if (!v.is_string() || !unb64(v.get<std::string>(), &kv.value))
+      return Status::Corruption(fmt::format("rendezvous store {}: a range reply whose value is not base64: '{}'",
+                                            address, text.substr(0, 120)));
     kv.mod_revision = as_i64(e.value("mod_revision", json("0")));
   }
   return kv;
 }
 
 }  // namespace
+
+Status etcd_http_status(const std::string& address, const std::string& path, int http_status,
+                        const std::string& body) {
+  if (http_status == 200) return Status::OK();
+  const std::string msg =
+      fmt::format("rendezvous store {} {} {}: HTTP {} {}", address, http_status >= 500 ? "failed" : "refused", path,
+                  http_status, body.substr(0, 200));
+  // grpc-gateway's codes: 503 Unavailable (no leader, leader changed,
+  // request timed out), 504 deadline, 500 internal, 429 too many requests;
+  // 408 a request timeout. The rest (400, 404, ...) a request that is wrong.
+  if (http_status >= 500 || http_status == 429 || http_status == 408) return Status::Unavailable(msg);
+  return Status::InvalidArgument(msg);
+}
 
 Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, int port,
                                                       std::chrono::milliseconds connect_timeout,
@@ -97,15 +126,22 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, i
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   while (true) {
     httplib::Result r = s->http_->Post("/v3/maintenance/status", "{}", "application/json");
+    std::string why;
     if (r) {
-      if (r->status != 200 || !json::accept(r->body))
+      const Status st = etcd_http_status(s->address(), "/v3/maintenance/status", r->status, r->body);
+      if (st.ok() && json::accept(r->body)) return s;
+      // A server that will answer later (5xx: no leader yet, starting) is
+      // asked again; one that refuses, or is not etcd, is reported now.
+      if (st.ok() || st.code() != StatusCode::kUnavailable)
         return Status::InvalidArgument(fmt::format("rendezvous store {} refused /v3/maintenance/status: HTTP {} {}",
                                                    s->address(), r->status, r->body.substr(0, 120)));
-      return s;
+      why = fmt::format("HTTP {} {}", r->status, r->body.substr(0, 120));
+    } else {
+      why = httplib::to_string(r.error());
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status::Unavailable(fmt::format("rendezvous store {} unreachable for {:.0f} s: {}", s->address(),
-                                             connect_timeout.count() / 1e3, httplib::to_string(r.error())));
+                                             connect_timeout.count() / 1e3, why));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -142,9 +178,7 @@ Result<std::string> EtcdStore::post(const std::string& path, const std::string& 
   if (!r)
     return Status::Unavailable(
         fmt::format("rendezvous store {}: {} failed: {}", address(), path, httplib::to_string(r.error())));
-  if (r->status != 200)
-    return Status::InvalidArgument(fmt::format("rendezvous store {} refused {}: HTTP {} {}", address(), path,
-                                               r->status, r->body.substr(0, 200)));
+  RETURN_IF_ERROR(etcd_http_status(address(), path, r->status, r->body));
   return r->body;
 }
 
@@ -154,10 +188,7 @@ Status EtcdStore::set(const std::string& key, const std::string& value) {
 
 Result<std::string> EtcdStore::get(const std::string& key) {
   ASSIGN_OR_RETURN(std::string body, post("/v3/kv/range", json{{"key", b64(key)}}.dump()));
-  const json j = json::parse(body, nullptr, false);
-  if (j.is_discarded())
-    return Status::InvalidArgument(fmt::format("rendezvous store {}: range returned no JSON", address()));
-  Kv kv = first_kv(j);
+  ASSIGN_OR_RETURN(Kv kv, first_kv(address(), json::parse(body, nullptr, false), body));
   if (!kv.found) return Status::NotFound(fmt::format("store: no key '{}'", key));
   return kv.value;
 }
@@ -165,7 +196,7 @@ Result<std::string> EtcdStore::get(const std::string& key) {
 Result<int64_t> EtcdStore::add(const std::string& key, int64_t delta) {
   const std::string k = b64(key);
   ASSIGN_OR_RETURN(std::string body, post("/v3/kv/range", json{{"key", k}}.dump()));
-  Kv cur = first_kv(json::parse(body, nullptr, false));
+  ASSIGN_OR_RETURN(Kv cur, first_kv(address(), json::parse(body, nullptr, false), body));
   // A read (the rendezvous polls counters with add(0)): no write, which
   // etcd would commit through its log (an fsync) every time.
   if (delta == 0 && !cur.found) return 0;
@@ -192,13 +223,15 @@ Result<int64_t> EtcdStore::add(const std::string& key, int64_t delta) {
                       {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
     ASSIGN_OR_RETURN(std::string reply, post("/v3/kv/txn", txn.dump()));
     const json j = json::parse(reply, nullptr, false);
-    if (j.is_discarded())
-      return Status::InvalidArgument(fmt::format("rendezvous store {}: txn returned no JSON", address()));
+    if (!j.is_object())
+      return Status::Corruption(fmt::format("rendezvous store {}: a txn reply that is not a JSON object: '{}'",
+                                            address(), reply.substr(0, 120)));
     if (j.value("succeeded", false)) return now;
     cur = Kv{};
     if (j.contains("responses") && j["responses"].is_array() && !j["responses"].empty() &&
-        j["responses"][0].contains("response_range"))
-      cur = first_kv(j["responses"][0]["response_range"]);
+        j["responses"][0].is_object() && j["responses"][0].contains("response_range")) {
+      ASSIGN_OR_RETURN(cur, first_kv(address(), j["responses"][0]["response_range"], reply));
+    }
   }
   return Status::Unavailable(fmt::format("rendezvous store {}: add to '{}' lost every race", address(), key));
 }

@@ -7,9 +7,14 @@
 // polls get.
 //
 // Deadlines: connect_timeout bounds the first request's attempts (retried
-// 100 ms apart: the server may be starting), `timeout` every request's
-// connect, send and reply. Errors name the server ("etcd://HOST:PORT") and
-// etcd's own message.
+// 100 ms apart while the server is unreachable or answers 5xx: it may be
+// starting or electing a leader), `timeout` every request's connect, send
+// and reply. Errors name the server ("etcd://HOST:PORT") and etcd's own
+// message. Error classes (etcd_http_status): no connection, a timeout and
+// HTTP 5xx, 429, 408 are Unavailable (the elastic rendezvous retries them;
+// an add whose transaction failed so may or may not have been applied);
+// other HTTP errors InvalidArgument; a reply that is not JSON, or a value
+// that is not base64, Corruption naming the reply.
 //
 // Threading: one thread at a time, as Store.
 #pragma once
@@ -25,6 +30,12 @@ class Client;
 }
 
 namespace tessera::comm {
+
+// OK for HTTP 200; else the Status of a reply to `path` with that HTTP
+// status (Unavailable for 5xx, 429, 408; InvalidArgument for the rest),
+// naming the server, the path and the body's start.
+Status etcd_http_status(const std::string& address, const std::string& path, int http_status,
+                        const std::string& body);
 
 class EtcdStore : public Store {
  public:

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
@@ -22,6 +23,16 @@ timeval to_timeval(std::chrono::milliseconds ms) {
 }
 }  // namespace
 
+Status redis_error_status(const std::string& address, const std::string& command, const std::string& reply) {
+  // The error's first word is its class (Redis' convention since 2.6).
+  const std::string word = reply.substr(0, reply.find(' '));
+  const std::string text = reply.substr(0, 200);
+  for (const char* transient : {"LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
+    if (word == transient)
+      return Status::Unavailable(fmt::format("rendezvous store {} cannot serve {} now: {}", address, command, text));
+  return Status::InvalidArgument(fmt::format("rendezvous store {} refused {}: {}", address, command, text));
+}
+
 Result<std::unique_ptr<RedisStore>> RedisStore::connect(const std::string& host, int port,
                                                         std::chrono::milliseconds connect_timeout,
                                                         std::chrono::milliseconds timeout) {
@@ -29,11 +40,27 @@ Result<std::unique_ptr<RedisStore>> RedisStore::connect(const std::string& host,
   s->host_ = host;
   s->port_ = port;
   s->timeout_ = timeout;
-  RETURN_IF_ERROR(s->reconnect(connect_timeout));
+  const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   // One request now, so a server that refuses us (a password, protected
   // mode, not Redis at all) is reported here, not at the first rendezvous.
+  // A server that cannot answer yet (LOADING its dataset, BUSY, a broken
+  // connection) is asked again until the connect deadline.
   Reply r;
-  RETURN_IF_ERROR(s->command({"PING"}, &r));
+  while (true) {
+    if (!s->ctx_) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      RETURN_IF_ERROR(s->reconnect(std::max(left, std::chrono::milliseconds(100))));
+    }
+    Status ping = s->command({"PING"}, &r);
+    if (ping.ok()) break;
+    if (ping.code() != StatusCode::kUnavailable || std::chrono::steady_clock::now() >= deadline)
+      return ping.code() == StatusCode::kUnavailable
+                 ? Status::Unavailable(fmt::format("rendezvous store {} not ready within {:.0f} s: {}", s->address(),
+                                                   connect_timeout.count() / 1e3, ping.message()))
+                 : ping;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   if (r.type != REDIS_REPLY_STATUS || r.str != "PONG")
     return Status::InvalidArgument(
         fmt::format("rendezvous store {} answered PING with '{}', not PONG", s->address(), r.str.substr(0, 64)));
@@ -103,9 +130,7 @@ Status RedisStore::command(const std::vector<std::string>& argv, Reply* out) {
       out->integer = r->integer;
       out->str.assign(r->str ? r->str : "", r->str ? r->len : 0);
       freeReplyObject(r);
-      if (out->type == REDIS_REPLY_ERROR)
-        return Status::InvalidArgument(
-            fmt::format("rendezvous store {} refused {}: {}", address(), argv[0], out->str.substr(0, 200)));
+      if (out->type == REDIS_REPLY_ERROR) return redis_error_status(address(), argv[0], out->str);
       return Status::OK();
     }
     // The context is unusable after an error: drop it.
@@ -113,11 +138,14 @@ Status RedisStore::command(const std::vector<std::string>& argv, Reply* out) {
     const bool timed_out =
         ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK ||
                                       std::string(ctx_->errstr).find("temporarily") != std::string::npos);
+    const bool protocol = ctx_->err == REDIS_ERR_PROTOCOL;
     why = timed_out ? fmt::format("no reply within {:.0f} s", timeout_.count() / 1e3)
-                    : (ctx_->err == REDIS_ERR_PROTOCOL ? fmt::format("{} (is it a Redis server?)", ctx_->errstr)
-                                                       : std::string(ctx_->errstr));
+                    : (protocol ? fmt::format("{} (is it a Redis server?)", ctx_->errstr) : std::string(ctx_->errstr));
     redisFree(ctx_);
     ctx_ = nullptr;
+    // A reply that is not Redis' protocol: not Redis, asking again will not help.
+    if (protocol)
+      return Status::InvalidArgument(fmt::format("rendezvous store {}: {} failed: {}", address(), argv[0], why));
   }
   return Status::Unavailable(fmt::format("rendezvous store {}: {} failed: {}", address(), argv[0], why));
 }

@@ -3,11 +3,19 @@
 // are binary-safe. Keys are used as given: the rendezvous puts every key of
 // a job under "JOB/", so several jobs share one server.
 //
-// Deadlines: connect_timeout bounds the connection attempts (retried 100 ms
-// apart), `timeout` every command's send and reply (the socket's timeouts).
-// A broken connection is reopened once per command. Errors name the server
-// ("redis://HOST:PORT") and Redis' own message (NOAUTH, protected mode, a
-// reply that is not Redis' protocol).
+// Deadlines: connect_timeout bounds the connection attempts and the first
+// PING (retried 100 ms apart while they fail Unavailable: a server starting
+// or still loading its dataset), `timeout` every command's send and reply
+// (the socket's timeouts). A broken connection is reopened once per command,
+// except for INCRBY (it may have been applied). Errors name the server
+// ("redis://HOST:PORT") and Redis' own message.
+//
+// Error classes (redis_error_status): a connection error, a timeout and the
+// error replies of a server that will answer later (LOADING, BUSY,
+// READONLY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN, NOREPLICAS) are Unavailable,
+// which the elastic rendezvous retries; every other error reply (NOAUTH,
+// WRONGTYPE, ERR, ...) and a reply that is not Redis' protocol are
+// InvalidArgument: retrying would not help.
 //
 // Threading: one thread at a time, as Store.
 #pragma once
@@ -22,6 +30,12 @@
 struct redisContext;
 
 namespace tessera::comm {
+
+// The Status of Redis error reply `reply` (its text after '-', e.g.
+// "LOADING Redis is loading the dataset in memory") to command `command` of
+// the server at `address`: Unavailable for the transient errors above,
+// InvalidArgument for the rest; the message names both.
+Status redis_error_status(const std::string& address, const std::string& command, const std::string& reply);
 
 class RedisStore : public Store {
  public:

@@ -7,7 +7,11 @@
 //
 // Every operation has a deadline (the `timeout` given at connect); a server
 // that is unreachable, does not answer in time or refuses a request is an
-// error naming its address (Unavailable; InvalidArgument for a refusal).
+// error naming its address. Unavailable means "may work later" (also a
+// server that answers it cannot serve now: Redis LOADING, etcd 503), and
+// callers retry it; InvalidArgument (a refusal) or Corruption (a reply
+// that makes no sense) will not go away by retrying. docs/elastic.md has
+// the table per store.
 //
 // Threading: a Store is used by one thread at a time.
 #pragma once
@@ -29,7 +33,8 @@ class Store {
   // NotFound when the key is not set.
   virtual Result<std::string> get(const std::string& key) = 0;
   // Adds delta to the key's counter (0 when unset) and returns the new
-  // value; atomic with respect to every other client.
+  // value; atomic with respect to every other client. Never sent twice: an
+  // add that fails Unavailable may or may not have been applied.
   virtual Result<int64_t> add(const std::string& key, int64_t delta) = 0;
   // Blocks until every key is set, polling get() 1 .. 20 ms apart;
   // Unavailable naming the missing keys after `timeout`.

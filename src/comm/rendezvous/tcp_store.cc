@@ -1,6 +1,7 @@
 #include "comm/rendezvous/tcp_store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -269,7 +271,8 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& hos
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   Status last;
   while (true) {
-    last = c->reconnect();
+    // Each attempt ends at the deadline (at least 100 ms: a last try).
+    last = c->reconnect(std::max(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
     if (last.ok()) return c;
     if (last.code() == StatusCode::kInvalidArgument || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -293,23 +296,61 @@ std::string StoreClient::local_address() const {
   return buf;
 }
 
-Status StoreClient::reconnect() {
+Status StoreClient::reconnect(std::chrono::steady_clock::time_point deadline) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   ASSIGN_OR_RETURN(addrinfo * ai, resolve(host_, port_, false));
-  int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || ::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-    const int e = errno;
-    ::freeaddrinfo(ai);
+  // Non-blocking, so the deadline bounds it: a blocking connect to a host
+  // that drops packets waits for the kernel's SYN retries (about 2 min).
+  int fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int e = fd < 0 ? errno : 0;
+  if (fd >= 0 && ::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    e = errno;
+    while (e == EINPROGRESS || e == EINTR) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        e = ETIMEDOUT;
+        break;
+      }
+      pollfd pf{fd, POLLOUT, 0};
+      const int r = ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        e = errno;
+        break;
+      }
+      if (r == 0) continue;  // the deadline check above ends it
+      socklen_t len = sizeof e;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+      break;
+    }
+  }
+  ::freeaddrinfo(ai);
+  if (e != 0) {
     if (fd >= 0) ::close(fd);
     return Status::Unavailable(fmt::format("connect to {}: {}", address(), std::strerror(e)));
   }
-  ::freeaddrinfo(ai);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // the I/O below polls with its own deadline
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   fd_ = fd;
   return Status::OK();
 }
+
+namespace {
+// True when the connection is known to be gone before anything is sent on
+// it: the server closed it (EOF pending) or it failed (an error pending).
+// The server never sends unasked, so readable means closed.
+bool connection_closed(int fd) {
+  pollfd pf{fd, POLLIN, 0};
+  if (::poll(&pf, 1, 0) <= 0) return false;
+  if (pf.revents & (POLLERR | POLLHUP)) return true;
+  char c;
+  const ssize_t k = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return k <= 0 && !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+}
+}  // namespace
 
 Result<std::string> StoreClient::call(uint8_t op, const std::string& key, const std::string& value,
                                       uint8_t* status) {
@@ -320,10 +361,26 @@ Result<std::string> StoreClient::call(uint8_t op, const std::string& key, const 
   put_u32(body, static_cast<uint32_t>(key.size()));
   body += key;
   body += value;
+  // A set or a get may run twice; an add may not: once its whole frame was
+  // sent, the server may have applied it even if no reply comes (a second
+  // add would count one joiner twice). An add is resent only when its frame
+  // did not get out whole (the server ignores a partial frame).
+  const bool may_repeat = op != kAdd;
+  std::string why = fmt::format("no reply within {:.0f} s", timeout_.count() / 1e3);
   for (int attempt = 0; attempt < 2; attempt++) {
-    if (fd_ < 0) RETURN_IF_ERROR(reconnect());
+    if (fd_ >= 0 && connection_closed(fd_)) {  // e.g. the server restarted: nothing was sent yet
+      ::close(fd_);
+      fd_ = -1;
+    }
+    if (fd_ < 0) RETURN_IF_ERROR(reconnect(std::chrono::steady_clock::now() + timeout_));
     char h[4];
-    if (write_frame(fd_, body) && read_full(fd_, h, 4, static_cast<int>(timeout_.count()))) {
+    if (!write_frame(fd_, body)) {
+      ::close(fd_);  // broken before the frame got out: one more try on a fresh connection
+      fd_ = -1;
+      why = "the connection broke";
+      continue;
+    }
+    if (read_full(fd_, h, 4, static_cast<int>(timeout_.count()))) {
       const uint32_t n = get_u32(h);
       std::string reply;
       if (n >= 1 && n <= kStoreMaxFrame) reply.resize(n);  // bounded before allocating
@@ -334,11 +391,15 @@ Result<std::string> StoreClient::call(uint8_t op, const std::string& key, const 
         return reply.substr(1);
       }
     }
-    ::close(fd_);  // broken or timed out: one more try on a fresh connection
+    ::close(fd_);  // broken or timed out after the request went out
     fd_ = -1;
+    if (!may_repeat)
+      return Status::Unavailable(fmt::format(
+          "rendezvous store {}: add to '{}': no reply within {:.0f} s or the connection broke; it may or may not "
+          "have been applied (not resent)",
+          address(), key.substr(0, 64), timeout_.count() / 1e3));
   }
-  return Status::Unavailable(fmt::format("rendezvous store {}: no reply within {:.0f} s (is the first agent gone?)",
-                                         address(), timeout_.count() / 1e3));
+  return Status::Unavailable(fmt::format("rendezvous store {}: {} (is the first agent gone?)", address(), why));
 }
 
 Status StoreClient::set(const std::string& key, const std::string& value) {

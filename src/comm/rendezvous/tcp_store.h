@@ -13,7 +13,8 @@
 //
 // Threading: the server runs an accept thread and one thread per client;
 // its map is guarded by one mutex. A StoreClient is used by one thread at a
-// time (it holds one connection and reconnects once after a broken one).
+// time (it holds one connection and reconnects once after a broken one;
+// an add whose request went out is never resent: Unavailable instead).
 #pragma once
 
 #include <atomic>
@@ -94,7 +95,8 @@ class StoreClient : public Store {
 
  private:
   StoreClient() = default;
-  Status reconnect();
+  // A fresh connection, its connect bounded by `deadline`.
+  Status reconnect(std::chrono::steady_clock::time_point deadline);
   Result<std::string> call(uint8_t op, const std::string& key, const std::string& value, uint8_t* status);
 
   std::string host_;

@@ -191,8 +191,9 @@ void StoreServer::serve(int fd) {
     if (!read_full(fd, h, 4, 0)) return;
     const uint32_t n = get_u32(h);
     if (n > kStoreMaxFrame || n < 5) {
-      write_frame(fd, std::string(1, static_cast<char>(kBad)) +
-                          fmt::format("frame of {} bytes (must be 5..{})", n, kStoreMaxFrame));
+      std::string reply(1, static_cast<char>(kBad));
+      reply += fmt::format("frame of {} bytes (must be 5..{})", n, kStoreMaxFrame);
+      write_frame(fd, reply);
       ::shutdown(fd, SHUT_RDWR);
       return;
     }

@@ -35,6 +35,10 @@ struct ElasticArgs {
   std::vector<std::string> args;
 };
 
+// How long an agent that cannot bind the embedded store's address tries to
+// serve it or reach it (the worker's own connect deadline).
+constexpr std::chrono::seconds kEmbeddedConnect{30};
+
 volatile sig_atomic_t g_worker = 0;
 volatile sig_atomic_t g_stop = 0;  // the signal that stops this agent
 void forward_signal(int sig) {
@@ -90,14 +94,37 @@ int run_elastic(const ElasticArgs& a) {
   const int port = addr->port;
   std::unique_ptr<comm::StoreServer> server;
   if (addr->kind == comm::StoreAddress::Kind::kEmbedded) {
-    // The first agent to bind the address serves the store; the others use it.
-    Result<std::unique_ptr<comm::StoreServer>> started = comm::StoreServer::start(host, port);
-    if (started.ok()) {
-      server = std::move(started).value();
-      std::printf("elastic: agent %d serves the rendezvous store on %s:%d (job '%s')\n", ::getpid(), host.c_str(),
-                  port, a.job.c_str());
-    } else if (started.status().code() != StatusCode::kUnavailable) {
-      return fail(started.status());
+    // The first agent to bind the address serves the store; the others use
+    // it. The address in use is not proof that a store serves it: an
+    // unrelated connection may hold the port for a while (an outgoing one
+    // whose ephemeral port it is). So an agent that can neither bind nor
+    // connect tries both again until the workers' own connect deadline,
+    // and one of the agents serves once the port is free.
+    const auto deadline = std::chrono::steady_clock::now() + kEmbeddedConnect;
+    bool told = false;
+    while (true) {
+      Result<std::unique_ptr<comm::StoreServer>> started = comm::StoreServer::start(host, port);
+      if (started.ok()) {
+        server = std::move(started).value();
+        std::printf("elastic: agent %d serves the rendezvous store on %s:%d (job '%s')\n", ::getpid(), host.c_str(),
+                    port, a.job.c_str());
+        break;
+      }
+      if (started.status().code() != StatusCode::kUnavailable) return fail(started.status());
+      Result<std::unique_ptr<comm::Store>> probe = comm::connect_store(*addr, std::chrono::milliseconds(200));
+      if (probe.ok()) break;  // another agent serves it
+      if (std::chrono::steady_clock::now() >= deadline)
+        return fail(Status::Unavailable(fmt::format(
+            "elastic: nobody serves the rendezvous store {}:{} and this agent cannot either, for {} s: {}; {}", host,
+            port, kEmbeddedConnect.count(), started.status().message(), probe.status().message())));
+      if (!told) {
+        std::printf("elastic: agent %d: %s:%d is in use but no store answers there yet; trying to serve it or reach "
+                    "it for %lld s\n",
+                    ::getpid(), host.c_str(), port, static_cast<long long>(kEmbeddedConnect.count()));
+        std::fflush(stdout);
+        told = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   } else {
     // An external store: reachable and willing now, or one line before any

@@ -78,21 +78,33 @@ void ElasticCheckpoints::report(const ckpt::PollResult& r) {
 void ElasticCheckpoints::after_step(int rank, int64_t step, GPT& model, const ShardedAdamW& opt) {
   if (c_.checkpoint_every <= 0) return;
   if (rank == 0 && step % c_.checkpoint_every == 0) {
-    Status s = lock(0);
+    // Usually free: the previous rank 0 let it go when it left its round;
+    // it may still be publishing its last save, hence the short wait.
+    Status s = lock(kSaveLockWait);
     if (s.ok()) s = start_save(step, model, opt);
     if (!s.ok())
       std::fprintf(stderr, "tessera: warning: checkpoint step %lld not saved: %s\n", static_cast<long long>(step),
                    s.message().c_str());
   }
-  if (!ckpt_ || !ckpt_->pending()) return;
-  Result<ckpt::PollResult> r = ckpt_->poll(self_, false);
-  if (r.ok()) report(*r);
+  if (ckpt_ && ckpt_->pending()) {
+    Result<ckpt::PollResult> r = ckpt_->poll(self_, false);
+    if (r.ok()) report(*r);
+  }
+  // Not rank 0 (any more): the lock is the current rank 0's, once this
+  // worker's own save is out.
+  if (rank != 0 && lock_.held() && !(ckpt_ && ckpt_->pending())) lock_ = ckpt::DirLock();
 }
 
 void ElasticCheckpoints::finish() {
   if (!ckpt_) return;
   Result<ckpt::PollResult> r = ckpt_->poll(self_, true);
   if (r.ok()) report(*r);
+}
+
+void ElasticCheckpoints::leave() {
+  if (!lock_.held()) return;
+  finish();
+  lock_ = ckpt::DirLock();
 }
 
 Status ElasticCheckpoints::save_now(int64_t step, GPT& model, const ShardedAdamW& opt) {
@@ -103,10 +115,12 @@ Status ElasticCheckpoints::save_now(int64_t step, GPT& model, const ShardedAdamW
     if (out_)
       std::fprintf(out_, "checkpoint: %s already holds step %lld (this worker completed %lld); not saved again\n",
                    have->dir().c_str(), static_cast<long long>(have->step()), static_cast<long long>(step));
+    lock_ = ckpt::DirLock();
     return Status::OK();
   }
   RETURN_IF_ERROR(start_save(step, model, opt));
   ASSIGN_OR_RETURN(ckpt::PollResult r, ckpt_->poll(self_, true));
+  lock_ = ckpt::DirLock();  // a peer's fallback save may be waiting for it
   if (r.state == ckpt::SaveState::kFailed) return r.error;
   report(r);
   return Status::OK();

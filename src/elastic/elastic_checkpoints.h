@@ -13,8 +13,12 @@
 //     its last completed step synchronously before it exits, unless the
 //     folder already holds that step or a later one (a shared folder: the
 //     survivor with the most steps wins, whatever the order).
-// The writer holds checkpoint.dir's LOCK (ckpt/dir_lock.h) from its first
-// save to its end; a fallback save waits up to 30 s for a peer's lock.
+// The lock (checkpoint.dir's LOCK, ckpt/dir_lock.h) follows rank 0: rank 0
+// takes it for a periodic save (waiting up to kSaveLockWait for a previous
+// rank 0 that is still finishing its save), and a worker lets it go when it
+// leaves its round (leave(): after its save in flight) or is not rank 0 of
+// the current one. A fallback save waits up to 30 s for a peer's lock and
+// lets it go once published.
 //
 // Threading: one thread (the training loop). Owns its Checkpointer.
 #pragma once
@@ -50,6 +54,15 @@ class ElasticCheckpoints {
   Status save_now(int64_t step, GPT& model, const ShardedAdamW& opt);
   // Waits for a save in flight (the end of the job).
   void finish();
+  // This worker leaves its round (a failure, a joiner, the end): waits for
+  // its save in flight, then releases the lock, so that the next round's
+  // rank 0 (maybe another worker) can take it.
+  void leave();
+  bool holds_lock() const { return lock_.held(); }
+
+  // How long a periodic save waits for the lock (a previous rank 0 still
+  // publishing its last save) before it is skipped with a warning.
+  static constexpr double kSaveLockWait = 5.0;
 
  private:
   Status lock(double wait_s);

@@ -360,6 +360,9 @@ Status ElasticTrainer::rebuild(const std::string& why) {
   const auto t0 = Clock::now();
   ddp_.reset();
   comm_.reset();  // closes this worker's connections
+  // The checkpoint lock follows rank 0: the next round's may be another
+  // worker (this one's save in flight is published first).
+  ckpts_->leave();
   const std::vector<Member> before = members_;
   const bool was_rank0 = rank_ == 0 && !before.empty();
   // Two deadlines: the collectives' is parallel.timeout (a slow step is not

@@ -91,10 +91,24 @@ Result<int> Rendezvous::lead(int64_t epoch) {
           "elastic: only {} of the minimum {} workers joined round {} of job '{}' within {:.0f} s (--min, "
           "--rdzv-timeout)",
           n, o_.min, epoch, o_.job, o_.timeout_s);
+      // Closed first, as any close: members that took this leader for dead
+      // (it stalled past their patience) may have abandoned the round and
+      // gone on in a later one meanwhile; then their "abandoned:" stands
+      // and this worker joins them.
+      ASSIGN_OR_RETURN(int64_t closed, store_.add(key(epoch, "count"), kClosedBias));
+      if (closed >= 2 * kClosedBias)
+        return Status::Unavailable(fmt::format(
+            "elastic: round {} was abandoned by its members (leader silent for {:.0f} s)", epoch, kLeaderSilence));
+      if (closed - kClosedBias >= o_.min) {  // min arrived just now: the round stands, with them
+        const int size = static_cast<int>(std::min<int64_t>(closed - kClosedBias, o_.max));
+        RETURN_IF_ERROR(store_.set(key(epoch, "closed"), std::to_string(size)));
+        RETURN_IF_ERROR(raise_last(epoch));
+        return size;
+      }
       RETURN_IF_ERROR(store_.set(key(epoch, "closed"), "fail:" + why));
       // A failed round counts as closed: a job restarted under the same id
       // (--resume, an external store that outlives the job) starts past it.
-      RETURN_IF_ERROR(store_.set(o_.job + "/last", std::to_string(epoch)));
+      RETURN_IF_ERROR(raise_last(epoch));
       return Status::ResourceExhausted(why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -106,8 +120,18 @@ Result<int> Rendezvous::lead(int64_t epoch) {
                                            epoch, kLeaderSilence));
   const int size = static_cast<int>(std::min<int64_t>(closed - kClosedBias, o_.max));
   RETURN_IF_ERROR(store_.set(key(epoch, "closed"), std::to_string(size)));
-  RETURN_IF_ERROR(store_.set(o_.job + "/last", std::to_string(epoch)));
+  RETURN_IF_ERROR(raise_last(epoch));
   return size;
+}
+
+Status Rendezvous::raise_last(int64_t epoch) {
+  // Never back: a round closed late (its leader stalled) must not send new
+  // workers to a round the job has left. A read, then a write: two rounds
+  // closing at once may still race, which costs a joiner one round.
+  Result<std::string> last = store_.get(o_.job + "/last");
+  if (last.ok() && std::strtoll(last->c_str(), nullptr, 10) >= epoch) return Status::OK();
+  if (!last.ok() && last.status().code() != StatusCode::kNotFound) return last.status();
+  return store_.set(o_.job + "/last", std::to_string(epoch));
 }
 
 Status Rendezvous::wait_closed(int64_t epoch) {

@@ -69,6 +69,8 @@ class Rendezvous {
  private:
   std::string key(int64_t epoch, const std::string& what) const;
   Result<int> lead(int64_t epoch);
+  // Sets JOB/last to epoch unless it already names a later round.
+  Status raise_last(int64_t epoch);
   // A member's wait for the round to close; abandons it (kUnavailable) when
   // the leader's heartbeat stops.
   Status wait_closed(int64_t epoch);

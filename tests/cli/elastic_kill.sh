@@ -16,7 +16,7 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n 
 trap cleanup EXIT
 source "$tests/cli/dp_common.inc"
 export OMP_NUM_THREADS=1
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 S=(--set train.micro_batch=2 --set train.grad_accum=4 --set train.steps=40 --set train.warmup=2 --set parallel.timeout=60
    --set model.dim=64 --set model.layers=3 --set train.lr=1e-3 --set train.min_lr=1e-4)
 
@@ -76,7 +76,7 @@ sys.exit(0 if r <= 1e-4 else 1)
 PY
 
 # Below --min: the job waits (bounded) and fails with one line.
-port2=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port2=$(free_port)
 if timeout 120 "$tessera" elastic --min 2 --max 2 --rdzv "embedded:127.0.0.1:$port2" --job few --rdzv-timeout 2 \
     -- train --config "$tmp/cfg.toml" "${S[@]}" --set "checkpoint.dir=$tmp/few" >"$tmp/few.log" 2>&1; then
   echo "FAIL: below min should fail"; exit 1; fi
@@ -87,7 +87,7 @@ if timeout 120 "$tessera" elastic --min 1 --max 1 --rdzv "embedded:127.0.0.1:$po
   echo "FAIL: ZeRO-1 should be refused"; exit 1; fi
 [ "$(grep -c "tessera: error: elastic training does not support ZeRO-1" "$tmp/zero.log")" = 1 ] || { cat "$tmp/zero.log"; exit 1; }
 # kill -9 of an agent ends its worker too (no orphan left training).
-port3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port3=$(free_port)
 timeout 120 "$tessera" elastic --min 1 --max 1 --rdzv "embedded:127.0.0.1:$port3" --job orphan \
   -- train --config "$tmp/cfg.toml" "${S[@]}" --set train.steps=100000 --set "checkpoint.dir=$tmp/orphan" \
   >"$tmp/orphan.log" 2>&1 &

@@ -32,7 +32,6 @@ stopped=()
 trap cleanup EXIT
 source "$tests/cli/dp_common.inc"
 export OMP_NUM_THREADS=1
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 steps=30
 base=(--set train.micro_batch=2 --set train.grad_accum=4 --set "train.steps=$steps" --set train.warmup=2
       --set model.dim=64 --set model.layers=3 --set train.lr=1e-3 --set train.min_lr=1e-4

@@ -18,7 +18,6 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n 
 trap cleanup EXIT
 source "$tests/cli/dp_common.inc"
 export OMP_NUM_THREADS=1
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 port=$(free_port)
 mkdir -p "$tmp/redis"

@@ -73,15 +73,6 @@ Result<plan::Layout> parse_layout(const std::string& s) {
   return l;
 }
 
-std::string dur(double s) {
-  if (s <= 0) return "-";
-  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
-  if (s < 120) return fmt::format("{:.2f} s", s);
-  if (s < 7200) return fmt::format("{:.1f} min", s / 60);
-  if (s < 3 * 86400) return fmt::format("{:.1f} h", s / 3600);
-  return fmt::format("{:.1f} days", s / 86400);
-}
-
 nlohmann::json to_json(const plan::Estimate& e) {
   nlohmann::json j = {
       {"layout", {{"nodes", e.layout.nodes}, {"dp", e.layout.dp}, {"tp", e.layout.tp}, {"pp", e.layout.pp},
@@ -104,8 +95,8 @@ nlohmann::json to_json(const plan::Estimate& e) {
 }
 
 void print_estimate_row(int i, const plan::Estimate& e) {
-  std::printf("  %-3d %-30s %10s %12.0f %6.1f%% %9.1f GB %12s %12s\n", i, e.layout.str().c_str(), dur(e.step).c_str(),
-              e.tokens_per_s, 100 * e.mfu, e.mem_total / 1e9, dur(e.train_seconds).c_str(),
+  std::printf("  %-3d %-30s %10s %12.0f %6.1f%% %9.1f GB %12s %12s\n", i, e.layout.str().c_str(), plan_duration(e.step).c_str(),
+              e.tokens_per_s, 100 * e.mfu, e.mem_total / 1e9, plan_duration(e.train_seconds).c_str(),
               e.cost_usd > 0 ? fmt::format("${:.0f}", e.cost_usd).c_str() : "-");
 }
 
@@ -113,10 +104,10 @@ void print_breakdown(const plan::Estimate& e) {
   auto pct = [&](double x) { return 100 * x / e.step; };
   std::printf("      step %s = compute %s (%.0f%%) + bubble %s (%.0f%%) + tp %s (%.0f%%) + p2p %s (%.0f%%) + dp exposed %s "
               "(%.0f%%, of %s) + optimizer %s (%.0f%%) + checkpoint %s\n",
-              dur(e.step).c_str(), dur(e.compute).c_str(), pct(e.compute), dur(e.bubble).c_str(), pct(e.bubble),
-              dur(e.tp_comm).c_str(), pct(e.tp_comm), dur(e.p2p).c_str(), pct(e.p2p), dur(e.dp_exposed).c_str(),
-              pct(e.dp_exposed), dur(e.dp_comm).c_str(), dur(e.optimizer).c_str(), pct(e.optimizer),
-              dur(e.checkpoint).c_str());
+              plan_duration(e.step).c_str(), plan_duration(e.compute).c_str(), pct(e.compute), plan_duration(e.bubble).c_str(), pct(e.bubble),
+              plan_duration(e.tp_comm).c_str(), pct(e.tp_comm), plan_duration(e.p2p).c_str(), pct(e.p2p), plan_duration(e.dp_exposed).c_str(),
+              pct(e.dp_exposed), plan_duration(e.dp_comm).c_str(), plan_duration(e.optimizer).c_str(), pct(e.optimizer),
+              plan_duration(e.checkpoint).c_str());
   std::printf("      memory/device %.2f GB of %.1f: params %.2f, grads %.2f, optimizer %.2f, activations %.2f; bottleneck: %s\n",
               e.mem_total / 1e9, e.mem_capacity / 1e9, e.mem_params / 1e9, e.mem_grads / 1e9, e.mem_optimizer / 1e9,
               e.mem_activations / 1e9, e.bottleneck().c_str());
@@ -354,6 +345,15 @@ void add_plan_command(CLI::App& app) {
     d.explain = a->explain;
     exit_code() = run_plan_dlrm(d);
   });
+}
+
+std::string plan_duration(double s) {
+  if (s <= 0) return "-";
+  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
+  if (s < 120) return fmt::format("{:.2f} s", s);
+  if (s < 7200) return fmt::format("{:.1f} min", s / 60);
+  if (s < 3 * 86400) return fmt::format("{:.1f} h", s / 3600);
+  return fmt::format("{:.1f} days", s / 86400);
 }
 
 }  // namespace tessera::tools

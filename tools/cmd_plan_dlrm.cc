@@ -171,15 +171,6 @@ Result<DlrmJobSpec> build_job(const PlanDlrmArgs& a) {
   return out;
 }
 
-std::string dur(double s) {
-  if (s <= 0) return "-";
-  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
-  if (s < 120) return fmt::format("{:.2f} s", s);
-  if (s < 7200) return fmt::format("{:.1f} min", s / 60);
-  if (s < 3 * 86400) return fmt::format("{:.1f} h", s / 3600);
-  return fmt::format("{:.1f} days", s / 86400);
-}
-
 nlohmann::json to_json(const plan::DlrmEstimate& e) {
   nlohmann::json j = {
       {"placement", e.placement == plan::DlrmPlacement::kTable ? "table" : "row"},
@@ -200,8 +191,8 @@ nlohmann::json to_json(const plan::DlrmEstimate& e) {
 }
 
 void print_breakdown(const plan::DlrmEstimate& e) {
-  auto part = [&](const char* name, double x) { return fmt::format("{} {} ({:.0f}%)", name, dur(x), 100 * x / e.step); };
-  std::printf("      step %s = %s + %s + %s + %s + %s + %s + %s + %s\n", dur(e.step).c_str(), part("mlp", e.mlp).c_str(),
+  auto part = [&](const char* name, double x) { return fmt::format("{} {} ({:.0f}%)", name, plan_duration(x), 100 * x / e.step); };
+  std::printf("      step %s = %s + %s + %s + %s + %s + %s + %s + %s\n", plan_duration(e.step).c_str(), part("mlp", e.mlp).c_str(),
               part("interaction", e.interaction).c_str(), part("lookup", e.lookup).c_str(), part("update", e.update).c_str(),
               part("all-to-all", e.alltoall).c_str(), part("all-reduce", e.allreduce).c_str(),
               part("adamw", e.optimizer).c_str(), part("launch", e.launch).c_str());
@@ -283,7 +274,7 @@ int run_plan_dlrm(const PlanDlrmArgs& a) {
       for (size_t i = 0; i < r.best.size(); ++i) {
         const auto& e = r.best[i];
         std::printf("  %-3zu %-11s %5d %5d %10s %12.0f %9.2f GB %12s %12s\n", i + 1, plan::placement_name(e.placement),
-                    e.nodes, e.ranks, dur(e.step).c_str(), e.samples_per_s, e.mem_total / 1e9, dur(e.train_seconds).c_str(),
+                    e.nodes, e.ranks, plan_duration(e.step).c_str(), e.samples_per_s, e.mem_total / 1e9, plan_duration(e.train_seconds).c_str(),
                     e.cost_usd > 0 ? fmt::format("${:.0f}", e.cost_usd).c_str() : "-");
       }
       print_breakdown(r.best[0]);

@@ -29,4 +29,7 @@ struct PlanDlrmArgs {
 bool plan_is_dlrm(const PlanDlrmArgs& a);
 int run_plan_dlrm(const PlanDlrmArgs& a);
 
+// "12.3 ms", "4.56 s", "7.8 min", "3.1 h", "4.4 days"; "-" for <= 0 (cmd_plan.cc).
+std::string plan_duration(double s);
+
 }  // namespace tessera::tools

@@ -66,28 +66,6 @@ class ClickBatch {
   DlrmBatch batch_;
 };
 
-class MetricsLog {  // JSON lines, flushed per record (rank 0)
- public:
-  Status open(const std::string& path) {
-    if (path.empty()) return Status::OK();
-    RETURN_IF_ERROR(io::check_openable_for_writing(path));
-    f_ = std::fopen(path.c_str(), "w");
-    if (!f_) return Status::IOError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
-    return Status::OK();
-  }
-  void write(const nlohmann::json& j) {
-    if (!f_) return;
-    std::fprintf(f_, "%s\n", j.dump().c_str());
-    std::fflush(f_);
-  }
-  ~MetricsLog() {
-    if (f_) std::fclose(f_);
-  }
-
- private:
-  std::FILE* f_ = nullptr;
-};
-
 // The DLRM loop in named parts, as train/trainer.cc's: setup(), step(),
 // evaluate(), log(), save(); run() calls them.
 class DlrmTrainer {

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "comm/mpi/local_device.h"
+#include "io/file.h"
 
 namespace tessera {
 
@@ -54,6 +57,24 @@ Result<std::unique_ptr<obs::MetricsExporter>> start_metrics_exporter(const Train
         who, c.metrics_host, failed[static_cast<size_t>(r)]));
   }
   return exporter;
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+Status MetricsLog::open(const std::string& path) {
+  if (path.empty()) return Status::OK();
+  RETURN_IF_ERROR(io::check_openable_for_writing(path));  // creates the folder
+  f_ = std::fopen(path.c_str(), "w");
+  if (!f_) return Status::IOError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  return Status::OK();
+}
+
+void MetricsLog::write(const nlohmann::json& j) {
+  if (!f_) return;
+  std::fprintf(f_, "%s\n", j.dump().c_str());
+  std::fflush(f_);
 }
 
 }  // namespace tessera

@@ -3,8 +3,11 @@
 // (docs/monitoring.md).
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 #include "comm/communicator.h"
@@ -32,5 +35,21 @@ obs::Labels rank_labels(const TrainConfig& c, int rank, const comm::MeshCoord& c
 // training starts.
 Result<std::unique_ptr<obs::MetricsExporter>> start_metrics_exporter(const TrainConfig& c, comm::Communicator& world,
                                                                      obs::Registry& registry);
+
+// The log.metrics file: one JSON object a line, flushed per record (rank 0
+// writes it). Without open() (no log.metrics), write() does nothing.
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  ~MetricsLog();
+  // Creates the folder and truncates the file; IOError naming the path.
+  Status open(const std::string& path);
+  void write(const nlohmann::json& j);
+
+ private:
+  std::FILE* f_ = nullptr;
+};
 
 }  // namespace tessera

@@ -74,28 +74,6 @@ Status check_outputs(const TrainConfig& c) {
   return Status::OK();
 }
 
-class MetricsLog {
- public:
-  Status open(const std::string& path) {
-    if (path.empty()) return Status::OK();
-    RETURN_IF_ERROR(io::check_openable_for_writing(path));  // creates the folder
-    f_ = std::fopen(path.c_str(), "w");
-    if (!f_) return Status::IOError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
-    return Status::OK();
-  }
-  void write(const nlohmann::json& j) {
-    if (!f_) return;
-    std::fprintf(f_, "%s\n", j.dump().c_str());
-    std::fflush(f_);
-  }
-  ~MetricsLog() {
-    if (f_) std::fclose(f_);
-  }
-
- private:
-  std::FILE* f_ = nullptr;
-};
-
 // "45s", "12m05s", "3h07m": a time left, to the second under an hour.
 std::string format_duration(double seconds) {
   const long long t = std::llround(std::max(0.0, seconds));

@@ -10,10 +10,12 @@
 // allocates its scratch (2 L ints) per call.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace tessera::cpu {
 
@@ -85,8 +87,134 @@ int embedding_bag_backward(int* rows, float* drows, const float* dout, int64_t l
   return U;
 }
 
+// The dot interaction, for D a multiple of 16 (DLRM's 16..128), one sample at
+// a time with the vectors across 16 lanes (one zmm under AVX-512; the functions
+// are compiled per ISA level, vec_math.h). Forward: Z = X X^T from a
+// transposed copy XT (D, Fp) of the sample, rows of Z in blocks of 4, each
+// block's columns (only those left of its last row) one or two 16-wide
+// vectors: per d, one or two loads of XT[d] and 4 broadcasts of X[i][d] feed
+// 4 or 8 independent accumulators. Backward: dX += S X with S (F, F) the
+// pair gradients placed at (i, j) and (j, i): rows of dX in blocks of 4 over
+// D in 16-wide vectors, X[j] loaded once for 4 rows. The hand loops of the
+// reference did one pair at a time (a horizontal sum per dot, two
+// read-modify-writes of D floats per pair in backward).
+//
+// Both keep the reference's arithmetic: every Z[i][j] is the sum over d =
+// 0..D-1 in order from 0, and every dX[i] starts from its old value (plus
+// dout's first D for i = 0) and adds S[i][j] X[j] for j ascending, skipping
+// j = i: the pair order of the reference as seen by one row. No FMA
+// contraction (the project builds in ISO mode, -ffp-contract=off), so the
+// results equal the reference's bitwise.
+namespace {
+
+typedef float v16 __attribute__((vector_size(64)));  // 16 floats
+
+constexpr int kRows = 4;  // rows of Z (forward) or dX (backward) per block
+
+// Z's rows xr[0..3] against columns c..c+16*NV of XT (D, Fp): z (4, 32).
+template <int NV>
+__attribute__((always_inline)) inline void gram_block(float* z, const float* const* xr, const float* xt, int Fp,
+                                                      int D) {
+  v16 acc[kRows][NV];
+  for (int r = 0; r < kRows; r++)
+    for (int h = 0; h < NV; h++) acc[r][h] = v16{};
+  for (int d = 0; d < D; d++) {
+    v16 t[NV];
+    for (int h = 0; h < NV; h++) std::memcpy(&t[h], xt + static_cast<int64_t>(d) * Fp + 16 * h, sizeof(v16));
+    for (int r = 0; r < kRows; r++) {
+      const float s = xr[r][d];
+      for (int h = 0; h < NV; h++) acc[r][h] += s * t[h];
+    }
+  }
+  for (int r = 0; r < kRows; r++)
+    for (int h = 0; h < NV; h++) std::memcpy(z + r * 32 + 16 * h, &acc[r][h], sizeof(v16));
+}
+
+// out (D+P) of one sample x (F, D); xt: scratch (D, Fp) whose columns F..Fp
+// are zero.
+TESSERA_CPU_CLONES void interaction_forward_sample(float* o, const float* x, float* xt, int F, int D, int Fp) {
+  std::copy(x, x + D, o);
+  for (int i = 0; i < F; i++)
+    for (int d = 0; d < D; d++) xt[static_cast<int64_t>(d) * Fp + i] = x[i * D + d];
+  float z[kRows * 32];
+  for (int i0 = 1; i0 < F; i0 += kRows) {
+    const int rows = std::min(kRows, F - i0);
+    const int ncol = i0 + rows - 1;  // the block's last row pairs with columns 0..ncol-1
+    const float* xr[kRows];
+    for (int r = 0; r < kRows; r++) xr[r] = x + std::min(i0 + r, F - 1) * D;  // rows past F: computed, dropped
+    for (int c = 0; c < ncol; c += 32) {
+      const int nv = ncol - c > 16 ? 2 : 1;
+      if (nv == 2)
+        gram_block<2>(z, xr, xt + c, Fp, D);
+      else
+        gram_block<1>(z, xr, xt + c, Fp, D);
+      for (int r = 0; r < rows; r++) {
+        const int i = i0 + r;
+        float* zi = o + D + i * (i - 1) / 2;  // pair (i, j) at D + i(i-1)/2 + j
+        for (int j = c; j < std::min(c + 16 * nv, i); j++) zi[j] = z[r * 32 + j - c];
+      }
+    }
+  }
+}
+
+// dx (F, D) += the gradient of one sample from g (D+P); s: scratch (F, F).
+TESSERA_CPU_CLONES void interaction_backward_sample(float* dx, const float* g, const float* x, float* s, int F,
+                                                    int D) {
+  int k = D;
+  for (int i = 1; i < F; i++)
+    for (int j = 0; j < i; j++) s[i * F + j] = s[j * F + i] = g[k++];
+  for (int i0 = 0; i0 < F; i0 += kRows) {
+    const int rows = std::min(kRows, F - i0);
+    int ri[kRows];
+    for (int r = 0; r < kRows; r++) ri[r] = std::min(i0 + r, F - 1);  // rows past F: computed, dropped
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      v16 acc[kRows];
+      for (int r = 0; r < kRows; r++) std::memcpy(&acc[r], dx + ri[r] * D + d0, sizeof(v16));
+      if (i0 == 0) {
+        v16 g0;
+        std::memcpy(&g0, g + d0, sizeof(v16));
+        acc[0] += g0;
+      }
+      // j < i0: every row of the block pairs with j.
+      for (int j = 0; j < i0; j++) {
+        v16 xj;
+        std::memcpy(&xj, x + j * D + d0, sizeof(v16));
+        for (int r = 0; r < kRows; r++) acc[r] += s[ri[r] * F + j] * xj;
+      }
+      // j in the block: all rows but j's own.
+      for (int jj = 0; jj < kRows; jj++) {
+        if (i0 + jj >= F) break;
+        v16 xj;
+        std::memcpy(&xj, x + (i0 + jj) * D + d0, sizeof(v16));
+        for (int r = 0; r < kRows; r++)
+          if (r != jj) acc[r] += s[ri[r] * F + i0 + jj] * xj;
+      }
+      for (int j = i0 + kRows; j < F; j++) {
+        v16 xj;
+        std::memcpy(&xj, x + j * D + d0, sizeof(v16));
+        for (int r = 0; r < kRows; r++) acc[r] += s[ri[r] * F + j] * xj;
+      }
+      for (int r = 0; r < rows; r++) std::memcpy(dx + (i0 + r) * D + d0, &acc[r], sizeof(v16));
+    }
+  }
+}
+
+}  // namespace
+
 void interaction_forward(float* out, const float* feat, int B, int F, int D) {
   const int P = F * (F - 1) / 2;
+  if (D % 16 == 0) {
+    const int Fp = (F + 15) / 16 * 16;
+#pragma omp parallel if (static_cast<int64_t>(B) * P * D > kParallelMin)
+    {
+      std::vector<float> xt(static_cast<size_t>(D) * Fp, 0.0f);
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; b++)
+        interaction_forward_sample(out + static_cast<int64_t>(b) * (D + P), feat + static_cast<int64_t>(b) * F * D,
+                                   xt.data(), F, D, Fp);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(B) * P * D > kParallelMin)
   for (int b = 0; b < B; b++) {
     const float* x = feat + static_cast<int64_t>(b) * F * D;
@@ -98,7 +226,6 @@ void interaction_forward(float* out, const float* feat, int B, int F, int D) {
         const float* xi = x + i * D;
         const float* xj = x + j * D;
         float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
         for (int d = 0; d < D; d++) dot += xi[d] * xj[d];
         o[k++] = dot;
       }
@@ -107,6 +234,17 @@ void interaction_forward(float* out, const float* feat, int B, int F, int D) {
 
 void interaction_backward(float* dfeat, const float* dout, const float* feat, int B, int F, int D) {
   const int P = F * (F - 1) / 2;
+  if (D % 16 == 0) {
+#pragma omp parallel if (static_cast<int64_t>(B) * P * D > kParallelMin)
+    {
+      std::vector<float> s(static_cast<size_t>(F) * F, 0.0f);
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; b++)
+        interaction_backward_sample(dfeat + static_cast<int64_t>(b) * F * D, dout + static_cast<int64_t>(b) * (D + P),
+                                    feat + static_cast<int64_t>(b) * F * D, s.data(), F, D);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(B) * P * D > kParallelMin)
   for (int b = 0; b < B; b++) {
     const float* x = feat + static_cast<int64_t>(b) * F * D;

@@ -157,6 +157,54 @@ TESSERA_CPU_CLONES void interaction_forward_sample(float* o, const float* x, flo
   }
 }
 
+// Rows ri[0..3] of dx (F, D), columns d0..d0+16*NV, += their part of S X
+// (+ dout's first D for row 0 when i0 = 0); s (F, F).
+template <int NV>
+__attribute__((always_inline)) inline void sx_block(float* dx, const float* g, const float* x, const float* s,
+                                                    const int* ri, int rows, int i0, int d0, int F, int D) {
+  v16 acc[kRows][NV];
+  for (int r = 0; r < kRows; r++)
+    for (int h = 0; h < NV; h++) std::memcpy(&acc[r][h], dx + ri[r] * D + d0 + 16 * h, sizeof(v16));
+  if (i0 == 0)
+    for (int h = 0; h < NV; h++) {
+      v16 g0;
+      std::memcpy(&g0, g + d0 + 16 * h, sizeof(v16));
+      acc[0][h] += g0;
+    }
+  const float* s_r[kRows];
+  for (int r = 0; r < kRows; r++) s_r[r] = s + ri[r] * F;
+  // j < i0: every row of the block pairs with j.
+  for (int j = 0; j < i0; j++) {
+    v16 xj[NV];
+    for (int h = 0; h < NV; h++) std::memcpy(&xj[h], x + j * D + d0 + 16 * h, sizeof(v16));
+    for (int r = 0; r < kRows; r++) {
+      const float sj = s_r[r][j];
+      for (int h = 0; h < NV; h++) acc[r][h] += sj * xj[h];
+    }
+  }
+  // j in the block: every row but j's own.
+  for (int jj = 0; jj < kRows; jj++) {
+    if (i0 + jj >= F) break;
+    v16 xj[NV];
+    for (int h = 0; h < NV; h++) std::memcpy(&xj[h], x + (i0 + jj) * D + d0 + 16 * h, sizeof(v16));
+    for (int r = 0; r < kRows; r++) {
+      if (r == jj) continue;
+      const float sj = s_r[r][i0 + jj];
+      for (int h = 0; h < NV; h++) acc[r][h] += sj * xj[h];
+    }
+  }
+  for (int j = i0 + kRows; j < F; j++) {
+    v16 xj[NV];
+    for (int h = 0; h < NV; h++) std::memcpy(&xj[h], x + j * D + d0 + 16 * h, sizeof(v16));
+    for (int r = 0; r < kRows; r++) {
+      const float sj = s_r[r][j];
+      for (int h = 0; h < NV; h++) acc[r][h] += sj * xj[h];
+    }
+  }
+  for (int r = 0; r < rows; r++)
+    for (int h = 0; h < NV; h++) std::memcpy(dx + (i0 + r) * D + d0 + 16 * h, &acc[r][h], sizeof(v16));
+}
+
 // dx (F, D) += the gradient of one sample from g (D+P); s: scratch (F, F).
 TESSERA_CPU_CLONES void interaction_backward_sample(float* dx, const float* g, const float* x, float* s, int F,
                                                     int D) {
@@ -167,35 +215,9 @@ TESSERA_CPU_CLONES void interaction_backward_sample(float* dx, const float* g, c
     const int rows = std::min(kRows, F - i0);
     int ri[kRows];
     for (int r = 0; r < kRows; r++) ri[r] = std::min(i0 + r, F - 1);  // rows past F: computed, dropped
-    for (int d0 = 0; d0 < D; d0 += 16) {
-      v16 acc[kRows];
-      for (int r = 0; r < kRows; r++) std::memcpy(&acc[r], dx + ri[r] * D + d0, sizeof(v16));
-      if (i0 == 0) {
-        v16 g0;
-        std::memcpy(&g0, g + d0, sizeof(v16));
-        acc[0] += g0;
-      }
-      // j < i0: every row of the block pairs with j.
-      for (int j = 0; j < i0; j++) {
-        v16 xj;
-        std::memcpy(&xj, x + j * D + d0, sizeof(v16));
-        for (int r = 0; r < kRows; r++) acc[r] += s[ri[r] * F + j] * xj;
-      }
-      // j in the block: all rows but j's own.
-      for (int jj = 0; jj < kRows; jj++) {
-        if (i0 + jj >= F) break;
-        v16 xj;
-        std::memcpy(&xj, x + (i0 + jj) * D + d0, sizeof(v16));
-        for (int r = 0; r < kRows; r++)
-          if (r != jj) acc[r] += s[ri[r] * F + i0 + jj] * xj;
-      }
-      for (int j = i0 + kRows; j < F; j++) {
-        v16 xj;
-        std::memcpy(&xj, x + j * D + d0, sizeof(v16));
-        for (int r = 0; r < kRows; r++) acc[r] += s[ri[r] * F + j] * xj;
-      }
-      for (int r = 0; r < rows; r++) std::memcpy(dx + (i0 + r) * D + d0, &acc[r], sizeof(v16));
-    }
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) sx_block<4>(dx, g, x, s, ri, rows, i0, d0, F, D);
+    for (; d0 < D; d0 += 16) sx_block<1>(dx, g, x, s, ri, rows, i0, d0, F, D);
   }
 }
 

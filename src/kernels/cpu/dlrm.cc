@@ -108,46 +108,83 @@ int embedding_bag_backward(int* rows, float* drows, const float* dout, int64_t l
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats
+typedef int v16i __attribute__((vector_size(64)));   // lane indices of two v16s (0..31)
 
-constexpr int kRows = 4;  // rows of Z (forward) or dX (backward) per block
+constexpr int kZRows = 8;  // rows of Z per block (forward; fewer in the last)
+constexpr int kRows = 4;   // rows of dX per block (backward)
 
-// Z's rows xr[0..3] against columns c..c+16*NV of XT (D, Fp): z (4, 32).
-template <int NV>
+// Z's rows xr[0..R) against columns c..c+16*NV of XT (D, Fp): z (R, 32).
+template <int R, int NV>
 __attribute__((always_inline)) inline void gram_block(float* z, const float* const* xr, const float* xt, int Fp,
                                                       int D) {
-  v16 acc[kRows][NV];
-  for (int r = 0; r < kRows; r++)
+  v16 acc[R][NV];
+  for (int r = 0; r < R; r++)
     for (int h = 0; h < NV; h++) acc[r][h] = v16{};
   for (int d = 0; d < D; d++) {
     v16 t[NV];
     for (int h = 0; h < NV; h++) std::memcpy(&t[h], xt + static_cast<int64_t>(d) * Fp + 16 * h, sizeof(v16));
-    for (int r = 0; r < kRows; r++) {
+    for (int r = 0; r < R; r++) {
       const float s = xr[r][d];
       for (int h = 0; h < NV; h++) acc[r][h] += s * t[h];
     }
   }
-  for (int r = 0; r < kRows; r++)
+  for (int r = 0; r < R; r++)
     for (int h = 0; h < NV; h++) std::memcpy(z + r * 32 + 16 * h, &acc[r][h], sizeof(v16));
+}
+
+// One step of a 16x16 transpose held in m[0..16): swaps element (r, c) with
+// (r^S, c^S) where bit S of r and c differ; the four steps S = 1, 2, 4, 8
+// swap every (r, c) with (c, r). Each row costs one two-source permute.
+template <int S>
+__attribute__((always_inline)) inline void transpose_step(v16* m) {
+  v16i lo, hi;  // lo: row r (bit S clear) takes a[k] or b[k-S]; hi: row r+S takes a[k+S] or b[k]
+  for (int k = 0; k < 16; k++) {
+    lo[k] = (k & S) ? 16 + k - S : k;
+    hi[k] = (k & S) ? 16 + k : k + S;
+  }
+  for (int r = 0; r < 16; r++)
+    if (!(r & S)) {
+      const v16 a = m[r], b = m[r + S];
+      m[r] = __builtin_shuffle(a, b, lo);
+      m[r + S] = __builtin_shuffle(a, b, hi);
+    }
+}
+
+// xt (D, Fp) = the transpose of x (F, D), in 16x16 tiles; rows of a tile
+// past F repeat row F-1 (its columns of xt are never read back).
+__attribute__((always_inline)) inline void transpose_sample(float* xt, const float* x, int F, int D, int Fp) {
+  for (int i0 = 0; i0 < F; i0 += 16)
+    for (int d0 = 0; d0 < D; d0 += 16) {
+      v16 m[16];
+      for (int r = 0; r < 16; r++) std::memcpy(&m[r], x + std::min(i0 + r, F - 1) * D + d0, sizeof(v16));
+      transpose_step<1>(m);
+      transpose_step<2>(m);
+      transpose_step<4>(m);
+      transpose_step<8>(m);
+      for (int c = 0; c < 16; c++) std::memcpy(xt + static_cast<int64_t>(d0 + c) * Fp + i0, &m[c], sizeof(v16));
+    }
 }
 
 // out (D+P) of one sample x (F, D); xt: scratch (D, Fp) whose columns F..Fp
 // are zero.
 TESSERA_CPU_CLONES void interaction_forward_sample(float* o, const float* x, float* xt, int F, int D, int Fp) {
   std::copy(x, x + D, o);
-  for (int i = 0; i < F; i++)
-    for (int d = 0; d < D; d++) xt[static_cast<int64_t>(d) * Fp + i] = x[i * D + d];
-  float z[kRows * 32];
-  for (int i0 = 1; i0 < F; i0 += kRows) {
-    const int rows = std::min(kRows, F - i0);
+  transpose_sample(xt, x, F, D, Fp);
+  float z[kZRows * 32];
+  for (int i0 = 1; i0 < F; i0 += kZRows) {
+    const int rows = std::min(kZRows, F - i0);
     const int ncol = i0 + rows - 1;  // the block's last row pairs with columns 0..ncol-1
-    const float* xr[kRows];
-    for (int r = 0; r < kRows; r++) xr[r] = x + std::min(i0 + r, F - 1) * D;  // rows past F: computed, dropped
+    const float* xr[kZRows];
+    for (int r = 0; r < kZRows; r++) xr[r] = x + std::min(i0 + r, F - 1) * D;  // rows past F: computed, dropped
     for (int c = 0; c < ncol; c += 32) {
       const int nv = ncol - c > 16 ? 2 : 1;
-      if (nv == 2)
-        gram_block<2>(z, xr, xt + c, Fp, D);
+      // The last block may hold few rows: a narrower one skips the dropped.
+      if (rows > 4)
+        nv == 2 ? gram_block<8, 2>(z, xr, xt + c, Fp, D) : gram_block<8, 1>(z, xr, xt + c, Fp, D);
+      else if (rows > 2)
+        nv == 2 ? gram_block<4, 2>(z, xr, xt + c, Fp, D) : gram_block<4, 1>(z, xr, xt + c, Fp, D);
       else
-        gram_block<1>(z, xr, xt + c, Fp, D);
+        nv == 2 ? gram_block<2, 2>(z, xr, xt + c, Fp, D) : gram_block<2, 1>(z, xr, xt + c, Fp, D);
       for (int r = 0; r < rows; r++) {
         const int i = i0 + r;
         float* zi = o + D + i * (i - 1) / 2;  // pair (i, j) at D + i(i-1)/2 + j

@@ -88,23 +88,25 @@ int embedding_bag_backward(int* rows, float* drows, const float* dout, int64_t l
 }
 
 // The dot interaction, for D a multiple of 16 (DLRM's 16..128), one sample at
-// a time with the vectors across 16 lanes (one zmm under AVX-512; the functions
-// are compiled per ISA level, vec_math.h). Forward: Z = X X^T from a
-// transposed copy XT (D, Fp) of the sample, rows of Z in blocks of 4, each
-// block's columns (only those left of its last row) one or two 16-wide
-// vectors: per d, one or two loads of XT[d] and 4 broadcasts of X[i][d] feed
-// 4 or 8 independent accumulators. Backward: dX += S X with S (F, F) the
-// pair gradients placed at (i, j) and (j, i): rows of dX in blocks of 4 over
-// D in 16-wide vectors, X[j] loaded once for 4 rows. The hand loops of the
-// reference did one pair at a time (a horizontal sum per dot, two
-// read-modify-writes of D floats per pair in backward).
+// a time, 16 floats to a vector (one zmm under AVX-512; the functions are
+// compiled per ISA level, vec_math.h). Forward: Z = X X^T from a transposed
+// copy XT (D, Fp) of the sample (16x16 tiles transposed in registers), rows
+// of Z in blocks of 8 (fewer in the last), each block's columns (only those
+// left of its last row) one or two vectors: per d, one or two loads of XT[d]
+// and 8 broadcasts of X[i][d] feed 8 or 16 independent accumulators.
+// Backward: dX += S X with S (F, F) the pair gradients placed at (i, j) and
+// (j, i): rows of dX in blocks of 4, 64 floats at a time (16 accumulators),
+// X[j] loaded once for 4 rows. The loops they replace did one pair at a time
+// (a horizontal sum per dot, two read-modify-writes of D floats per pair in
+// backward) and ran at 8% of the GEMM peak (docs/performance.md, DLRM).
 //
-// Both keep the reference's arithmetic: every Z[i][j] is the sum over d =
-// 0..D-1 in order from 0, and every dX[i] starts from its old value (plus
-// dout's first D for i = 0) and adds S[i][j] X[j] for j ascending, skipping
-// j = i: the pair order of the reference as seen by one row. No FMA
-// contraction (the project builds in ISO mode, -ffp-contract=off), so the
-// results equal the reference's bitwise.
+// Both keep the reference's order of summation: every Z[i][j] sums d =
+// 0..D-1 from 0, and every dX[i] starts from its old value (plus dout's
+// first D for i = 0) and adds S[i][j] X[j] for j ascending, skipping j = i:
+// the reference's pair order as one row sees it. The only difference is that
+// GCC contracts a multiply and add into an FMA (C++'s default
+// -ffp-contract=fast) in the AVX2 and AVX-512 clones, one rounding fewer per
+// term; the baseline clone, like the reference, has no FMA.
 namespace {
 
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats

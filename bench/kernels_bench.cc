@@ -114,5 +114,28 @@ void BM_AdamW(benchmark::State& s) {
 }
 BENCHMARK(BM_AdamW)->Unit(benchmark::kMillisecond);
 
+// The DLRM dot interaction at the 500M preset (configs/dlrm_500m.toml):
+// B = 2048 samples of F = 27 features (the bottom MLP's output and 26
+// pooled embeddings) of D = 64. Forward 2*P*D FLOPs a sample, backward 4*P*D.
+constexpr int kDlrmB = 2048, kDlrmF = 27, kDlrmD = 64, kDlrmP = kDlrmF * (kDlrmF - 1) / 2;
+
+void BM_DlrmInteractionForward(benchmark::State& s) {
+  auto feat = random_vec(size_t{kDlrmB} * kDlrmF * kDlrmD, 1);
+  std::vector<float> out(size_t{kDlrmB} * (kDlrmD + kDlrmP));
+  for (auto _ : s) cpu::interaction_forward(out.data(), feat.data(), kDlrmB, kDlrmF, kDlrmD);
+  s.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * kDlrmB * kDlrmP * kDlrmD * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DlrmInteractionForward)->Unit(benchmark::kMillisecond);
+
+void BM_DlrmInteractionBackward(benchmark::State& s) {
+  auto feat = random_vec(size_t{kDlrmB} * kDlrmF * kDlrmD, 1), dout = random_vec(size_t{kDlrmB} * (kDlrmD + kDlrmP), 2);
+  std::vector<float> dfeat(feat.size());
+  for (auto _ : s) cpu::interaction_backward(dfeat.data(), dout.data(), feat.data(), kDlrmB, kDlrmF, kDlrmD);
+  s.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * kDlrmB * kDlrmP * kDlrmD * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DlrmInteractionBackward)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace tessera

@@ -98,7 +98,10 @@ void add_bench_dlrm_ops_command(CLI::App& bench) {
                           {"mlp_gflops", r->mlp_gflops},
                           {"gemm_peak_gflops", r->gemm_peak_gflops},
                           {"mlp_pct_of_peak", 100 * r->mlp_gflops / r->gemm_peak_gflops},
-                          {"step_ms", r->step_s * 1e3}};
+                          {"step_ms", r->step_s * 1e3},
+                          {"interaction_ms", r->interaction_s * 1e3},
+                          {"interaction_gflops", r->interaction_gflops},
+                          {"interaction_pct_of_peak", 100 * r->interaction_gflops / r->gemm_peak_gflops}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("DLRM %lld params (tables %.2f GB), batch %d, %lld lookups per step\n",
@@ -110,9 +113,14 @@ void add_bench_dlrm_ops_command(CLI::App& bench) {
       std::printf("MLPs (forward + backward, all layers):      %8.2f ms  %7.1f GFLOP/s = %5.1f%% of the fp32 "
                   "GEMM peak %.1f GFLOP/s\n",
                   r->mlp_s * 1e3, r->mlp_gflops, 100 * r->mlp_gflops / r->gemm_peak_gflops, r->gemm_peak_gflops);
-      std::printf("step (Dlrm forward + backward):             %8.2f ms  lookup %.0f%%, MLPs %.0f%%, rest %.0f%%\n",
+      std::printf("interaction (forward + backward):           %8.2f ms  %7.1f GFLOP/s = %5.1f%% of the fp32 "
+                  "GEMM peak\n",
+                  r->interaction_s * 1e3, r->interaction_gflops, 100 * r->interaction_gflops / r->gemm_peak_gflops);
+      std::printf("step (Dlrm forward + backward):             %8.2f ms  lookup %.0f%%, MLPs %.0f%%, interaction "
+                  "%.0f%%, rest %.0f%%\n",
                   r->step_s * 1e3, 100 * r->lookup_s / r->step_s, 100 * r->mlp_s / r->step_s,
-                  100 * (1 - (r->lookup_s + r->mlp_s) / r->step_s));
+                  100 * r->interaction_s / r->step_s,
+                  100 * (1 - (r->lookup_s + r->mlp_s + r->interaction_s) / r->step_s));
     }
     exit_code() = kExitOk;
   });

@@ -115,6 +115,19 @@ Result<DlrmOpsResult> bench_dlrm_ops(const DlrmOpsOptions& o) {
   for (auto [i, out] : layers) r.mlp_flops += 6.0 * B * i * out;
   r.mlp_gflops = r.mlp_flops / r.mlp_s / 1e9;
 
+  // Interaction: forward and backward over features laid out as the model's.
+  const int F = T + 1, P = F * (F - 1) / 2;
+  std::vector<float> feat(static_cast<size_t>(B) * F * D), inter(static_cast<size_t>(B) * (D + P)),
+      dinter(inter.size()), dfeat(feat.size());
+  for (float& v : feat) v = normal(rng) * 0.1f;
+  for (float& v : dinter) v = normal(rng) * 0.01f;
+  r.interaction_s = best_seconds(o.iters, [&] {
+    cpu::interaction_forward(inter.data(), feat.data(), B, F, D);
+    cpu::interaction_backward(dfeat.data(), dinter.data(), feat.data(), B, F, D);
+  });
+  r.interaction_flops = 6.0 * B * P * D;
+  r.interaction_gflops = r.interaction_flops / r.interaction_s / 1e9;
+
   r.step_s = best_seconds(o.iters, [&] {
     model.zero_dense_grads();
     model.forward(batch);

@@ -44,6 +44,10 @@ struct DlrmOpsResult {
   // every layer at the batch), 6*B*in*out FLOPs per layer.
   double mlp_s = 0, mlp_flops = 0, mlp_gflops = 0;
   double gemm_peak_gflops = 0;  // fp32 square 1024 GEMM, same run
+  // The dot interaction (interaction_forward + backward) of the (B, F, D)
+  // features, F = T + 1: 6*B*P*D FLOPs (P = F(F-1)/2 pairs; forward 2*P*D
+  // per sample, backward 4*P*D), against the same GEMM peak.
+  double interaction_s = 0, interaction_flops = 0, interaction_gflops = 0;
   // nn::Dlrm forward + backward (no optimizer step) on the same batch.
   double step_s = 0;
   int64_t lookups = 0;       // ids per batch (B*L*T)

@@ -154,7 +154,8 @@ TEST(DlrmInteraction, LayoutIsDenseThenLowerTrianglePairs) {
 
 TEST(DlrmInteraction, CpuMatchesRefOnOddShapes) {
   std::mt19937 rng(3);
-  for (auto [B, F, D] : {std::tuple{1, 1, 1}, std::tuple{3, 2, 5}, std::tuple{17, 9, 13}, std::tuple{64, 27, 16}}) {
+  for (auto [B, F, D] : {std::tuple{1, 1, 1}, std::tuple{3, 2, 5}, std::tuple{17, 9, 13}, std::tuple{64, 27, 16},
+                            std::tuple{2, 1, 16}, std::tuple{5, 27, 64}, std::tuple{3, 17, 96}, std::tuple{4, 33, 32}}) {
     const int P = F * (F - 1) / 2;
     const std::vector<float> feat = randn(static_cast<size_t>(B) * F * D, rng);
     std::vector<float> out_ref(static_cast<size_t>(B) * (D + P)), out_cpu(out_ref.size());

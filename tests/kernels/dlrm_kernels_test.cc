@@ -94,8 +94,9 @@ TEST_P(EmbeddingBagTest, CpuMatchesRefOnOddShapesWithStride) {
     ref::embedding_bag_forward(out_ref.data(), ld, table.data(), ids.data(), offsets.data(), B, D, pooling);
     cpu::embedding_bag_forward(out_cpu.data(), ld, table.data(), ids.data(), offsets.data(), B, D, pooling);
     expect_close(out_cpu, out_ref, 0.0f, "forward");
-    if (B > 1)
+    if (B > 1) {
       for (int d = 0; d < D; d++) EXPECT_EQ(out_ref[1 * ld + d], 0.0f) << "empty bag pools to zeros";
+    }
     EXPECT_EQ(out_ref[D], -1.0f) << "the stride's gap is not written";
 
     const std::vector<float> dout = randn(B * ld, rng);
@@ -112,7 +113,9 @@ TEST_P(EmbeddingBagTest, CpuMatchesRefOnOddShapesWithStride) {
     ASSERT_EQ(u_ref, static_cast<int>(distinct.size())) << "one gradient row per distinct id";
     for (int u = 0; u < u_ref; u++) {
       ASSERT_EQ(rows_cpu[u], rows_ref[u]);
-      if (u > 0) ASSERT_LT(rows_ref[u - 1], rows_ref[u]) << "rows ascending";
+      if (u > 0) {
+        ASSERT_LT(rows_ref[u - 1], rows_ref[u]) << "rows ascending";
+      }
     }
     rows_ref.resize(u_ref);
     dr_ref.resize(static_cast<size_t>(u_ref) * D);

@@ -85,9 +85,11 @@ for model in $models; do
     detect=$(grep '"event":"resumed"' "$tmp/el.jsonl" | head -1 | field resume_s)
     # A joiner on host 3.
     n1=$(steps_in "$tmp/el.jsonl")
+    # Host 3 joined the first round too: wait for one more such record.
+    joins0=$(grep '"event":"membership"' "$tmp/el.jsonl" | grep -c "\"joined\":\[\"${p}3")
     t_start=$(date +%s.%N)
     agent 3 j3
-    wait_for 900 bash -c "grep '\"event\":\"membership\"' $tmp/el.jsonl | grep -q '\"joined\":\[\"${p}3'" || die "no join"
+    wait_for 900 bash -c "[ \$(grep '\"event\":\"membership\"' $tmp/el.jsonl | grep -c '\"joined\":\[\"${p}3') -gt $joins0 ]" || die "no join"
     join_line=$(grep '"event":"membership"' "$tmp/el.jsonl" | grep "\"joined\":\[\"${p}3" | tail -1)
     wait_for 900 bash -c "[ \$(grep -v '\"event\"' $tmp/el.jsonl | grep -c '\"loss\"') -ge \$(( $(steps_in "$tmp/el.jsonl") + $after )) ]" ||
       die "no steps after the join"

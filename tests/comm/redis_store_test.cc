@@ -26,6 +26,7 @@
 #include <hiredis/hiredis.h>
 
 #include "comm/gloo/gloo_communicator.h"
+#include "comm/store_checks.h"
 #include "comm/rendezvous/redis_store.h"
 #include "comm/rendezvous/store.h"
 
@@ -34,17 +35,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
+using testing::free_port;
 
 // A redis-server child process for one test.
 class RedisServer {
@@ -129,27 +120,8 @@ TEST(RedisStore, SetGetAddWait) {
   if (!server.running()) GTEST_SKIP() << "redis-server is not installed";
   auto c = connect(server.port());
   ASSERT_TRUE(c);
-  ASSERT_TRUE(c->set("job/a", std::string("x\0y", 3)).ok());
-  EXPECT_EQ(c->get("job/a").value(), std::string("x\0y", 3));
-  EXPECT_EQ(c->get("job/missing").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(c->add("job/n", 1).value(), 1);
-  EXPECT_EQ(c->add("job/n", 5).value(), 6);
-  EXPECT_EQ(c->add("job/n", 0).value(), 6);
-  EXPECT_EQ(c->add("job/fresh", 0).value(), 0);
-  EXPECT_EQ(c->address(), "redis://127.0.0.1:" + std::to_string(server.port()));
-  EXPECT_EQ(c->local_address(), "127.0.0.1");
-  std::thread later([&] {
-    std::this_thread::sleep_for(milliseconds(50));
-    auto c2 = connect(server.port());
-    if (c2) {
-      EXPECT_TRUE(c2->set("job/late", "1").ok());
-    }
-  });
-  EXPECT_TRUE(c->wait({"job/a", "job/late"}, milliseconds(5000)).ok());
-  later.join();
-  Status s = c->wait({"job/never"}, milliseconds(50));
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
-  EXPECT_NE(s.message().find("job/never"), std::string::npos) << s.message();
+  testing::check_set_get_add_wait([&] { return std::unique_ptr<Store>(connect(server.port())); }, *c,
+                                  "redis://127.0.0.1:" + std::to_string(server.port()));
   // A value that is not a counter: Redis refuses INCRBY, in one line.
   auto bad = c->add("job/a", 1);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
@@ -161,42 +133,13 @@ TEST(RedisStore, SetGetAddWait) {
 TEST(RedisStore, ConcurrentAddsAreAtomic) {
   RedisServer server;
   if (!server.running()) GTEST_SKIP() << "redis-server is not installed";
-  std::vector<std::thread> ts;
-  std::vector<std::vector<int64_t>> got(4);
-  for (int t = 0; t < 4; t++)
-    ts.emplace_back([&, t] {
-      auto c = connect(server.port());
-      if (!c) return;
-      for (int i = 0; i < 50; i++) got[t].push_back(c->add("job/count", 1).value());
-    });
-  for (auto& t : ts) t.join();
-  std::vector<int64_t> all;
-  for (auto& g : got) all.insert(all.end(), g.begin(), g.end());
-  std::sort(all.begin(), all.end());
-  ASSERT_EQ(all.size(), 200u);
-  for (int i = 0; i < 200; i++) EXPECT_EQ(all[i], i + 1);  // every slot handed out once
+  testing::check_concurrent_adds([&] { return std::unique_ptr<Store>(connect(server.port())); }, 50);
 }
 
 TEST(RedisStore, GlooRanksMeetThroughRedis) {
   RedisServer server;
   if (!server.running()) GTEST_SKIP() << "redis-server is not installed";
-  const int n = 3;
-  std::vector<std::thread> ts;
-  std::vector<float> sums(n);
-  for (int r = 0; r < n; r++)
-    ts.emplace_back([&, r] {
-      auto c = connect(server.port());
-      if (!c) return;
-      CommOptions o;
-      o.timeout = milliseconds(20000);
-      auto comm = make_gloo_communicator(*c, "job/r0/gloo/", r, n, c->local_address(), o);
-      ASSERT_TRUE(comm.ok()) << comm.status().message();
-      float x = static_cast<float>(r + 1);
-      ASSERT_TRUE((*comm)->all_reduce(&x, &x, 1, ElemType::kF32).ok());
-      sums[r] = x;
-    });
-  for (auto& t : ts) t.join();
-  for (int r = 0; r < n; r++) EXPECT_EQ(sums[r], 6.0f);
+  testing::check_gloo_ranks_meet([&] { return std::unique_ptr<Store>(connect(server.port())); });
 }
 
 TEST(RedisStore, ErrorRepliesAreClassified) {

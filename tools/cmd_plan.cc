@@ -142,10 +142,8 @@ int run_plan(const PlanArgs& a) {
   };
   std::vector<Result1> results;
   for (const auto& f : a.clusters) {
-    auto c = plan::load_cluster(f);
+    auto c = load_plan_cluster(f, a.ranks_per_node, a.threads_per_rank);
     if (!c.ok()) return fail(c.status());
-    if (a.ranks_per_node > 0) c->ranks_per_node = a.ranks_per_node;
-    if (a.threads_per_rank > 0) c->threads_per_rank = a.threads_per_rank;
     Result1 r{*c, {}, {}};
     plan::Layout fixed{0, 0, 0, 0, 0, 0, -1};
     if (!a.layout.empty()) {
@@ -345,6 +343,14 @@ void add_plan_command(CLI::App& app) {
     d.explain = a->explain;
     exit_code() = run_plan_dlrm(d);
   });
+}
+
+Result<plan::Cluster> load_plan_cluster(const std::string& file, int ranks_per_node, int threads_per_rank) {
+  auto c = plan::load_cluster(file);
+  if (!c.ok()) return c.status();
+  if (ranks_per_node > 0) c->ranks_per_node = ranks_per_node;
+  if (threads_per_rank > 0) c->threads_per_rank = threads_per_rank;
+  return c;
 }
 
 std::string plan_duration(double s) {

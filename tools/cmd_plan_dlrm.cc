@@ -227,10 +227,8 @@ int run_plan_dlrm(const PlanDlrmArgs& a) {
   };
   std::vector<Result1> results;
   for (const auto& f : a.clusters) {
-    auto c = plan::load_cluster(f);
+    auto c = load_plan_cluster(f, a.ranks_per_node, a.threads_per_rank);
     if (!c.ok()) return fail(c.status());
-    if (a.ranks_per_node > 0) c->ranks_per_node = a.ranks_per_node;
-    if (a.threads_per_rank > 0) c->threads_per_rank = a.threads_per_rank;
     Result1 r{*c, {}, {}};
     r.best = plan::search_dlrm(job, *c, a.objective, a.top_k, &r.closest, fixed ? &only : nullptr);
     results.push_back(std::move(r));

@@ -124,7 +124,10 @@ Status DlrmSpec::validate() const {
 std::string DlrmSpec::str() const {
   auto join = [](const std::vector<int>& v) {
     std::string s;
-    for (int x : v) s += (s.empty() ? "" : "-") + std::to_string(x);
+    for (int x : v) {
+      if (!s.empty()) s += '-';
+      s += std::to_string(x);
+    }
     return s;
   };
   const auto [lo, hi] = std::minmax_element(table_rows.begin(), table_rows.end());

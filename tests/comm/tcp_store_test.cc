@@ -146,7 +146,8 @@ TEST(TcpStore, GetIsRetriedOnAFreshConnection) {
   // The first connection breaks on its first get; the second answers.
   FakeStore fake([](int connection, uint8_t op, const std::string& key, std::string* reply) {
     if (op == kGetOp && connection == 0) return false;
-    *reply = std::string(1, '\0') + (op == kGetOp ? "value of " + key : "");
+    reply->assign(1, '\0');
+    if (op == kGetOp) reply->append("value of ").append(key);
     return true;
   });
   auto c = StoreClient::connect("127.0.0.1", fake.port(), milliseconds(5000), milliseconds(5000));

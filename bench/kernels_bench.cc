@@ -6,6 +6,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/ops.h"
 
 namespace tessera {
@@ -76,6 +77,40 @@ void matmul_shapes(benchmark::internal::Benchmark* b) {
       for (auto [N, K] : {std::pair{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}, {50304, C}}) b->Args({M, N, K});
 }
 BENCHMARK(BM_MatmulShape)->Apply(matmul_shapes)->Unit(benchmark::kMillisecond);
+
+// The INT8 matmul at decode and prefill rows (N) for one GPT-2 weight shape
+// (OC x C), per kernel (0 auto, 1 avx2, 2 vnni, 3 onednn; skipped where the
+// CPU cannot run it), with the weight bytes read per second and int8 OP/s,
+// next to the fp32 matmul of the same shape (kernel -1). The INT8 kernel
+// choice (kOneDnnMinRows) and docs/performance.md read these.
+void BM_MatmulInt8(benchmark::State& s) {
+  const int N = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
+  const int kernel = static_cast<int>(s.range(3));
+  auto x = random_vec(size_t(N) * C, 1), w = random_vec(size_t(OC) * C, 2);
+  std::vector<float> out(size_t(N) * OC);
+  if (kernel < 0) {
+    for (auto _ : s) cpu::matmul_forward(out.data(), x.data(), w.data(), nullptr, N, C, OC, MatmulPrecision::kF32);
+    s.counters["weight_B/s"] = benchmark::Counter(4.0 * OC * C * s.iterations(), benchmark::Counter::kIsRate);
+  } else {
+    const cpu::Int8Kernel kinds[] = {cpu::Int8Kernel::kAuto, cpu::Int8Kernel::kAvx2, cpu::Int8Kernel::kVnni,
+                                     cpu::Int8Kernel::kOneDnn};
+    if (!cpu::set_int8_kernel(kinds[kernel]).ok()) {
+      s.SkipWithError("this CPU cannot run that kernel");
+      return;
+    }
+    std::vector<int8_t> wq(w.size());
+    std::vector<float> ws(OC);
+    cpu::quantize_weights_int8(wq.data(), ws.data(), w.data(), OC, C);
+    for (auto _ : s) cpu::matmul_int8_forward(out.data(), x.data(), wq.data(), ws.data(), nullptr, N, C, OC);
+    (void)cpu::set_int8_kernel(cpu::Int8Kernel::kAuto);
+    s.counters["weight_B/s"] = benchmark::Counter(1.0 * OC * C * s.iterations(), benchmark::Counter::kIsRate);
+  }
+  s.counters["OP/s"] = benchmark::Counter(2.0 * N * C * OC * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulInt8)
+    ->ArgsProduct({{1, 4, 8, 16, 32, 128}, {768}, {2304, 50304}, {-1, 0, 1, 2, 3}})
+    ->Args({1, 3072, 768, -1})->Args({1, 3072, 768, 1})->Args({1, 3072, 768, 2})->Args({1, 3072, 768, 3})
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_Layernorm(benchmark::State& s) {
   auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(kC, 2), b = random_vec(kC, 3);

@@ -1,20 +1,45 @@
-// The INT8 matmul (ops.inc) through oneDNN: s8 activations x s8 weights ->
-// s32, the kernels oneDNN picks for the CPU at run time (AVX512-VNNI or
-// AMX-INT8 where present, plain AVX2/AVX-512 otherwise: `tessera info`
-// prints the ISA), then dequantized here. Activations are quantized per row
-// exactly as kernels/ref does it, so the int32 products are the oracle's.
+// The INT8 matmul (ops.inc) on the CPU: exact int32 products on every x86-64
+// CPU with AVX2, then the oracle's dequantization (docs/formats/int8.md,
+// "Kernels").
 //
-// Primitives are compiled per exact shape and kept per thread (with the
-// thread's scratchpad), so concurrent calls share no oneDNN state; each
+// Three kernels, chosen at run time (int8_kernel_info says which, and why;
+// a fourth, plain loops, keeps CPUs without AVX2 correct):
+// - avx2: our own, for CPUs without VNNI. The only unsigned x signed 8-bit
+//   multiply there is vpmaddubsw, whose int16 pair sums saturate once an s8
+//   source is shifted to u8, which is what oneDNN does there: its results
+//   are wrong by up to 20% (the bug this file fixes). Ours multiplies
+//   |x| (unsigned, <= 127) by sign(x) * w (|.| <= 127), llama.cpp's trick
+//   for Q8_0 dot products: every pair sum is at most 2 x 127 x 127 = 32258
+//   and nothing saturates. Codes are never -128 (the quantizer and the file
+//   reader guarantee it), which the trick needs.
+// - vnni: the same loop with vpdpbusd (AVX512-VNNI on 256-bit registers),
+//   which sums four products into int32 without saturating.
+// - onednn: oneDNN's s8 x s8 -> s32 matmul, exact only where its ISA has
+//   VNNI or AMX; picked for larger batches there (AMX is far faster than
+//   anything here), never where it would be inexact unless forced (tests).
+//
+// The dequantization is the same expression as kernels/ref's, compiled
+// without FMA contraction, so every kernel's output equals the oracle's bit
+// for bit.
+//
+// oneDNN primitives are compiled per exact shape and kept per thread (with
+// the thread's scratchpad), so concurrent calls share no oneDNN state; each
 // thread keeps at most kMaxPerThread shapes.
+#include <immintrin.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <tuple>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "core/cpu_features.h"
+#include "kernels/cpu/int8_kernel.h"
+#include "kernels/cpu/onednn_info.h"
 #include "kernels/cpu/ops.h"
 
 namespace tessera::cpu {
@@ -24,6 +49,13 @@ namespace {
 using dnnl::memory;
 
 constexpr size_t kMaxPerThread = 128;
+// Batches of at least this many rows go to oneDNN where it is exact (its
+// VNNI/AMX GEMM beats our dot-product loop there; bench/int8_kernels.sh).
+constexpr int kOneDnnMinRows = 16;
+// Output columns per OpenMP work item.
+constexpr int kColumnBlock = 16;
+
+std::atomic<Int8Kernel> g_forced{Int8Kernel::kAuto};
 
 dnnl::engine& int8_engine() {
   static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);  // never destroyed
@@ -51,6 +83,7 @@ Int8Matmul compile_int8(int64_t N, int64_t C, int64_t OC) {
 struct ThreadState {
   std::map<std::tuple<int, int, int>, Int8Matmul> prims;
   std::vector<int8_t> xq;
+  std::vector<uint8_t> xa;  // |xq|, the unsigned operand of our kernels
   std::vector<float> xs;
   std::vector<int32_t> acc;
   std::vector<uint8_t> scratch;
@@ -71,7 +104,262 @@ float quantize_row(int8_t* q, const float* x, int n) {
   return scale;
 }
 
+// The oracle's dequantization, in a function compiled for plain x86-64 (no
+// FMA to contract into), called from the kernels below.
+__attribute__((noinline)) void dequantize(float* out, const int32_t* acc, int K, float xs, const float* wscale,
+                                          const float* bias) {
+  for (int k = 0; k < K; k++) out[k] = static_cast<float>(acc[k]) * xs * wscale[k] + (bias ? bias[k] : 0.0f);
+}
+
+// ---- our kernels: a tile of R rows x K columns of int32 dot products,
+// accumulated in R*K vector registers over C in 32-byte steps, the tail in
+// scalar code. Then dequantized into out.
+struct Operands {
+  const int8_t* xq;   // (N,C) activation codes
+  const uint8_t* xa;  // (N,C) their absolute values
+  const float* xs;    // (N) activation scales
+  const int8_t* wq;   // (OC,C) weight codes
+  const float* wscale;
+  const float* bias;
+  float* out;  // (N,OC)
+  int C, OC;
+};
+
+#define TESSERA_TARGET_AVX2 __attribute__((target("avx2")))
+#define TESSERA_TARGET_VNNI __attribute__((target("avx2,avx512f,avx512vl,avx512vnni")))
+
+TESSERA_TARGET_AVX2 inline int32_t hsum_avx2(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// The scalar tail of one dot product, from c0 to C.
+inline int32_t dot_tail(const int8_t* x, const int8_t* w, int c0, int C) {
+  int32_t s = 0;
+  for (int c = c0; c < C; c++) s += static_cast<int32_t>(x[c]) * w[c];
+  return s;
+}
+
+// One tile, for one ISA: STEP(acc, a, x, w) adds the four-product sums of
+// |x| (a) and sign(x) * w to acc's eight int32 lanes. While it runs, the
+// next tile's weight rows (the K*C bytes after this tile's, as rows are
+// contiguous) are prefetched, K/2 cache lines per 32-byte step, so that a
+// decode step streams weights at the memory's rate rather than waiting on
+// each tile's first lines.
+#define TESSERA_INT8_TILE(NAME, TARGET, STEP)                                                                    \
+  template <int R, int K>                                                                                      \
+  TARGET void NAME(const Operands& p, int i0, int o0) {                                                        \
+    const int C = p.C, C32 = C & ~31;                                                                          \
+    [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);                                                \
+    __m256i s[R][K];                                                                                           \
+    _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int k = 0; k < K; k++)   \
+        s[r][k] = _mm256_setzero_si256();                                                                      \
+    const int8_t* x0 = p.xq + static_cast<int64_t>(i0) * C;                                                    \
+    const uint8_t* a0 = p.xa + static_cast<int64_t>(i0) * C;                                                   \
+    const int8_t* w0 = p.wq + static_cast<int64_t>(o0) * C;                                                    \
+    const char* next = reinterpret_cast<const char*>(w0 + static_cast<int64_t>(K) * C);                        \
+    for (int c = 0; c < C32; c += 32) {                                                                        \
+      _Pragma("GCC unroll 8") for (int q = 0; q < K / 2; q++)                                                  \
+          _mm_prefetch(next + (static_cast<int64_t>(c) * K / 2 + q * 32) * 2, _MM_HINT_T0);                    \
+      _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                                    \
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + static_cast<int64_t>(r) * C + c)); \
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + static_cast<int64_t>(r) * C + c)); \
+        _Pragma("GCC unroll 8") for (int k = 0; k < K; k++) {                                                  \
+          const __m256i w =                                                                                    \
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + static_cast<int64_t>(k) * C + c));      \
+          s[r][k] = STEP(s[r][k], a, x, w);                                                                    \
+        }                                                                                                      \
+      }                                                                                                        \
+    }                                                                                                          \
+    for (int r = 0; r < R; r++) {                                                                              \
+      int32_t acc[K];                                                                                          \
+      for (int k = 0; k < K; k++)                                                                              \
+        acc[k] = hsum_avx2(s[r][k]) +                                                                          \
+                 dot_tail(x0 + static_cast<int64_t>(r) * C, w0 + static_cast<int64_t>(k) * C, C32, C);         \
+      const int i = i0 + r;                                                                                    \
+      dequantize(p.out + static_cast<int64_t>(i) * p.OC + o0, acc, K, p.xs[i], p.wscale + o0,                  \
+                 p.bias ? p.bias + o0 : nullptr);                                                              \
+    }                                                                                                          \
+  }
+
+// AVX2: |x| * (sign(x) * w) as u8 x s8 products, int16 pair sums <= 32258,
+// then pairs of those into int32.
+#define TESSERA_STEP_AVX2(acc, a, x, w) \
+  _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(w, x)), ones))
+// AVX512-VNNI: four products straight into int32, no intermediate rounding.
+#define TESSERA_STEP_VNNI(acc, a, x, w) _mm256_dpbusd_epi32(acc, a, _mm256_sign_epi8(w, x))
+
+TESSERA_INT8_TILE(tile_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
+TESSERA_INT8_TILE(tile_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
+
+template <int R, int K>
+void tile_generic(const Operands& p, int i0, int o0) {
+  for (int r = 0; r < R; r++) {
+    const int i = i0 + r;
+    int32_t acc[K];
+    for (int k = 0; k < K; k++)
+      acc[k] = dot_tail(p.xq + static_cast<int64_t>(i) * p.C, p.wq + static_cast<int64_t>(o0 + k) * p.C, 0, p.C);
+    dequantize(p.out + static_cast<int64_t>(i) * p.OC + o0, acc, K, p.xs[i], p.wscale + o0,
+               p.bias ? p.bias + o0 : nullptr);
+  }
+}
+
+template <int R, int K>
+struct GenericTile {
+  static void run(const Operands& p, int i, int o) { tile_generic<R, K>(p, i, o); }
+};
+template <int R, int K>
+struct Avx2Tile {
+  static void run(const Operands& p, int i, int o) { tile_avx2<R, K>(p, i, o); }
+};
+template <int R, int K>
+struct VnniTile {
+  static void run(const Operands& p, int i, int o) { tile_vnni<R, K>(p, i, o); }
+};
+
+// The tiles one column block is covered with: one row (a decode step) 8
+// columns at a time, so that 8 independent accumulators hide the multiply's
+// latency; two rows 4 columns at a time; then 4-row groups 2 columns at a
+// time (16 vector registers on AVX2), with 3 rows 2 columns and single
+// columns at the edges.
+template <template <int, int> class Tile>
+void column_block(const Operands& p, int N, int o_begin, int o_end) {
+  auto cover = [&](int i, auto wide, auto one, int K) {
+    int o = o_begin;
+    for (; o + K <= o_end; o += K) wide(p, i, o);
+    for (; o < o_end; o++) one(p, i, o);
+  };
+  int i = 0;
+  for (; i + 4 <= N; i += 4) cover(i, Tile<4, 2>::run, Tile<4, 1>::run, 2);
+  switch (N - i) {
+    case 1: cover(i, Tile<1, 8>::run, Tile<1, 1>::run, 8); break;
+    case 2: cover(i, Tile<2, 4>::run, Tile<2, 1>::run, 4); break;
+    case 3: cover(i, Tile<3, 2>::run, Tile<3, 1>::run, 2); break;
+    default: break;
+  }
+}
+
+template <template <int, int> class Tile>
+void ours(const Operands& p, int N) {
+  const int blocks = (p.OC + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) if (int64_t{N} * p.OC * p.C > 65536)
+  for (int b = 0; b < blocks; b++)
+    column_block<Tile>(p, N, b * kColumnBlock, std::min(p.OC, (b + 1) * kColumnBlock));
+}
+
+// oneDNN's ISA as it dispatches now (DNNL_MAX_CPU_ISA included): its s8 x s8
+// matmul is exact where that ISA has VNNI (avx2_vnni, avx512_core_vnni and
+// everything above it, AMX included).
+bool onednn_exact() {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & static_cast<unsigned>(dnnl_cpu_isa_avx512_core_vnni & ~dnnl_cpu_isa_avx512_core)) != 0 ||
+         (isa & static_cast<unsigned>(dnnl_cpu_isa_avx2_vnni & ~dnnl_cpu_isa_avx2)) != 0;
+}
+bool onednn_amx() {
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned amx = dnnl_cpu_isa_avx512_core_amx & ~dnnl_cpu_isa_avx512_core_bf16;
+  return (isa & amx) == amx;
+}
+bool have_vnni() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512_vnni && f.avx512vl;
+}
+
+// The kernel a call of N rows runs.
+Int8Kernel pick(int N) {
+  const Int8Kernel forced = g_forced.load(std::memory_order_relaxed);
+  if (forced != Int8Kernel::kAuto) return forced;
+  if (onednn_exact() && (N >= kOneDnnMinRows || !have_vnni())) return Int8Kernel::kOneDnn;
+  if (have_vnni()) return Int8Kernel::kVnni;
+  return cpu_features().avx2 ? Int8Kernel::kAvx2 : Int8Kernel::kGeneric;
+}
+
+void onednn_matmul(ThreadState& st, const Operands& p, int N) {
+  st.acc.resize(static_cast<size_t>(N) * p.OC);
+  const auto key = std::make_tuple(N, p.C, p.OC);
+  auto it = st.prims.find(key);
+  if (it == st.prims.end()) {
+    if (st.prims.size() >= kMaxPerThread) st.prims.clear();
+    it = st.prims.emplace(key, compile_int8(N, p.C, p.OC)).first;
+  }
+  const Int8Matmul& m = it->second;
+  st.scratch.resize(std::max<size_t>(1, m.scratchpad.get_size()));
+  memory src(m.src, int8_engine(), const_cast<int8_t*>(p.xq));
+  memory wei(m.wei, int8_engine(), const_cast<int8_t*>(p.wq));
+  memory dst(m.dst, int8_engine(), st.acc.data());
+  memory scratch(m.scratchpad, int8_engine(), st.scratch.data());
+  m.prim.execute(st.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
+                             {DNNL_ARG_SCRATCHPAD, scratch}});
+  st.stream.wait();
+  // Dequantize, threaded over column blocks (a decode step has one row).
+  const int32_t* acc = st.acc.data();
+  const int blocks = (p.OC + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) collapse(2) if (int64_t{N} * p.OC > 4096)
+  for (int i = 0; i < N; i++)
+    for (int b = 0; b < blocks; b++) {
+      const int o = b * kColumnBlock, K = std::min(p.OC - o, kColumnBlock);
+      dequantize(p.out + static_cast<int64_t>(i) * p.OC + o, acc + static_cast<int64_t>(i) * p.OC + o, K, p.xs[i],
+                 p.wscale + o, p.bias ? p.bias + o : nullptr);
+    }
+}
+
+const char* kernel_name(Int8Kernel k) {
+  switch (k) {
+    case Int8Kernel::kGeneric: return "generic";
+    case Int8Kernel::kAvx2: return "avx2";
+    case Int8Kernel::kVnni: return "vnni";
+    case Int8Kernel::kOneDnn: return "onednn";
+    case Int8Kernel::kAuto: break;
+  }
+  return "auto";
+}
+
 }  // namespace
+
+Status set_int8_kernel(Int8Kernel k) {
+  const CpuFeatures& f = cpu_features();
+  if (k == Int8Kernel::kAvx2 && !f.avx2) return Status::InvalidArgument("the avx2 INT8 kernel needs AVX2");
+  if (k == Int8Kernel::kVnni && !have_vnni())
+    return Status::InvalidArgument("the vnni INT8 kernel needs AVX512-VNNI with AVX512-VL");
+  g_forced.store(k, std::memory_order_relaxed);
+  return Status::OK();
+}
+
+Result<Int8Kernel> parse_int8_kernel(std::string_view name) {
+  for (Int8Kernel k : {Int8Kernel::kAuto, Int8Kernel::kGeneric, Int8Kernel::kAvx2, Int8Kernel::kVnni,
+                       Int8Kernel::kOneDnn})
+    if (name == kernel_name(k)) return k;
+  return Status::InvalidArgument(
+      fmt::format("unknown INT8 kernel '{}' (auto, generic, avx2, vnni or onednn)", std::string(name)));
+}
+
+Int8KernelInfo int8_kernel_info() {
+  Int8KernelInfo info;
+  const Int8Kernel small = pick(1), large = pick(kOneDnnMinRows);
+  auto describe = [](Int8Kernel k) -> std::string {
+    switch (k) {
+      case Int8Kernel::kGeneric: return "generic (plain loops, exact; no AVX2)";
+      case Int8Kernel::kAvx2: return "avx2 (vpmaddubsw on |x| and sign(x)*w, exact)";
+      case Int8Kernel::kVnni: return "vnni (vpdpbusd on |x| and sign(x)*w, exact)";
+      case Int8Kernel::kOneDnn:
+        return onednn_exact() ? fmt::format("onednn on {} ({}, exact)", onednn_isa(), onednn_amx() ? "AMX-INT8" : "VNNI")
+                              : fmt::format("onednn on {} (INEXACT: its int16 pair sums saturate without VNNI)",
+                                            onednn_isa());
+      case Int8Kernel::kAuto: break;
+    }
+    return "auto";
+  };
+  info.exact = (small != Int8Kernel::kOneDnn || onednn_exact()) && (large != Int8Kernel::kOneDnn || onednn_exact());
+  info.small = kernel_name(small);
+  info.large = kernel_name(large);
+  info.summary = small == large ? describe(small)
+                                : fmt::format("{} below {} rows, {} from {}", describe(small), kOneDnnMinRows,
+                                              describe(large), kOneDnnMinRows);
+  if (g_forced.load(std::memory_order_relaxed) != Int8Kernel::kAuto) info.summary += " [forced]";
+  return info;
+}
 
 void quantize_weights_int8(int8_t* wq, float* wscale, const float* weight, int OC, int C) {
 #pragma omp parallel for schedule(static)
@@ -81,38 +369,27 @@ void quantize_weights_int8(int8_t* wq, float* wscale, const float* weight, int O
 
 void matmul_int8_forward(float* out, const float* inp, const int8_t* wq, const float* wscale, const float* bias,
                          int N, int C, int OC) {
+  if (N <= 0 || OC <= 0) return;
   ThreadState& st = state();
   st.xq.resize(static_cast<size_t>(N) * C);
+  st.xa.resize(static_cast<size_t>(N) * C);
   st.xs.resize(N);
-  st.acc.resize(static_cast<size_t>(N) * OC);
   int8_t* xq = st.xq.data();
+  uint8_t* xa = st.xa.data();
   float* xs = st.xs.data();
 #pragma omp parallel for schedule(static) if (N > 1)
-  for (int i = 0; i < N; i++) xs[i] = quantize_row(xq + static_cast<int64_t>(i) * C, inp + static_cast<int64_t>(i) * C, C);
-
-  const auto key = std::make_tuple(N, C, OC);
-  auto it = st.prims.find(key);
-  if (it == st.prims.end()) {
-    if (st.prims.size() >= kMaxPerThread) st.prims.clear();
-    it = st.prims.emplace(key, compile_int8(N, C, OC)).first;
+  for (int i = 0; i < N; i++) {
+    const int64_t r = static_cast<int64_t>(i) * C;
+    xs[i] = quantize_row(xq + r, inp + r, C);
+    for (int c = 0; c < C; c++) xa[r + c] = static_cast<uint8_t>(std::abs(static_cast<int>(xq[r + c])));
   }
-  const Int8Matmul& m = it->second;
-  st.scratch.resize(std::max<size_t>(1, m.scratchpad.get_size()));
-  memory src(m.src, int8_engine(), xq);
-  memory wei(m.wei, int8_engine(), const_cast<int8_t*>(wq));
-  memory dst(m.dst, int8_engine(), st.acc.data());
-  memory scratch(m.scratchpad, int8_engine(), st.scratch.data());
-  m.prim.execute(st.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst},
-                             {DNNL_ARG_SCRATCHPAD, scratch}});
-  st.stream.wait();
-
-  // Dequantize, threaded over every output (a decode step has one row).
-  const int32_t* acc = st.acc.data();
-  const int64_t total = int64_t{N} * OC;
-#pragma omp parallel for schedule(static) if (total > 4096)
-  for (int64_t k = 0; k < total; k++) {
-    const int64_t i = k / OC, o = k % OC;
-    out[k] = static_cast<float>(acc[k]) * xs[i] * wscale[o] + (bias ? bias[o] : 0.0f);
+  const Operands p{xq, xa, xs, wq, wscale, bias, out, C, OC};
+  switch (pick(N)) {
+    case Int8Kernel::kGeneric: ours<GenericTile>(p, N); break;
+    case Int8Kernel::kVnni: ours<VnniTile>(p, N); break;
+    case Int8Kernel::kOneDnn: onednn_matmul(st, p, N); break;
+    case Int8Kernel::kAvx2:
+    case Int8Kernel::kAuto: ours<Avx2Tile>(p, N); break;
   }
 }
 

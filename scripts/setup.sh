@@ -27,6 +27,7 @@ packages=(
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
   nodejs                           # the serving tests' real client (tests/clients: openai)
   chromium                         # headless, the dashboard test's real browser
+  qemu-user                        # the isa.zen3_emulated test: an AMD Zen 3 (AVX2, no AVX-512, no VNNI) emulated
 )
 
 missing=()

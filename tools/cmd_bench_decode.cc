@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "core/try.h"
+#include "kernels/cpu/int8_kernel.h"
 #include "nn/gpt.h"
 #include "nn/kv_cache.h"
 #include "perf/cpu_checks.h"
@@ -41,6 +42,7 @@ struct DecodeArgs {
   int tokens = 32;
   int block_size = PagedKVCache::kDefaultBlockSize;
   std::string dtype = "fp32";
+  std::string int8_kernel = "auto";
 };
 
 // Resident set size of this process (VmRSS), bytes; 0 if unknown.
@@ -66,6 +68,7 @@ int run_decode_bench(const DecodeArgs& a) {
   if (a.prompt < 1 || a.tokens < 1 || a.prompt + a.tokens > a.model.context)
     return fail(Status::InvalidArgument(fmt::format("--prompt {} + --tokens {} must fit in --context {}", a.prompt,
                                                     a.tokens, a.model.context)));
+  if (Status st = apply_int8_kernel(a.int8_kernel); !st.ok()) return fail(st);
   const double bandwidth = triad_bandwidth();
   const int64_t rss0 = rss_bytes();
   Result<std::unique_ptr<GPT>> made = GPT::create(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
@@ -77,6 +80,7 @@ int run_decode_bench(const DecodeArgs& a) {
     // As tessera serve --dtype int8: the fp32 matmul weights are given back.
     if (Status st = model.quantize_int8(); !st.ok()) return fail(st);
     if (Status st = model.release_fp32_matmul_weights().status(); !st.ok()) return fail(st);
+    std::fprintf(stderr, "int8 matmul: %s\n", cpu::int8_kernel_info().summary.c_str());
   }
   const int64_t rss_model = rss_bytes();
   // Bytes a decode step reads: the matmul weights (int8 when quantized).
@@ -141,10 +145,11 @@ int run_decode_bench(const DecodeArgs& a) {
         "{\"batch\": %d, \"dtype\": \"%s\", \"prompt\": %d, \"decode_tokens_per_s\": %.1f, \"step_ms\": %.2f, "
         "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"prefill_tokens_per_s\": %.1f, "
         "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
-        "\"triad_gb_s\": %.2f, \"threads\": %d}\n",
+        "\"triad_gb_s\": %.2f, \"threads\": %d, \"int8_kernel\": \"%s\"}\n",
         B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, B * a.prompt / prefill_s,
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
-        rss_bytes() / 1e6, bandwidth / 1e9, omp_get_max_threads());
+        rss_bytes() / 1e6, bandwidth / 1e9, omp_get_max_threads(),
+        a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : "");
     std::fflush(stdout);
   }
   return kExitOk;
@@ -169,6 +174,7 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--block-size", d->block_size, "KV-cache block size (positions)")->check(CLI::PositiveNumber);
   cmd->add_option("--dtype", d->dtype, "fp32, bf16, or int8 (the INT8 tier: matmul weights quantized)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
+  add_int8_kernel_option(cmd, &d->int8_kernel);
   cmd->callback([d] { exit_code() = run_decode_bench(*d); });
 }
 

@@ -42,7 +42,10 @@ void print_machine(const perf::Profile& p) {
   std::printf("# machine: %s (%s), %d core(s), %d thread(s), %d socket(s), %.2f GHz (%s), %s\n", m.cpu_model.c_str(),
               m.hostname.c_str(), m.cores, m.threads, m.sockets, m.clock_ghz, m.clock_source.c_str(),
               gib(m.memory_bytes).c_str());
-  std::printf("# isa: %s\n", isa.c_str());
+  std::printf("# isa: %s%s\n", isa.c_str(), m.isa_cap.empty() ? "" : (" (capped: " + m.isa_cap + ")").c_str());
+  if (!m.int8_kernel.empty())
+    std::printf("# int8 matmul: %s%s\n", m.int8_kernel.c_str(),
+                m.int8_exact ? "" : "; WRONG results on this CPU: the INT8 tier refuses to start");
   std::printf("# theoretical peak: fp32 %.1f GFLOP/s (%s), bf16 %.1f GFLOP/s (%s), int8 %.1f GOP/s (%s); "
               "per core per cycle x %d cores x %.2f GHz\n",
               m.peak.fp32, t.fp32_basis.c_str(), m.peak.bf16, t.bf16_basis.c_str(), m.peak.int8, t.int8_basis.c_str(),

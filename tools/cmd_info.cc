@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include "core/cpu_features.h"
+#include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/onednn_info.h"
 #include "comm/nccl/nccl_factory.h"
 #include "runtime/cuda_device.h"
@@ -53,11 +54,14 @@ void add_info_command(CLI::App& app) {
     print_nccl();
     std::printf("cpu: %s, %d logical cores, %d OpenMP threads\n", f.brand.c_str(), f.logical_cores,
                 omp_get_max_threads());
-    std::printf("cpu features: %s\n", f.summary().c_str());
+    std::printf("cpu features: %s%s\n", f.summary().c_str(), f.cap.empty() ? "" : (" (capped: " + f.cap + ")").c_str());
     std::printf("onednn isa: %s\n", onednn_isa().c_str());
     std::printf("bf16 matmul: %s\n",
                 f.has_bf16_matmul() ? (f.amx_bf16 ? "native (AMX)" : "native (AVX512-BF16)")
                                     : "emulated in fp32 (no AVX512-BF16 or AMX)");
+    const cpu::Int8KernelInfo k = cpu::int8_kernel_info();
+    std::printf("int8 matmul: %s%s\n", k.summary.c_str(),
+                k.exact ? "" : "; WRONG results on this CPU: the INT8 tier refuses to start");
     exit_code() = kExitOk;
   });
 }

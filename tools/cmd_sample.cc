@@ -20,7 +20,7 @@ namespace tessera::tools {
 
 namespace {
 struct SampleArgs {
-  std::string weights, prompt, tokenizer, vocab_dir, backend = "cpu";
+  std::string weights, prompt, tokenizer, vocab_dir, backend = "cpu", int8_kernel = "auto";
   int tokens = 64;
   float temperature = 1.0f;
   int top_k = 40;
@@ -41,6 +41,7 @@ int run_sample(const SampleArgs& a) {
   const Backend backend = a.backend == "cuda" ? Backend::kCUDA : Backend::kCPU;
   // Before the weights are read: a build or machine without CUDA is one line.
   if (Status st = backend_available(backend); !st.ok()) return fail(st.With("--backend cuda"));
+  if (Status st = apply_int8_kernel(a.int8_kernel); !st.ok()) return fail(st);
   // The full-recompute baseline reads logits() for the whole sequence, which
   // the chunked CUDA output layer does not keep.
   if (a.no_cache && backend != Backend::kCPU)
@@ -132,6 +133,7 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present (device 0)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  add_int8_kernel_option(cmd, &a->int8_kernel);
   cmd->callback([a] { exit_code() = run_sample(*a); });
 }
 

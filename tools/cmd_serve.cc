@@ -22,6 +22,7 @@
 #include "ckpt/checkpoint.h"
 #include "data/tokenizer.h"
 #include "io/file.h"
+#include "kernels/cpu/int8_kernel.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
 #include "obs/process.h"
@@ -38,6 +39,7 @@ namespace {
 
 struct ServeArgs {
   std::string model, registry, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
+  std::string int8_kernel = "auto";
   int port = 8000;
   int max_seqs = 32;
   int max_queue = 256;
@@ -81,6 +83,8 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
   // says; --dtype int8 quantizes an fp32 one.
   if (a.dtype == "int8" && !m.int8()) RETURN_IF_ERROR(m.quantize_int8());
+  // Both ways to INT8 ran the kernel's self-check (nn/int8_check.h).
+  if (m.int8()) std::fprintf(stderr, "serve: %s: int8 matmul %s\n", id.c_str(), cpu::int8_kernel_info().summary.c_str());
   // The INT8 forward reads none of the fp32 matmul weights: their memory
   // goes back to the system.
   if (m.int8()) RETURN_IF_ERROR(m.release_fp32_matmul_weights().status());
@@ -145,6 +149,7 @@ int run_serve(const ServeArgs& a) {
     if (Status st = backend_available(backend); !st.ok()) return fail(st);
   }
   if (a.threads > 0) omp_set_num_threads(a.threads);
+  if (Status st = apply_int8_kernel(a.int8_kernel); !st.ok()) return fail(st);
 
   // SIGTERM and SIGINT go to one waiting thread (blocked everywhere else:
   // the threads started from here inherit the mask).
@@ -288,6 +293,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer, "byte or gpt2 (default: gpt2 for a vocabulary >= 50257, else byte)")
       ->check(CLI::IsMember({"byte", "gpt2"}));
   cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe (default: data/raw/gpt2)");
+  add_int8_kernel_option(cmd, &a->int8_kernel);
   cmd->callback([a] { exit_code() = run_serve(*a); });
 }
 

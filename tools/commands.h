@@ -27,6 +27,12 @@ int fail(const Status& st);
 // long-running command (serve, route, dashboard) to sigwait() on.
 sigset_t block_stop_signals();
 
+// --int8-kernel on the commands that run the INT8 tier (serve, sample, bench
+// decode): auto, or one kernel forced (kernels/cpu/int8_kernel.h) for
+// benchmarks and the self-check's tests. apply_int8_kernel sets it.
+void add_int8_kernel_option(CLI::App* cmd, std::string* name);
+Status apply_int8_kernel(const std::string& name);
+
 void add_info_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

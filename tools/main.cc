@@ -5,6 +5,8 @@
 #include <new>
 #include <string>
 
+#include "core/try.h"
+#include "kernels/cpu/int8_kernel.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -21,6 +23,19 @@ sigset_t block_stop_signals() {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+void add_int8_kernel_option(CLI::App* cmd, std::string* name) {
+  cmd->add_option("--int8-kernel", *name,
+                  "INT8 matmul kernel: auto (the fastest exact one), avx2, vnni, onednn or generic; a kernel that "
+                  "is wrong on this CPU fails the INT8 self-check")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "avx2", "vnni", "onednn", "generic"}));
+}
+
+Status apply_int8_kernel(const std::string& name) {
+  ASSIGN_OR_RETURN(cpu::Int8Kernel k, cpu::parse_int8_kernel(name));
+  return cpu::set_int8_kernel(k).With("--int8-kernel");
 }
 
 int fail(const Status& st) {

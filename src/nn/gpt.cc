@@ -19,6 +19,7 @@
 #include "core/try.h"
 #include "comm/communicator.h"
 #include "kernels/cpu/ops.h"
+#include "nn/int8_check.h"
 #include "nn/kv_cache.h"
 #include "nn/vocab_parallel.h"
 #include "obs/trace.h"
@@ -973,6 +974,9 @@ Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_
   if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole())
     return Status::InvalidArgument(
         "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
+  // The kernel must compute the oracle's products on this CPU before any
+  // weight is filled (nn/int8_check.h).
+  RETURN_IF_ERROR(check_int8_matmul());
   auto q = std::make_shared<Int8Weights>();
   const int C = config_.channels;
   const int shapes[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}};

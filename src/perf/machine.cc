@@ -16,6 +16,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "comm/nccl/nccl_factory.h"
 #include "core/cpu_features.h"
+#include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/onednn_info.h"
 #include "perf/gpu_checks.h"
 
@@ -222,6 +223,10 @@ MachineInfo detect_machine(bool probe_device) {
   if (uname(&u) == 0) m.os += (m.os.empty() ? "" : ", ") + std::string(u.sysname) + " " + u.release;
 
   m.onednn = onednn_version();
+  const cpu::Int8KernelInfo k = cpu::int8_kernel_info();
+  m.int8_kernel = k.summary;
+  m.int8_exact = k.exact;
+  m.isa_cap = f.cap;
   m.mpi = comm::mpi_library_version();
   if (probe_device) m.device = probe_gpu();
   if (m.device) {

@@ -44,6 +44,10 @@ struct DeviceInfo {
 
 struct MachineInfo {
   std::string hostname, cpu_model, os, onednn, mpi;
+  // The INT8 matmul's kernel and whether it is exact here (kernels/cpu/int8_kernel.h).
+  std::string int8_kernel;
+  bool int8_exact = true;
+  std::string isa_cap;  // "DNNL_MAX_CPU_ISA=AVX2" when that capped the features below
   int cores = 1;    // physical cores (hyperthreads share the FMA units)
   int threads = 1;  // logical CPUs
   int sockets = 1;

@@ -33,6 +33,9 @@ json machine_to_json(const Profile& p) {
             {"os", m.os},
             {"onednn", m.onednn},
             {"mpi", m.mpi},
+            {"int8_kernel", m.int8_kernel},
+            {"int8_exact", m.int8_exact},
+            {"isa_cap", m.isa_cap},
             {"theoretical_peak_gflops", {{"fp32", m.peak.fp32}, {"bf16", m.peak.bf16}, {"int8", m.peak.int8}}}};
   if (m.device) {
     const DeviceInfo& d = *m.device;
@@ -97,6 +100,10 @@ Status parse_machine(const json& j, Profile* p) {
   RETURN_IF_ERROR(read_field(j, w, "onednn", &m.onednn));
   RETURN_IF_ERROR(read_field(j, w, "mpi", &m.mpi));
   if (j.contains("clock_source")) RETURN_IF_ERROR(read_field(j, w, "clock_source", &m.clock_source));
+  // Profiles from before issue #27 have no INT8 kernel fields.
+  if (j.contains("int8_kernel")) RETURN_IF_ERROR(read_field(j, w, "int8_kernel", &m.int8_kernel));
+  if (j.contains("int8_exact")) RETURN_IF_ERROR(read_field(j, w, "int8_exact", &m.int8_exact));
+  if (j.contains("isa_cap")) RETURN_IF_ERROR(read_field(j, w, "isa_cap", &m.isa_cap));
   ASSIGN_OR_RETURN(const json* isa, field(j, w, "isa"));
   if (!isa->is_array()) return type_error(w + "isa", "an array of strings");
   for (const json& s : *isa) {

@@ -52,8 +52,9 @@ constexpr size_t kMaxPerThread = 128;
 // Batches of at least this many rows go to oneDNN where it is exact (its
 // VNNI/AMX GEMM beats our dot-product loop there; bench/int8_kernels.sh).
 constexpr int kOneDnnMinRows = 16;
-// Output columns per OpenMP work item.
+// Output columns and rows per OpenMP work item of our kernels.
 constexpr int kColumnBlock = 16;
+constexpr int kRowBlock = 64;
 
 std::atomic<Int8Kernel> g_forced{Int8Kernel::kAuto};
 
@@ -225,15 +226,15 @@ struct VnniTile {
 // time (16 vector registers on AVX2), with 3 rows 2 columns and single
 // columns at the edges.
 template <template <int, int> class Tile>
-void column_block(const Operands& p, int N, int o_begin, int o_end) {
+void column_block(const Operands& p, int i_begin, int i_end, int o_begin, int o_end) {
   auto cover = [&](int i, auto wide, auto one, int K) {
     int o = o_begin;
     for (; o + K <= o_end; o += K) wide(p, i, o);
     for (; o < o_end; o++) one(p, i, o);
   };
-  int i = 0;
-  for (; i + 4 <= N; i += 4) cover(i, Tile<4, 2>::run, Tile<4, 1>::run, 2);
-  switch (N - i) {
+  int i = i_begin;
+  for (; i + 4 <= i_end; i += 4) cover(i, Tile<4, 2>::run, Tile<4, 1>::run, 2);
+  switch (i_end - i) {
     case 1: cover(i, Tile<1, 8>::run, Tile<1, 1>::run, 8); break;
     case 2: cover(i, Tile<2, 4>::run, Tile<2, 1>::run, 4); break;
     case 3: cover(i, Tile<3, 2>::run, Tile<3, 1>::run, 2); break;
@@ -241,12 +242,18 @@ void column_block(const Operands& p, int N, int o_begin, int o_end) {
   }
 }
 
+// Work items of kRowBlock rows (their codes stay in L2 while every column
+// block passes; a prefill of thousands of rows would otherwise stream all
+// of them from L3 once per column block) by kColumnBlock columns.
 template <template <int, int> class Tile>
 void ours(const Operands& p, int N) {
-  const int blocks = (p.OC + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if (int64_t{N} * p.OC * p.C > 65536)
-  for (int b = 0; b < blocks; b++)
-    column_block<Tile>(p, N, b * kColumnBlock, std::min(p.OC, (b + 1) * kColumnBlock));
+  const int cblocks = (p.OC + kColumnBlock - 1) / kColumnBlock;
+  const int rblocks = (N + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for collapse(2) schedule(static) if (int64_t{N} * p.OC * p.C > 65536)
+  for (int rb = 0; rb < rblocks; rb++)
+    for (int b = 0; b < cblocks; b++)
+      column_block<Tile>(p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), b * kColumnBlock,
+                         std::min(p.OC, (b + 1) * kColumnBlock));
 }
 
 // oneDNN's ISA as it dispatches now (DNNL_MAX_CPU_ISA included): its s8 x s8

@@ -110,6 +110,18 @@ Status parse_machine(const json& j, Profile* p) {
     if (!s.is_string()) return type_error(w + "isa", "an array of strings");
     m.isa.push_back(s.get<std::string>());
   }
+  // The capabilities the peak's basis is derived from, as detect_machine
+  // set them (a saved profile has only the names).
+  for (const std::string& f : m.isa) {
+    m.caps.fma |= f == "fma";
+    m.caps.avx2 |= f == "avx2";
+    m.caps.avx512f |= f == "avx512f";
+    m.caps.avx512_bf16 |= f == "avx512_bf16";
+    m.caps.amx_bf16 |= f == "amx_bf16";
+    m.caps.avx512_vnni |= f == "avx512_vnni";
+    m.caps.avx_vnni |= f == "avx_vnni";
+    m.caps.amx_int8 |= f == "amx_int8";
+  }
   ASSIGN_OR_RETURN(const json* peak, field(j, w, "theoretical_peak_gflops"));
   if (!peak->is_object()) return type_error(w + "theoretical_peak_gflops", "an object");
   const std::string pw = w + "theoretical_peak_gflops.";

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "perf/machine.h"
 
 namespace tessera::perf {
@@ -127,6 +129,8 @@ Profile sample() {
   p.machine.cpu_model = "Test CPU";
   p.machine.isa = {"avx2", "fma"};
   p.machine.peak = {100, 100, 200};
+  p.machine.int8_kernel = "avx2 (vpmaddubsw on |x| and sign(x)*w, exact)";
+  p.machine.isa_cap = "DNNL_MAX_CPU_ISA=AVX2";
   p.figures = {{"cpu.gemm.fp32.peak", 80, "GFLOP/s", Better::kHigher},
                {"cpu.alloc.page_fault_ns", 250, "ns", Better::kLower}};
   return p;
@@ -140,6 +144,27 @@ TEST(ProfileJson, RoundTrips) {
   EXPECT_EQ(back->machine.cpu_model, "Test CPU");
   EXPECT_DOUBLE_EQ(back->machine.peak.int8, 200);
   EXPECT_FALSE(back->machine.device.has_value());
+  // The INT8 kernel and the ISA cap (issue #27), and the capabilities the
+  // peak's basis is derived from, back from the names.
+  EXPECT_EQ(back->machine.int8_kernel, "avx2 (vpmaddubsw on |x| and sign(x)*w, exact)");
+  EXPECT_TRUE(back->machine.int8_exact);
+  EXPECT_EQ(back->machine.isa_cap, "DNNL_MAX_CPU_ISA=AVX2");
+  EXPECT_TRUE(back->machine.caps.avx2 && back->machine.caps.fma);
+  EXPECT_FALSE(back->machine.caps.avx512f || back->machine.caps.avx512_vnni);
+  IsaCaps avx2;
+  avx2.avx2 = avx2.fma = true;
+  EXPECT_EQ(flops_per_cycle(back->machine.caps).fp32_basis, flops_per_cycle(avx2).fp32_basis);
+}
+
+// A profile written before #27 has no INT8 kernel fields: it still reads.
+TEST(ProfileJson, ReadsProfilesWithoutTheInt8KernelFields) {
+  auto j = nlohmann::json::parse(profile_to_json(sample()));
+  j["machine"].erase("int8_kernel");
+  j["machine"].erase("int8_exact");
+  j["machine"].erase("isa_cap");
+  Result<Profile> back = parse_profile(j.dump());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->machine.int8_kernel, "");
 }
 
 TEST(ProfileJson, RefusesWrongSchemaVersionAndTypes) {

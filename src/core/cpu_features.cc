@@ -21,7 +21,10 @@ constexpr uint32_t kIsaAvx2 = 0x7, kIsaAvx2Vnni = 0x407, kIsaAvx512Core = 0x27, 
 // The cap DNNL_MAX_CPU_ISA sets, as a mask; all bits when unset or unknown
 // (oneDNN ignores a value it does not know, too).
 uint32_t isa_cap(std::string* name) {
-  const char* v = std::getenv("DNNL_MAX_CPU_ISA");
+  // oneDNN reads ONEDNN_MAX_CPU_ISA first, then DNNL_MAX_CPU_ISA.
+  const char* var = "ONEDNN_MAX_CPU_ISA";
+  const char* v = std::getenv(var);
+  if (v == nullptr) v = std::getenv(var = "DNNL_MAX_CPU_ISA");
   if (v == nullptr) return ~0u;
   std::string s(v);
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
@@ -35,7 +38,7 @@ uint32_t isa_cap(std::string* name) {
                              {"AVX512_CORE_BF16", kIsaAvx512Bf16}, {"AVX512_CORE_AMX", kIsaAmx}};
   for (const Cap& c : caps)
     if (s == c.name) {
-      *name = std::string("DNNL_MAX_CPU_ISA=") + v;
+      *name = std::string(var) + "=" + v;
       return c.mask;
     }
   return ~0u;

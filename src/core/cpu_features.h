@@ -1,7 +1,7 @@
 // What this CPU can do, detected once at run time with cpuid and XGETBV (the
 // binary is built for generic x86-64 and must run anywhere).
 //
-// oneDNN's DNNL_MAX_CPU_ISA caps these too (AVX2, AVX2_VNNI, AVX512_CORE,
+// oneDNN's ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA caps these too (AVX2, AVX2_VNNI, AVX512_CORE,
 // AVX512_CORE_VNNI, AVX512_CORE_BF16, AVX512_CORE_AMX; oneDNN's names, any
 // case): a feature above the cap reads as absent, so that Tessera's own
 // kernels and oneDNN's dispatch see the same machine and one variable

@@ -983,6 +983,10 @@ Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_
   for (int k = 0; k < 4 * local_layers_ + 1; k++) {
     const int OC = k == 4 * local_layers_ ? config_.padded_vocab() : shapes[k % 4][0];
     const int K = k == 4 * local_layers_ ? C : shapes[k % 4][1];
+    // The kernels sum a row's products in int32: at most 2^17 x 127^2.
+    if (K > cpu::kMaxInt8Channels)
+      return Status::InvalidArgument(fmt::format(
+          "INT8 matmuls take at most {} input channels; this model's have {}", cpu::kMaxInt8Channels, K));
     Int8Weights::Matrix m;
     try {
       m.w.resize(static_cast<size_t>(OC) * K);

@@ -26,7 +26,10 @@ int run_eval(const EvalArgs& a) {
   auto tokens = data::read_shard(a.tokens);
   if (!tokens.ok()) return fail(tokens.status());
   // Every id against the vocabulary, named by its place in the file.
-  if (Status st = data::check_token_ids(tokens.value(), m.config().vocab, a.tokens); !st.ok()) return fail(st);
+  auto id_bytes = data::read_shard_id_bytes(a.tokens);
+  if (!id_bytes.ok()) return fail(id_bytes.status());
+  if (Status st = data::check_token_ids(tokens.value(), m.config().vocab, a.tokens, *id_bytes); !st.ok())
+    return fail(st);
   int seq = a.seq > 0 ? a.seq : std::min(m.config().context, 1024);
   auto r = evaluate(m, tokens.value(), a.batch, seq, a.max_batches);
   if (!r.ok()) return fail(r.status().With(a.tokens));

@@ -28,9 +28,12 @@ Result<TokenLoader> TokenLoader::open(const std::string& pattern, int T, uint64_
   TokenLoader l;
   ASSIGN_OR_RETURN(l.files_, expand_glob(pattern));
   for (const std::string& f : l.files_) {
-    ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, read_shard(f));
+    ASSIGN_OR_RETURN(std::vector<uint32_t> tokens, read_shard(f));
     // Every id now, with the file's name, not when its batch is drawn.
-    if (vocab > 0) RETURN_IF_ERROR(check_token_ids(tokens, vocab, f));
+    if (vocab > 0) {
+      ASSIGN_OR_RETURN(int id_bytes, read_shard_id_bytes(f));
+      RETURN_IF_ERROR(check_token_ids(tokens, vocab, f, id_bytes));
+    }
     l.tokens_.insert(l.tokens_.end(), tokens.begin(), tokens.end());
   }
   l.T_ = T;
@@ -61,10 +64,10 @@ void TokenLoader::fill(int64_t step, int64_t rows_per_step, int64_t row0, int B,
   for (int b = 0; b < B; b++) {
     int64_t g = step * rows_per_step + row0 + b;
     ensure_epoch(g / windows_);
-    const uint16_t* w = tokens_.data() + perm_[g % windows_] * T_;
+    const uint32_t* w = tokens_.data() + perm_[g % windows_] * T_;
     for (int t = 0; t < T_; t++) {
-      inputs[b * T_ + t] = w[t];
-      targets[b * T_ + t] = w[t + 1];
+      inputs[b * T_ + t] = static_cast<int>(w[t]);
+      targets[b * T_ + t] = static_cast<int>(w[t + 1]);
     }
   }
 }

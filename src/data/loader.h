@@ -31,14 +31,14 @@ class TokenLoader {
 
   int64_t windows() const { return windows_; }
   int64_t tokens() const { return static_cast<int64_t>(tokens_.size()); }
-  const std::vector<uint16_t>& all_tokens() const { return tokens_; }
+  const std::vector<uint32_t>& all_tokens() const { return tokens_; }
   const std::vector<std::string>& files() const { return files_; }
 
  private:
   void ensure_epoch(int64_t epoch);
 
   std::vector<std::string> files_;
-  std::vector<uint16_t> tokens_;
+  std::vector<uint32_t> tokens_;
   int T_ = 0;
   uint64_t seed_ = 0;
   int64_t windows_ = 0;

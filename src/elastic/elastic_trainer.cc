@@ -137,7 +137,7 @@ class ElasticTrainer {
   bool loaded_from_disk_ = false;
   bool progress_written_ = false;  // this round's JOB/progress (rank 0), last written at progress_at_
   Clock::time_point progress_at_;
-  std::vector<uint16_t> val_tokens_;
+  std::vector<uint32_t> val_tokens_;
   int64_t evaluated_ = -1;  // the step of the last validation pass
 };
 
@@ -488,7 +488,7 @@ Status ElasticTrainer::evaluate() {
   // Batches dealt round-robin to the members, sums all-reduced: the same
   // mean for every split (up to the summation order).
   for (int64_t k = rank_; k < batches; k += size_) {
-    const uint16_t* base = val_tokens_.data() + k * BT;
+    const uint32_t* base = val_tokens_.data() + k * BT;
     for (int64_t i = 0; i < BT; i++) {
       in[i] = base[i];
       tg[i] = base[i + 1];

@@ -6,7 +6,7 @@
 
 namespace tessera {
 
-Result<EvalResult> evaluate(GPT& model, std::span<const uint16_t> tokens, int B, int T, int max_batches) {
+Result<EvalResult> evaluate(GPT& model, std::span<const uint32_t> tokens, int B, int T, int max_batches) {
   if (B <= 0 || T <= 0) return Status::InvalidArgument(fmt::format("batch {} and seq {} must be positive", B, T));
   if (T > model.config().context)
     return Status::InvalidArgument(
@@ -22,7 +22,7 @@ Result<EvalResult> evaluate(GPT& model, std::span<const uint16_t> tokens, int B,
   EvalResult r;
   double sum = 0.0;
   for (int k = 0; k < batches; k++) {
-    const uint16_t* base = tokens.data() + k * BT;
+    const uint32_t* base = tokens.data() + k * BT;
     for (int64_t i = 0; i < BT; i++) {
       inputs[i] = base[i];
       targets[i] = base[i + 1];

@@ -19,6 +19,6 @@ struct EvalResult {
 
 // max_batches <= 0: every full batch. Errors: the stream is shorter than one
 // batch, or a token is outside the model's vocabulary.
-Result<EvalResult> evaluate(GPT& model, std::span<const uint16_t> tokens, int B, int T, int max_batches);
+Result<EvalResult> evaluate(GPT& model, std::span<const uint32_t> tokens, int B, int T, int max_batches);
 
 }  // namespace tessera

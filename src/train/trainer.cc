@@ -222,7 +222,7 @@ class Trainer {
   // agreement and rank 0's publishing), and all of training.
   double stall_s_ = 0.0, train_s_ = 0.0;
   std::optional<data::TokenLoader> train_;
-  std::vector<uint16_t> val_tokens_;
+  std::vector<uint32_t> val_tokens_;
   int64_t rows_per_step_ = 0;
   double tokens_per_step_ = 0.0;
   // The MFU denominator per rank (GFLOP/s): the profile's theoretical peak
@@ -674,7 +674,7 @@ Status Trainer::evaluate(int step) {
   std::vector<int> in(BT), tg(BT);
   double sums[2] = {0.0, 0.0};  // loss sum, batches
   for (int64_t k = dp_->rank(); k < batches; k += dp_->size()) {
-    const uint16_t* base = val_tokens_.data() + k * BT;
+    const uint32_t* base = val_tokens_.data() + k * BT;
     for (int64_t i = 0; i < BT; i++) {
       in[i] = base[i];
       tg[i] = base[i + 1];

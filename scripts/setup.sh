@@ -25,6 +25,7 @@ packages=(
   libhiredis-dev redis-server      # the elastic rendezvous on Redis (--rdzv redis://), and its tests' server
   etcd-server                      # the elastic rendezvous on etcd (--rdzv etcd://): its tests' server
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
+  python3-jinja2                   # the chat-template tests' oracle (Hugging Face renders templates with Jinja2)
   nodejs                           # the serving tests' real client (tests/clients: openai)
   chromium                         # headless, the dashboard test's real browser
   qemu-user                        # the isa.zen3_emulated test: an AMD Zen 3 (AVX2, no AVX-512, no VNNI) emulated

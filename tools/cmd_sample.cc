@@ -32,9 +32,9 @@ struct SampleArgs {
 // byte tokenizer's would be a NUL byte); ids the model has but the tokenizer
 // lacks (a model vocabulary larger than the tokenizer's) as <|id|>.
 std::string token_text(const data::Tokenizer& tok, int id) {
-  if (id == tok.eot()) return "<|endoftext|>";
+  if (id == static_cast<int>(tok.eot())) return "<|endoftext|>";
   if (id >= tok.vocab_size()) return "<|" + std::to_string(id) + "|>";
-  return tok.decode_token(static_cast<uint16_t>(id));
+  return tok.decode_token(static_cast<uint32_t>(id));
 }
 
 int run_sample(const SampleArgs& a) {
@@ -62,8 +62,8 @@ int run_sample(const SampleArgs& a) {
                     tok.vocab_size(), cfg.vocab, a.weights)));
 
   std::vector<int> prompt;
-  for (uint16_t t : tok.encode(a.prompt)) prompt.push_back(t);
-  if (prompt.empty()) prompt.push_back(tok.eot());  // unconditional: start a new document
+  for (uint32_t t : tok.encode(a.prompt)) prompt.push_back(static_cast<int>(t));
+  if (prompt.empty()) prompt.push_back(static_cast<int>(tok.eot()));  // unconditional: start a new document
   if (static_cast<int>(prompt.size()) > cfg.context)
     return fail(Status::InvalidArgument(fmt::format("the prompt is {} tokens, longer than the model's context of {}",
                                                     prompt.size(), cfg.context)));
@@ -125,9 +125,8 @@ void add_sample_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "random seed (same seed, same text)")->capture_default_str();
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "byte (vocab 256) or gpt2 (BPE); default: gpt2 if the model's vocabulary has >= 50257 tokens, "
-                  "else byte")
-      ->check(CLI::IsMember({"byte", "gpt2"}));
+                  "byte (vocab 256), gpt2 (BPE), or a Hugging Face tokenizer.json or its folder; default: gpt2 if "
+                  "the model's vocabulary has >= 50257 tokens, else byte");
   cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe for gpt2 (default: data/raw/gpt2)");
   cmd->add_flag("--no-cache", a->no_cache, "recompute the whole sequence for every token (slow; the baseline)");
   cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present (device 0)")

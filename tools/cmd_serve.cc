@@ -125,7 +125,7 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   eo.max_queue = a.max_queue;
   eo.max_batch_tokens = std::max(a.max_batch_tokens, a.max_seqs);
   eo.queue_timeout_s = a.queue_timeout_s;
-  eo.eot_token = tok.eot();
+  eo.eot_token = static_cast<int>(tok.eot());
   eo.kv_blocks = a.kv_blocks;
   eo.block_size = block_size;
   if (a.kv_memory_mb > 0) eo.kv_blocks = static_cast<int>(kv_blocks);
@@ -290,8 +290,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--threads", a->threads, "OpenMP threads for the model (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--tokenizer", a->tokenizer, "byte or gpt2 (default: gpt2 for a vocabulary >= 50257, else byte)")
-      ->check(CLI::IsMember({"byte", "gpt2"}));
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "byte, gpt2, or a Hugging Face tokenizer.json or its folder (default: gpt2 for a vocabulary >= "
+                  "50257, else byte)");
   cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe (default: data/raw/gpt2)");
   add_int8_kernel_option(cmd, &a->int8_kernel);
   cmd->callback([a] { exit_code() = run_serve(*a); });

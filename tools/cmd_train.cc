@@ -144,8 +144,9 @@ void add_prepare_command(CLI::App& app) {
   auto o = std::make_shared<data::PrepareOptions>();
   CLI::App* cmd = app.add_subcommand("prepare", "Tokenize text files into token shards");
   cmd->add_option("--input", o->inputs, "text files or folders")->required();
-  cmd->add_option("--tokenizer", o->tokenizer, "gpt2 (GPT-2 BPE, vocab 50257) or byte (vocab 256)")
-      ->check(CLI::IsMember({"gpt2", "byte"}));
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "gpt2 (GPT-2 BPE, vocab 50257), byte (vocab 256), or a Hugging Face tokenizer.json or its folder "
+                  "(32-bit shards past 65,536 ids)");
   cmd->add_option("--vocab", o->vocab_dir, "folder with encoder.json and vocab.bpe (gpt2)");
   cmd->add_option("--format", o->format,
                   "text, brown (the Brown corpus's word/tag files) or criteo (click logs: docs/dlrm.md)")

@@ -66,13 +66,13 @@ std::string token_rate(int64_t tokens, double seconds) {
 }
 
 // Writes tokens as shards of at most shard_tokens: prefix_000000.bin, ...
-Status write_shards(const std::string& dir, const std::string& prefix, const std::vector<uint16_t>& tokens,
-                    int64_t shard_tokens, std::vector<std::string>& paths) {
+Status write_shards(const std::string& dir, const std::string& prefix, const std::vector<uint32_t>& tokens,
+                    int64_t shard_tokens, int id_bits, std::vector<std::string>& paths) {
   int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t start = 0, index = 0; start < n; start += shard_tokens, index++) {
     int64_t count = std::min(shard_tokens, n - start);
     std::string path = (fs::path(dir) / fmt::format("{}_{:06d}.bin", prefix, index)).string();
-    RETURN_IF_ERROR(write_shard(path, std::span<const uint16_t>(tokens.data() + start, count)));
+    RETURN_IF_ERROR(write_shard(path, std::span<const uint32_t>(tokens.data() + start, count), id_bits));
     paths.push_back(path);
   }
   return Status::OK();
@@ -137,7 +137,7 @@ Result<PrepareSummary> prepare_shards(const PrepareOptions& o) {
 
   auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  std::vector<std::vector<uint16_t>> encoded(docs);
+  std::vector<std::vector<uint32_t>> encoded(docs);
   std::vector<Status> errors(docs);
   std::atomic<int64_t> done{0}, tokens_done{0};
   ProgressBar bar(o.progress, docs, "documents");
@@ -149,7 +149,7 @@ Result<PrepareSummary> prepare_shards(const PrepareOptions& o) {
     } else {
       std::string plain = o.format == "brown" ? brown_to_text(text.value()) : std::move(text.value());
       encoded[d].push_back(tok->eot());
-      std::vector<uint16_t> ids = tok->encode(plain);
+      std::vector<uint32_t> ids = tok->encode(plain);
       encoded[d].insert(encoded[d].end(), ids.begin(), ids.end());
     }
     tokens_done += static_cast<int64_t>(encoded[d].size());
@@ -159,9 +159,9 @@ Result<PrepareSummary> prepare_shards(const PrepareOptions& o) {
   bar.finish(token_rate(tokens_done, elapsed()));
   for (const Status& st : errors) RETURN_IF_ERROR(st);
 
-  std::vector<uint16_t> train, val;
+  std::vector<uint32_t> train, val;
   for (int64_t d = 0; d < docs; d++) {
-    std::vector<uint16_t>& dst = is_val(d) ? val : train;
+    std::vector<uint32_t>& dst = is_val(d) ? val : train;
     dst.insert(dst.end(), encoded[d].begin(), encoded[d].end());
   }
   std::error_code ec;
@@ -171,8 +171,9 @@ Result<PrepareSummary> prepare_shards(const PrepareOptions& o) {
   s.documents = docs;
   s.train_tokens = static_cast<int64_t>(train.size());
   s.val_tokens = static_cast<int64_t>(val.size());
-  RETURN_IF_ERROR(write_shards(o.out_dir, "train", train, o.shard_tokens, s.shards));
-  RETURN_IF_ERROR(write_shards(o.out_dir, "val", val, o.shard_tokens, s.shards));
+  s.id_bits = shard_id_bits(tok->vocab_size());
+  RETURN_IF_ERROR(write_shards(o.out_dir, "train", train, o.shard_tokens, s.id_bits, s.shards));
+  RETURN_IF_ERROR(write_shards(o.out_dir, "val", val, o.shard_tokens, s.id_bits, s.shards));
   s.seconds = elapsed();
   return s;
 }

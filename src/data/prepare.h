@@ -1,4 +1,5 @@
-// Text -> token shards (llm.c format, docs/formats/token-shard.md).
+// Text -> token shards (llm.c format, docs/formats/token-shard.md): 16-bit
+// ids (version 1) when the tokenizer's vocabulary fits, else 32-bit (version 2).
 //
 // Each input file is one document (for --format brown, each corpus file).
 // Every document is preceded by the tokenizer's end-of-text token, as GPT-2's
@@ -19,7 +20,7 @@ namespace tessera::data {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files or folders (recursively, sorted)
-  std::string tokenizer = "gpt2";   // "gpt2" or "byte"
+  std::string tokenizer = "gpt2";   // "gpt2", "byte", or a tokenizer.json (or its folder)
   std::string vocab_dir = "data/raw/gpt2";
   std::string format = "text";      // "text" or "brown"
   std::string out_dir;
@@ -31,6 +32,7 @@ struct PrepareOptions {
 struct PrepareSummary {
   int64_t documents = 0, train_tokens = 0, val_tokens = 0;
   double seconds = 0.0;
+  int id_bits = 16;  // 16: version-1 shards; 32: version 2 (a vocabulary past 65,536)
   std::vector<std::string> shards;
 };
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/hf_tokenizer.h"
 
 namespace tessera::data {
 
@@ -200,16 +201,16 @@ bool key_to_bytes(std::string_view key, const std::unordered_map<std::string, ui
 
 // ---- ByteTokenizer ----------------------------------------------------------
 
-std::vector<uint16_t> ByteTokenizer::encode(std::string_view text) const {
-  std::vector<uint16_t> out(text.size());
+std::vector<uint32_t> ByteTokenizer::encode(std::string_view text) const {
+  std::vector<uint32_t> out(text.size());
   for (size_t i = 0; i < text.size(); i++) {
     const uint8_t ch = static_cast<uint8_t>(text[i]);
-    out[i] = ch == 0 ? uint16_t{' '} : ch;  // 0 is end-of-text only
+    out[i] = ch == 0 ? uint32_t{' '} : ch;  // 0 is end-of-text only
   }
   return out;
 }
 
-std::string ByteTokenizer::decode(std::span<const uint16_t> tokens) const {
+std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) const {
   std::string out(tokens.size(), '\0');
   for (size_t i = 0; i < tokens.size(); i++) {
     CHECK(tokens[i] < 256);
@@ -218,7 +219,7 @@ std::string ByteTokenizer::decode(std::span<const uint16_t> tokens) const {
   return out;
 }
 
-std::string ByteTokenizer::decode_token(uint16_t token) const {
+std::string ByteTokenizer::decode_token(uint32_t token) const {
   CHECK(token < 256);
   return std::string(1, static_cast<char>(token));
 }
@@ -332,7 +333,7 @@ struct Gpt2Tokenizer::Scratch {
   std::vector<uint64_t> heap;   // min-heap of (rank << 32) | left position
 };
 
-void Gpt2Tokenizer::bpe(std::string_view word, Scratch& s, std::vector<uint16_t>& out) const {
+void Gpt2Tokenizer::bpe(std::string_view word, Scratch& s, std::vector<uint32_t>& out) const {
   const int32_t n = static_cast<int32_t>(word.size());
   if (n == 1) {
     out.push_back(byte_token_[static_cast<uint8_t>(word[0])]);
@@ -382,7 +383,7 @@ void Gpt2Tokenizer::bpe(std::string_view word, Scratch& s, std::vector<uint16_t>
   for (int32_t i = 0; i < n; i = s.next[i]) out.push_back(s.token[i]);  // position 0 is never merged away
 }
 
-void Gpt2Tokenizer::encode_into(std::string_view text, Scratch& scratch, std::vector<uint16_t>& out) const {
+void Gpt2Tokenizer::encode_into(std::string_view text, Scratch& scratch, std::vector<uint32_t>& out) const {
   for (size_t i = 0; i < text.size();) {
     const size_t end = pretoken_end(text, i);
     bpe(text.substr(i, end - i), scratch, out);
@@ -390,16 +391,16 @@ void Gpt2Tokenizer::encode_into(std::string_view text, Scratch& scratch, std::ve
   }
 }
 
-std::vector<uint16_t> Gpt2Tokenizer::encode(std::string_view text) const {
-  std::vector<uint16_t> out;
+std::vector<uint32_t> Gpt2Tokenizer::encode(std::string_view text) const {
+  std::vector<uint32_t> out;
   out.reserve(text.size() / 4 + 16);
   Scratch scratch;
   encode_into(text, scratch, out);
   return out;
 }
 
-std::vector<uint16_t> Gpt2Tokenizer::encode_with_special(std::string_view text) const {
-  std::vector<uint16_t> out;
+std::vector<uint32_t> Gpt2Tokenizer::encode_with_special(std::string_view text) const {
+  std::vector<uint32_t> out;
   out.reserve(text.size() / 4 + 16);
   Scratch scratch;
   for (;;) {
@@ -412,16 +413,16 @@ std::vector<uint16_t> Gpt2Tokenizer::encode_with_special(std::string_view text) 
   return out;
 }
 
-std::string Gpt2Tokenizer::decode(std::span<const uint16_t> tokens) const {
+std::string Gpt2Tokenizer::decode(std::span<const uint32_t> tokens) const {
   std::string out;
-  for (uint16_t t : tokens) {
+  for (uint32_t t : tokens) {
     CHECK(t < kVocabSize);
     out += token_bytes_[t];
   }
   return out;
 }
 
-std::string Gpt2Tokenizer::decode_token(uint16_t token) const {
+std::string Gpt2Tokenizer::decode_token(uint32_t token) const {
   CHECK(token < kVocabSize);
   return token_bytes_[token];
 }
@@ -435,7 +436,13 @@ Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& name, const
                      Gpt2Tokenizer::load(vocab_dir.empty() ? std::string("data/raw/gpt2") : vocab_dir));
     return std::unique_ptr<Tokenizer>(std::move(tok));
   }
-  return Status::InvalidArgument(fmt::format("unknown tokenizer '{}'; expected 'byte' or 'gpt2'", name));
+  std::error_code ec;
+  if (name.find('/') != std::string::npos || name.ends_with(".json") || fs::exists(name, ec)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tok, HfTokenizer::load(name));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
+  }
+  return Status::InvalidArgument(fmt::format(
+      "unknown tokenizer '{}'; expected 'byte', 'gpt2', or the path of a tokenizer.json or of its folder", name));
 }
 
 }  // namespace tessera::data

@@ -8,7 +8,8 @@
 //
 // Thread safety: a tokenizer is immutable after construction; every method is
 // const and may be called from any number of threads at once.
-// Token ids are uint16_t: both vocabularies fit (llm.c shards store uint16).
+// Token ids are uint32_t (a Hugging Face vocabulary can pass 65,536: Llama 3
+// has 128,256); token shards store them in 16 bits where they fit.
 #pragma once
 
 #include <array>
@@ -31,15 +32,15 @@ class Tokenizer {
   // "<|endoftext|>") are NOT recognised: they are encoded as the text they are.
   // Any bytes are accepted, including invalid UTF-8, and decode() gives them
   // back exactly (ByteTokenizer: except NUL, see below).
-  virtual std::vector<uint16_t> encode(std::string_view text) const = 0;
+  virtual std::vector<uint32_t> encode(std::string_view text) const = 0;
   // Ids -> bytes. The result may be invalid UTF-8 when the ids cut a
   // character in two. Precondition (CHECKed): every id < vocab_size().
-  virtual std::string decode(std::span<const uint16_t> tokens) const = 0;
+  virtual std::string decode(std::span<const uint32_t> tokens) const = 0;
   // The bytes of one id; same precondition.
-  virtual std::string decode_token(uint16_t token) const = 0;
+  virtual std::string decode_token(uint32_t token) const = 0;
   virtual int vocab_size() const = 0;
-  virtual uint16_t eot() const = 0;  // end-of-text id, between documents
-  virtual std::string name() const = 0;  // "byte" or "gpt2"
+  virtual uint32_t eot() const = 0;  // end-of-text id, between documents
+  virtual std::string name() const = 0;  // "byte", "gpt2" or the tokenizer.json's folder name
 };
 
 // Bytes are tokens. End-of-text is id 0, which is byte 0 (NUL): encode maps
@@ -48,11 +49,11 @@ class Tokenizer {
 class ByteTokenizer : public Tokenizer {
  public:
   static constexpr uint16_t kEndOfText = 0;
-  std::vector<uint16_t> encode(std::string_view text) const override;
-  std::string decode(std::span<const uint16_t> tokens) const override;
-  std::string decode_token(uint16_t token) const override;
+  std::vector<uint32_t> encode(std::string_view text) const override;
+  std::string decode(std::span<const uint32_t> tokens) const override;
+  std::string decode_token(uint32_t token) const override;
   int vocab_size() const override { return 256; }
-  uint16_t eot() const override { return kEndOfText; }
+  uint32_t eot() const override { return kEndOfText; }
   std::string name() const override { return "byte"; }
 };
 
@@ -75,14 +76,14 @@ class Gpt2Tokenizer : public Tokenizer {
   // 0..50256, or malformed merges.
   static Result<std::unique_ptr<Gpt2Tokenizer>> load(const std::string& dir);
 
-  std::vector<uint16_t> encode(std::string_view text) const override;
+  std::vector<uint32_t> encode(std::string_view text) const override;
   // As encode(), but the literal "<|endoftext|>" becomes id 50256; the text
   // between occurrences is encoded as by encode().
-  std::vector<uint16_t> encode_with_special(std::string_view text) const;
-  std::string decode(std::span<const uint16_t> tokens) const override;
-  std::string decode_token(uint16_t token) const override;
+  std::vector<uint32_t> encode_with_special(std::string_view text) const;
+  std::string decode(std::span<const uint32_t> tokens) const override;
+  std::string decode_token(uint32_t token) const override;
   int vocab_size() const override { return kVocabSize; }
-  uint16_t eot() const override { return kEndOfText; }
+  uint32_t eot() const override { return kEndOfText; }
   std::string name() const override { return "gpt2"; }
 
   // One merge of vocab.bpe: the pair (left, right) becomes `merged`; lower
@@ -97,16 +98,17 @@ class Gpt2Tokenizer : public Tokenizer {
   Gpt2Tokenizer() = default;
   static uint32_t pair_key(uint16_t left, uint16_t right) { return (uint32_t{left} << 16) | right; }
   // Appends the BPE tokens of one pre-token (its raw bytes) to out.
-  void bpe(std::string_view word, Scratch& scratch, std::vector<uint16_t>& out) const;
-  void encode_into(std::string_view text, Scratch& scratch, std::vector<uint16_t>& out) const;
+  void bpe(std::string_view word, Scratch& scratch, std::vector<uint32_t>& out) const;
+  void encode_into(std::string_view text, Scratch& scratch, std::vector<uint32_t>& out) const;
 
   std::array<uint16_t, 256> byte_token_{};           // byte -> its single-byte token
   std::vector<std::string> token_bytes_;             // id -> bytes, kVocabSize entries
   std::unordered_map<uint32_t, Merge> merges_;       // pair_key(left, right) -> merge
 };
 
-// "byte" or "gpt2" (read from vocab_dir; "" means data/raw/gpt2).
-// InvalidArgument for any other name.
+// "byte", "gpt2" (read from vocab_dir; "" means data/raw/gpt2), or the
+// path of a tokenizer.json or of a folder holding one (HfTokenizer,
+// data/hf_tokenizer.h). InvalidArgument for any other name.
 Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& name, const std::string& vocab_dir);
 
 }  // namespace tessera::data

@@ -333,8 +333,8 @@ std::optional<ApiError> resolve_prompt(CompletionRequest* req, const data::Token
     }
   } else {
     const std::string text = req->chat ? chat_prompt(req->messages) : req->prompt_text;
-    for (uint16_t t : tok.encode(text)) ids->push_back(t);
-    if (ids->empty()) ids->push_back(tok.eot());  // an empty prompt starts a new document
+    for (uint32_t t : tok.encode(text)) ids->push_back(static_cast<int>(t));
+    if (ids->empty()) ids->push_back(static_cast<int>(tok.eot()));  // an empty prompt starts a new document
   }
   const int P = static_cast<int>(ids->size());
   const std::string field = req->chat ? "messages" : "prompt";
@@ -457,7 +457,7 @@ std::string TextAssembler::finish() {
 
 std::string token_bytes(const data::Tokenizer& tok, int id) {
   if (id < 0 || id >= tok.vocab_size()) return "";
-  return tok.decode_token(static_cast<uint16_t>(id));
+  return tok.decode_token(static_cast<uint32_t>(id));
 }
 
 }  // namespace tessera::serve

@@ -48,7 +48,7 @@ TEST(Prepare, ShardHeadersCountsAndValSplit) {
   // its end-of-text (byte 0) and its bytes.
   EXPECT_EQ(std::count(val->begin(), val->end(), 0), 2);
   EXPECT_EQ(std::count(train->begin(), train->end(), 0), 6);
-  EXPECT_EQ((*train)[0], 0);
+  EXPECT_EQ((*train)[0], 0u);
   int64_t text_bytes = 0;
   for (const auto& e : fs::recursive_directory_iterator(in))
     if (e.is_regular_file()) text_bytes += static_cast<int64_t>(e.file_size());

@@ -72,15 +72,15 @@ class TempDirTest : public testing::Test {
 TEST(ByteTokenizer, BytesAreTokens) {
   ByteTokenizer tok;
   EXPECT_EQ(tok.vocab_size(), 256);
-  EXPECT_EQ(tok.eot(), 0);
+  EXPECT_EQ(tok.eot(), 0u);
   EXPECT_EQ(tok.name(), "byte");
-  EXPECT_EQ(tok.encode("Hi\xff"), (std::vector<uint16_t>{'H', 'i', 0xff}));
+  EXPECT_EQ(tok.encode("Hi\xff"), (std::vector<uint32_t>{'H', 'i', 0xff}));
   EXPECT_TRUE(tok.encode("").empty());
 }
 
 TEST(ByteTokenizer, NulIsEncodedAsSpaceSoZeroMeansEndOfText) {
   ByteTokenizer tok;
-  EXPECT_EQ(tok.encode(std::string_view("a\0b", 3)), (std::vector<uint16_t>{'a', ' ', 'b'}));
+  EXPECT_EQ(tok.encode(std::string_view("a\0b", 3)), (std::vector<uint32_t>{'a', ' ', 'b'}));
 }
 
 TEST(ByteTokenizer, RoundTripsEveryByteButNul) {
@@ -189,7 +189,7 @@ std::string* Gpt2Bpe::load_error_ = nullptr;
 
 struct KnownEncoding {
   std::string text;
-  std::vector<uint16_t> ids;
+  std::vector<uint32_t> ids;
 };
 
 // Expected ids from the reference: the `gpt-3-encoder` npm package (1.1.4),
@@ -232,7 +232,7 @@ const std::vector<KnownEncoding>& known_encodings() {
 
 TEST_F(Gpt2Bpe, VocabSizeAndEndOfText) {
   EXPECT_EQ(tok_->vocab_size(), 50257);
-  EXPECT_EQ(tok_->eot(), 50256);
+  EXPECT_EQ(tok_->eot(), 50256u);
   EXPECT_EQ(tok_->name(), "gpt2");
   EXPECT_EQ(tok_->decode_token(50256), "<|endoftext|>");
   EXPECT_EQ(tok_->decode_token(198), "\n");
@@ -250,8 +250,8 @@ TEST_F(Gpt2Bpe, LongWordsMatchOpenAiEncoder) {
   std::string ab, sym;
   for (int i = 0; i < 40; i++) ab += "ab";
   for (int i = 0; i < 25; i++) sym += "=-+*";
-  EXPECT_EQ(tok_->encode(ab), std::vector<uint16_t>(40, 397));
-  std::vector<uint16_t> expected = {10779, 10};  // same reference as known_encodings()
+  EXPECT_EQ(tok_->encode(ab), std::vector<uint32_t>(40, 397));
+  std::vector<uint32_t> expected = {10779, 10};  // same reference as known_encodings()
   for (int i = 0; i < 24; i++) expected.insert(expected.end(), {48069, 10});
   expected.push_back(9);
   EXPECT_EQ(tok_->encode(sym), expected);
@@ -264,15 +264,15 @@ TEST_F(Gpt2Bpe, EmptyText) {
 }
 
 TEST_F(Gpt2Bpe, EndOfTextInTextIsOrdinaryText) {
-  std::vector<uint16_t> ids = tok_->encode("<|endoftext|>");
-  EXPECT_EQ(ids, (std::vector<uint16_t>{27, 91, 437, 1659, 5239, 91, 29}));
+  std::vector<uint32_t> ids = tok_->encode("<|endoftext|>");
+  EXPECT_EQ(ids, (std::vector<uint32_t>{27, 91, 437, 1659, 5239, 91, 29}));
   EXPECT_EQ(std::count(ids.begin(), ids.end(), 50256), 0);
 }
 
 TEST_F(Gpt2Bpe, EncodeWithSpecialRecognisesEndOfText) {
-  EXPECT_EQ(tok_->encode_with_special("<|endoftext|>"), (std::vector<uint16_t>{50256}));
+  EXPECT_EQ(tok_->encode_with_special("<|endoftext|>"), (std::vector<uint32_t>{50256}));
   const std::string text = "Hello world<|endoftext|> Hello<|endoftext|><|endoftext|>\n\n";
-  EXPECT_EQ(tok_->encode_with_special(text), (std::vector<uint16_t>{15496, 995, 50256, 18435, 50256, 50256, 628}));
+  EXPECT_EQ(tok_->encode_with_special(text), (std::vector<uint32_t>{15496, 995, 50256, 18435, 50256, 50256, 628}));
   EXPECT_EQ(tok_->decode(tok_->encode_with_special(text)), text);
   // A partial marker is text.
   EXPECT_EQ(tok_->encode_with_special("<|endoftext|"), tok_->encode("<|endoftext|"));
@@ -294,9 +294,9 @@ TEST_F(Gpt2Bpe, RoundTripsRandomUnicode) {
       const auto& [lo, hi] = ranges[std::uniform_int_distribution<size_t>(0, ranges.size() - 1)(rng)];
       append_utf8(text, std::uniform_int_distribution<char32_t>(lo, hi)(rng));
     }
-    std::vector<uint16_t> ids = tok_->encode(text);
+    std::vector<uint32_t> ids = tok_->encode(text);
     ASSERT_EQ(tok_->decode(ids), text) << "case " << c;
-    for (uint16_t id : ids) ASSERT_LT(id, 50256) << "case " << c;
+    for (uint32_t id : ids) ASSERT_LT(id, 50256u) << "case " << c;
   }
 }
 
@@ -323,8 +323,8 @@ TEST_F(Gpt2Bpe, RoundTripsRandomBytesIncludingInvalidUtf8) {
 TEST_F(Gpt2Bpe, SameResultFromManyThreads) {
   std::string text;
   for (const KnownEncoding& k : known_encodings()) text += k.text + " ";
-  const std::vector<uint16_t> expected = tok_->encode(text);
-  std::vector<std::vector<uint16_t>> got(4);
+  const std::vector<uint32_t> expected = tok_->encode(text);
+  std::vector<std::vector<uint32_t>> got(4);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; t++)
     threads.emplace_back([&, t] {
@@ -337,7 +337,7 @@ TEST_F(Gpt2Bpe, SameResultFromManyThreads) {
 TEST_F(Gpt2Bpe, MadeByNameFromDir) {
   Result<std::unique_ptr<Tokenizer>> tok = make_tokenizer("gpt2", kGpt2Dir);
   ASSERT_TRUE(tok.ok()) << tok.status().message();
-  EXPECT_EQ((*tok)->encode("Hello world"), (std::vector<uint16_t>{15496, 995}));
+  EXPECT_EQ((*tok)->encode("Hello world"), (std::vector<uint32_t>{15496, 995}));
 }
 
 TEST_F(Gpt2Bpe, TruncatedEncoderJson) {

@@ -134,7 +134,7 @@ TEST(ServeOpenAI, ResolvesThePromptAgainstTheModel) {
   EXPECT_EQ(r.sampling.max_tokens, 16);  // OpenAI's default
   ASSERT_FALSE(parse(R"({"prompt":""})", false, &r));
   ASSERT_FALSE(resolve_prompt(&r, tok, model, &ids));
-  EXPECT_EQ(ids, (std::vector<int>{tok.eot()}));
+  EXPECT_EQ(ids, (std::vector<int>{static_cast<int>(tok.eot())}));
   ASSERT_FALSE(parse(R"({"prompt":"abc","max_tokens":29})", false, &r));
   ASSERT_FALSE(resolve_prompt(&r, tok, model, &ids));
   ASSERT_FALSE(parse(R"({"prompt":"abc","max_tokens":30})", false, &r));

@@ -351,8 +351,8 @@ TEST_F(ModelRegistryTest, CorruptPromotedVersionIsRefusedWhileServing) {
     {
       std::lock_guard<std::mutex> lock(log_mu);
       for (const std::string& line : log)
-        refused = refused || line.find("cannot load tiny:2: ") != std::string::npos &&
-                                 line.find("tiny/2/model.safetensors: xxh64 is") != std::string::npos;
+        refused = refused || (line.find("cannot load tiny:2: ") != std::string::npos &&
+                                 line.find("tiny/2/model.safetensors: xxh64 is") != std::string::npos);
     }
     if (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -56,6 +56,7 @@ void add_trace_command(CLI::App& app);        // cmd_trace.cc: trace merge
 void add_doctor_command(CLI::App& app);       // cmd_doctor.cc: doctor
 void add_plan_command(CLI::App& app);         // cmd_plan.cc
 void add_synth_command(CLI::App& app);        // cmd_synth.cc: synth clicks
+void add_tokenize_command(CLI::App& app);     // cmd_tokenize.cc: tokenize
 void add_bench_dlrm_command(CLI::App& bench);  // under `bench`: dlrm (cmd_synth.cc)
 void add_bench_dlrm_parallel_command(CLI::App& bench);  // under `bench`: dlrm-parallel (cmd_bench_dlrm.cc)
 void add_bench_dlrm_ops_command(CLI::App& bench);  // under `bench`: dlrm-ops (cmd_bench_dlrm_ops.cc)

@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   add_doctor_command(app);
   add_plan_command(app);
   add_synth_command(app);
+  add_tokenize_command(app);
   // CLI11 would say only "A subcommand is required"; name the word instead.
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

@@ -21,10 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#if __has_include("data/chat_template.h")
 #include "data/chat_template.h"
-#define TESSERA_HAVE_CHAT 1
-#endif
 #include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "tools/commands.h"
@@ -34,6 +31,7 @@ namespace tessera::tools {
 namespace {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;  // chat: key order is what tojson prints
 
 struct TokenizeArgs {
   std::string tokenizer, vocab_dir, chat, chat_template, template_name, tools, kwargs;
@@ -53,11 +51,11 @@ Result<std::string> read_all(std::istream& in, const std::string& what) {
   return s;
 }
 
-Result<json> read_json_file(const std::string& path, const std::string& flag) {
+Result<ordered_json> read_json_file(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound(fmt::format("{} {}: cannot read", flag, path));
   ASSIGN_OR_RETURN(std::string text, read_all(in, path));
-  json j = json::parse(text, nullptr, false);
+  ordered_json j = ordered_json::parse(text, nullptr, false);
   if (j.is_discarded()) return Status::InvalidArgument(fmt::format("{} {}: not valid JSON", flag, path));
   return j;
 }
@@ -98,14 +96,13 @@ Status run(const TokenizeArgs& a) {
     return hf ? hf->decode(ids, a.skip_special) : tok->decode(ids);
   };
 
-#ifdef TESSERA_HAVE_CHAT
   if (!a.chat.empty()) {
     if (a.decode || a.jsonl) return Status::InvalidArgument("--chat renders and encodes; it takes no --decode or --jsonl");
-    ASSIGN_OR_RETURN(json messages, read_json_file(a.chat, "--chat"));
+    ASSIGN_OR_RETURN(ordered_json messages, read_json_file(a.chat, "--chat"));
     data::ChatRenderOptions ro;
     ro.add_generation_prompt = a.add_generation_prompt;
     if (messages.is_object()) {  // {"messages": [...], "tools": [...], "documents": [...], ...}
-      json m = messages;
+      ordered_json m = messages;
       if (!m.contains("messages")) return Status::InvalidArgument("--chat: an object must hold \"messages\"");
       messages = m["messages"];
       if (m.contains("tools")) ro.tools = m["tools"];
@@ -118,7 +115,7 @@ Status run(const TokenizeArgs& a) {
       ASSIGN_OR_RETURN(ro.tools, read_json_file(a.tools, "--tools"));
     }
     if (!a.kwargs.empty()) {
-      json k = json::parse(a.kwargs, nullptr, false);
+      ordered_json k = ordered_json::parse(a.kwargs, nullptr, false);
       if (k.is_discarded() || !k.is_object())
         return Status::InvalidArgument("--kwargs: expected a JSON object of template variables");
       for (auto it = k.begin(); it != k.end(); ++it) ro.extra[it.key()] = *it;
@@ -151,7 +148,6 @@ Status run(const TokenizeArgs& a) {
     std::fwrite(out.data(), 1, out.size(), stdout);
     return Status::OK();
   }
-#endif
 
   if (a.jsonl) {
     std::string line;

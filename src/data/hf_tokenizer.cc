@@ -1,6 +1,7 @@
 #include "data/hf_tokenizer.h"
 
 #include <unicode/locid.h>
+#include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/regex.h>
 #include <unicode/uchar.h>
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/char_class.h"
 #include "io/file.h"
 
 namespace tessera::data {
@@ -134,6 +136,7 @@ const ByteMap& byte_map() {
 
 struct Ctx {
   std::string file;
+  bool fast_split = true;
   Status err(const std::string& where, const std::string& what) const {
     return Status::InvalidArgument(fmt::format("{}: {}: {}", file, where, what));
   }
@@ -230,6 +233,87 @@ class Regex {
   std::unique_ptr<icu::RegexPattern> pattern_;
 };
 
+// ---- The Llama 3 / Qwen split, without a regex engine ------------------------
+
+// The pattern of Llama 3's and Qwen2/3's Split pre-tokenizer, with
+// \p{N}{1,3} (Llama 3) or \p{N} (Qwen):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// matched by hand, as tokenizer.cc matches GPT-2's: every character matches
+// one alternative, so the matches tile the text. Exact against ICU's
+// matching of the same pattern (tests/data/hf_tokenizer_test.cc) and so
+// against the reference (cli.tokenizer_oracle); about 4x faster.
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwenPattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// The end of the match that starts at s[i] (i < s.size()).
+size_t llama3_match_end(std::string_view s, size_t i, int max_digits) {
+  const size_t n = s.size();
+  const auto rn = [&](size_t k) { return s[k] == '\r' || s[k] == '\n'; };
+  const auto lower = [&](size_t k) { return static_cast<char>(s[k] | 0x20); };  // ASCII letters only
+  const auto run = [&](size_t k, CharClass cls) {
+    while (k < n) {
+      const Char c = char_at(s, k);
+      if (c.cls != cls) break;
+      k += static_cast<size_t>(c.len);
+    }
+    return k;
+  };
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d): ASCII case folding, as ICU and the
+  // reference match it.
+  if (s[i] == '\'' && i + 1 < n) {
+    const char a = lower(i + 1);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+    if (i + 2 < n) {
+      const char b = lower(i + 2);
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+  }
+  const Char c = char_at(s, i);
+  const size_t next = i + static_cast<size_t>(c.len);
+  // [^\r\n\p{L}\p{N}]?\p{L}+
+  if (c.cls == CharClass::kLetter) return run(next, CharClass::kLetter);
+  if (c.cls != CharClass::kNumber && !rn(i) && next < n && char_at(s, next).cls == CharClass::kLetter)
+    return run(next, CharClass::kLetter);
+  // \p{N}{1,3}
+  if (c.cls == CharClass::kNumber) {
+    size_t k = i;
+    for (int d = 0; d < max_digits && k < n; d++) {
+      const Char x = char_at(s, k);
+      if (x.cls != CharClass::kNumber) break;
+      k += static_cast<size_t>(x.len);
+    }
+    return k;
+  }
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  {
+    const size_t k = s[i] == ' ' ? i + 1 : i;
+    if (k < n && char_at(s, k).cls == CharClass::kOther) {
+      size_t e = run(k, CharClass::kOther);
+      while (e < n && rn(e)) e++;
+      return e;
+    }
+  }
+  // c is white space: \s*[\r\n]+ ends after the run's last \r or \n;
+  // \s+(?!\S) leaves the run's last character for the next match when a
+  // non-space follows and the run has two or more; else \s+.
+  size_t e = i, last_rn = std::string_view::npos, last_start = i;
+  int count = 0;
+  while (e < n) {
+    const Char x = char_at(s, e);
+    if (x.cls != CharClass::kSpace) break;
+    last_start = e;
+    e += static_cast<size_t>(x.len);
+    count++;
+    if (rn(last_start)) last_rn = e;
+  }
+  if (last_rn != std::string_view::npos) return last_rn;
+  if (e == n || count == 1) return e;
+  return last_start;
+}
+
 // ---- Normalizers ---------------------------------------------------------------
 
 struct Normalizer {
@@ -244,14 +328,16 @@ struct Normalizer {
   void apply(std::string& s) const {
     switch (kind) {
       case Kind::kUnicode: {
+        // On the UTF-8 itself: most text is already normalized, and the
+        // check costs less than a conversion to UTF-16.
         UErrorCode st = U_ZERO_ERROR;
-        const icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
-        if (unicode->isNormalized(u, st) && U_SUCCESS(st)) return;
+        if (unicode->isNormalizedUTF8(s, st) && U_SUCCESS(st)) return;
         st = U_ZERO_ERROR;
-        icu::UnicodeString n = unicode->normalize(u, st);
+        std::string n;
+        icu::StringByteSink<std::string> sink(&n, static_cast<int32_t>(s.size()));
+        unicode->normalizeUTF8(0, s, sink, nullptr, st);
         CHECK(U_SUCCESS(st));
-        s.clear();
-        n.toUTF8String(s);
+        s = std::move(n);
         return;
       }
       case Kind::kPrepend:
@@ -467,8 +553,18 @@ struct PreTokenizer {
   // Digits
   bool individual_digits = false;
   std::vector<std::unique_ptr<PreTokenizer>> parts;
+  int fast_digits = 0;  // Split with Llama 3's (3) or Qwen's (1) pattern: llama3_match_end
 
   void matches_of(std::string_view s, std::vector<std::pair<size_t, size_t>>& m) const {
+    if (fast_digits > 0) {
+      m.clear();
+      for (size_t i = 0; i < s.size();) {
+        const size_t e = llama3_match_end(s, i, fast_digits);
+        m.emplace_back(i, e);
+        i = e;
+      }
+      return;
+    }
     if (regex) {
       regex->find_all(s, m);
       return;
@@ -590,6 +686,10 @@ Result<std::unique_ptr<PreTokenizer>> parse_pre_tokenizer(const Ctx& c, const js
   } else if (type == "Split") {
     p->kind = PreTokenizer::Kind::kSplit;
     RETURN_IF_ERROR(parse_pattern(c, j, where, &p->literal, &p->regex));
+    if (p->regex && c.fast_split) {
+      const std::string pattern = j["pattern"]["Regex"].get<std::string>();
+      p->fast_digits = pattern == kLlama3Pattern ? 3 : pattern == kQwenPattern ? 1 : 0;
+    }
     ASSIGN_OR_RETURN(std::string behavior, get_string(c, j, where, "behavior"));
     static const std::unordered_map<std::string, SplitBehavior> kBehaviors = {
         {"Removed", SplitBehavior::kRemoved},
@@ -1157,7 +1257,7 @@ std::string config_token(const json& cfg, const char* key) {
 
 }  // namespace
 
-Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path_in) {
+Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path_in, const HfLoadOptions& options) {
   fs::path file = path_in;
   std::error_code ec;
   if (fs::is_directory(file, ec)) file /= "tokenizer.json";
@@ -1165,7 +1265,7 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path_i
     return Status::NotFound(fmt::format("{}: no such file (a Hugging Face tokenizer.json, or a folder with one)",
                                         file.string()));
   ASSIGN_OR_RETURN(std::string bytes, read_json_file(file.string(), kMaxTokenizerBytes));
-  Ctx c{file.string()};
+  Ctx c{file.string(), options.fast_split};
   json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::Corruption(fmt::format("{}: not valid JSON", c.file));
   if (!j.is_object()) return c.err("top level", "must be an object");

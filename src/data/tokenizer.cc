@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/char_class.h"
 #include "data/hf_tokenizer.h"
 
 namespace tessera::data {
@@ -21,10 +22,6 @@ namespace fs = std::filesystem;
 namespace {
 
 // ---- Characters --------------------------------------------------------------
-
-// The classes GPT-2's pre-tokenisation pattern distinguishes. kOther is
-// [^\s\p{L}\p{N}], and also every byte that is not part of valid UTF-8.
-enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
 
 CharClass classify_icu(UChar32 cp) {
   if (u_isUWhiteSpace(cp)) return CharClass::kSpace;  // Unicode White_Space, as \s
@@ -55,15 +52,8 @@ CharClass classify(UChar32 cp) {
   return cp < 0x10000 ? bmp[cp] : classify_icu(cp);
 }
 
-struct Char {
-  CharClass cls;
-  int len;  // bytes, 1..4
-};
+}  // namespace
 
-// The character starting at s[i] (i < s.size()). Strict UTF-8: overlong
-// forms, surrogates, values above U+10FFFF and truncated sequences are
-// invalid, and an invalid byte is a one-byte character of class kOther, so
-// that every input splits into pre-tokens and round-trips byte for byte.
 Char char_at(std::string_view s, size_t i) {
   const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
   const uint8_t b0 = b(i);
@@ -89,6 +79,8 @@ Char char_at(std::string_view s, size_t i) {
   }
   return {CharClass::kOther, 1};
 }
+
+namespace {
 
 // The end (byte offset) of the pre-token that starts at s[i], i < s.size():
 // the match of GPT-2's pattern at i, alternatives tried in order,

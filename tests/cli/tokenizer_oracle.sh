@@ -78,6 +78,42 @@ a=$(printf '<|im_start|>' | "$tessera" tokenize --tokenizer "$toks/qwen3")
 b=$(printf '<|im_start|>' | "$tessera" tokenize --tokenizer "$toks/qwen3" --split-special)
 [ "$a" = "[151644]" ] && [ "$b" != "$a" ] || { echo "special: $a / $b"; exit 1; }
 
+# --chat: the template rendered as python3-jinja2 renders it under Hugging
+# Face's settings (tests/reference/chat_templates.py's environment), on
+# standard error; the ids are the oracle's encoding of that text without
+# added special tokens (apply_chat_template(tokenize=True)).
+cat >"$tmp/chat.json" <<'JSON'
+{"messages": [{"role": "system", "content": "You are terse."},
+              {"role": "user", "content": "Weather in Paris? ☀️"},
+              {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]},
+              {"role": "tool", "content": "{\"temp\": 21}"},
+              {"role": "user", "content": "Thanks <|eot_id|> <|im_end|>"}],
+ "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}}],
+ "date_string": "01 Dec 2026", "enable_thinking": false}
+JSON
+for name in llama3_2 qwen3 llama3_1; do
+  "$tessera" tokenize --tokenizer "$toks/$name" --chat "$tmp/chat.json" --add-generation-prompt \
+    >"$tmp/chat_ids.json" 2>"$tmp/chat_text.txt"
+  python3 - "$tests/reference" "$name" "$tmp/chat.json" >"$tmp/chat_want.txt" <<'PY'
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import chat_templates
+source, special = chat_templates.load_config(sys.argv[2])
+case = json.load(open(sys.argv[3], encoding="utf-8"))
+extra = {k: v for k, v in case.items() if k not in ("messages", "tools", "documents")}
+t = chat_templates.make_environment().from_string(source)
+sys.stdout.write(t.render(messages=case["messages"], tools=case.get("tools"), documents=None,
+                          add_generation_prompt=True, **{**special, **extra}))
+PY
+  cmp "$tmp/chat_want.txt" "$tmp/chat_text.txt" || { echo "$name: chat text differs"; diff "$tmp/chat_want.txt" "$tmp/chat_text.txt" | head; exit 1; }
+  python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1], encoding="utf-8").read(), ensure_ascii=False))' \
+    "$tmp/chat_want.txt" >"$tmp/chat_line.jsonl"
+  (cd "$tests/clients" && node "$oracle" "$toks/$name") <"$tmp/chat_line.jsonl" >"$tmp/chat_oracle.jsonl"
+  python3 -c 'import json,sys; print(json.dumps(json.loads(open(sys.argv[1]).read())))' "$tmp/chat_ids.json" \
+    >"$tmp/chat_ids.jsonl"
+  compare "$tmp/chat_oracle.jsonl" "$tmp/chat_ids.jsonl" plain "$name (chat)"
+  echo "$name: --chat renders as jinja2 does and encodes as the oracle does ($(wc -c <"$tmp/chat_want.txt") bytes)"
+done
 # Bad input: one line naming what is wrong, exit 1.
 expect_error() {  # PATTERN COMMAND...: fails with one line matching PATTERN
   local pattern=$1; shift
@@ -87,6 +123,13 @@ expect_error() {  # PATTERN COMMAND...: fails with one line matching PATTERN
   [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "$pattern" "$tmp/err" || { echo "want one line /$pattern/:"; cat "$tmp/err"; exit 1; }
 }
 expect_error "no such file" "$tessera" tokenize --tokenizer "$tmp/missing/tokenizer.json"
+expect_error "chat_template" "$tessera" tokenize --tokenizer "$toks/llama2" --chat "$tmp/chat.json"
+printf '{%% for m in messages %%}[{{ m.role }}] {{ m.content }}\n{%% endfor %%}' >"$tmp/plain.jinja"
+"$tessera" tokenize --tokenizer "$toks/llama2" --chat "$tmp/chat.json" --chat-template "$tmp/plain.jinja" \
+  2>"$tmp/plain.txt" >/dev/null
+head -1 "$tmp/plain.txt" | grep -qx "\[system\] You are terse." || { cat "$tmp/plain.txt"; exit 1; }
+printf '{%% for m in messages %%}{{ m.content | wordwrap }}{%% endfor %%}' >"$tmp/bad.jinja"
+expect_error "wordwrap" "$tessera" tokenize --tokenizer "$toks/qwen3" --chat "$tmp/chat.json" --chat-template "$tmp/bad.jinja"
 echo '{"model": {"type": "WordPiece", "vocab": {}}}' >"$tmp/wp.json"
 expect_error 'model "WordPiece" is not supported' "$tessera" tokenize --tokenizer "$tmp/wp.json"
 printf '[1, 2, 999999999]' >"$tmp/ids.json"

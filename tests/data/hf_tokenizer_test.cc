@@ -350,6 +350,37 @@ TEST(HfTokenizerReal, SizesAndEndOfText) {
   EXPECT_EQ(qw->encode("<think>"), (Ids{151667}));  // a non-special added token: always matched
 }
 
+// The hand matcher of Llama 3's and Qwen's split equals ICU's matching of the
+// same pattern, on random strings of the characters each alternative turns
+// on (contractions in both cases, \r \n and other white space, digits,
+// letters of several scripts, marks, symbols, 4-byte characters).
+TEST(HfTokenizerReal, HandSplitEqualsTheRegex) {
+  bool any = false;
+  for (const char* name : {"llama3", "qwen3"}) {
+    const std::string dir = kTokenizers + "/" + name;
+    if (!fs::exists(dir + "/tokenizer.json")) continue;
+    any = true;
+    auto fast = HfTokenizer::load(dir);
+    auto icu = HfTokenizer::load(dir, HfLoadOptions{.fast_split = false});
+    ASSERT_TRUE(fast.ok() && icu.ok());
+    const std::vector<std::string> atoms = {"'", "s", "S", "t", "re", "RE", "ve", "m", "ll", "LL", "d", "x", " ",
+                                            "  ", "\t", "\r", "\n", "\r\n", "\v", "\u0085", "\u00a0", "\u3000", "1",
+                                            "23", "4567", "\u0663", "\u2167", "é", "日本", "ß", "\u0301", "!", "...",
+                                            "$", "😀", "\U00020000", "-", "_", "ſ", "İ", "ǅ", "\u2028"};
+    std::mt19937 rng(2029);
+    std::string corpus;
+    for (int t = 0; t < 3000; t++) {
+      std::string text;
+      const int len = 1 + static_cast<int>(rng() % 12);
+      for (int k = 0; k < len; k++) text += atoms[rng() % atoms.size()];
+      ASSERT_EQ((*fast)->encode(text), (*icu)->encode(text)) << name << ": " << json(text).dump();
+      corpus += text;
+    }
+    EXPECT_EQ((*fast)->encode(corpus), (*icu)->encode(corpus)) << name;
+  }
+  if (!any) GTEST_SKIP() << kTokenizers << " is missing; run scripts/fetch-data.sh";
+}
+
 TEST(HfTokenizerReal, ThreadsGetTheSameIds) {
   auto t = real("llama3");
   if (!t) GTEST_SKIP() << kTokenizers << " is missing; run scripts/fetch-data.sh";

@@ -373,6 +373,8 @@ Status ElasticTrainer::rebuild(const std::string& why) {
   const auto connect =
       std::min(co.timeout, std::chrono::milliseconds(static_cast<int64_t>(o_.rdzv_timeout_s * 1e3)));
   std::string last_error;
+  // Since when the store has failed every request (none: it answers).
+  std::optional<Clock::time_point> store_lost;
   while (true) {
     if (since(t0) > o_.rdzv_timeout_s + o_.last_call_s + 60)
       return Status::Unavailable(
@@ -380,14 +382,25 @@ Status ElasticTrainer::rebuild(const std::string& why) {
     // The next round after this worker's last and after the job's last
     // closed one: a worker that was cut off (or slow) goes straight to the
     // round the running job will see. The store unreachable (this host cut
-    // off, or the store's host gone) is retried on the same round until the
-    // deadline above, so a healed host rejoins the job's next round.
+    // off, or the store's host gone) is retried on the same round for
+    // --rdzv-timeout, so a host whose link heals in that time rejoins the
+    // job's next round; past it the store is taken for gone (issue #34: the
+    // flag bounds the wait, plus one retry interval).
     Result<int64_t> next = rdzv_->first_epoch();
     if (!next.ok()) {
       last_error = next.status().message();
+      if (!store_lost) store_lost = Clock::now();
+      const double lost_s = std::chrono::duration<double>(Clock::now() - *store_lost).count();
+      if (lost_s >= o_.rdzv_timeout_s)
+        return Status::Unavailable(fmt::format(
+            "elastic: the rendezvous store at {} is gone: no answer for {:.0f} s (--rdzv-timeout {:g}; last: {}); "
+            "resume the job with --resume latest, or keep the store on Redis or etcd (--rdzv redis://HOST:PORT), "
+            "which outlives any one host",
+            store_->address(), lost_s, o_.rdzv_timeout_s, last_error));
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       continue;
     }
+    store_lost.reset();
     Result<Round> r = rdzv_->join(std::max(epoch_ + 1, *next), step_ >= 0 ? rank_ : -1, co, connect);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kUnavailable) return r.status();

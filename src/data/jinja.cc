@@ -83,9 +83,9 @@ Result<std::vector<Value>> bind_args(std::string_view fname, const CallArgs& arg
 
 Status Interp::charge(int64_t units) {
   work_ += units;
-  if (work_ > kMaxWork) {
+  if (work_ > options_.max_work) {
     return Status::InvalidArgument(fmt::format("the template does more than {} units of work (a loop that never "
-                                               "ends, or input too large)", kMaxWork));
+                                               "ends, or input too large)", options_.max_work));
   }
   return Status::OK();
 }
@@ -132,8 +132,12 @@ Result<std::string> Interp::run(const Program& program, const nlohmann::ordered_
   std::string out;
   Status st = exec_body(program.body, root, out);
   if (!st.ok()) {
-    if (raised_) return st;
-    return Status::InvalidArgument(fmt::format("chat template line {}: {}", error_line_, st.message()));
+    if (raised_) return st;  // raise_exception(): verbatim
+    std::string message = st.message();  // one line, even when it quotes text with newlines
+    for (size_t at = message.find('\n'); at != std::string::npos; at = message.find('\n', at + 2)) {
+      message.replace(at, 1, "\\n");
+    }
+    return Status::InvalidArgument(fmt::format("chat template line {}: {}", error_line_, message));
   }
   return out;
 }
@@ -171,6 +175,18 @@ Status Interp::assign(const std::vector<std::string>& targets, const Value& v, F
 
 Status Interp::exec(const Stmt& s, Frame& frame, std::string& out) {
   RETURN_IF_ERROR(charge(1));
+  if (depth_ >= kMaxEvalDepth) {
+    if (error_line_ == 0) error_line_ = s.line;
+    return Status::InvalidArgument(fmt::format("evaluation nested deeper than {} levels", kMaxEvalDepth));
+  }
+  ++depth_;
+  Status st = exec_inner(s, frame, out);
+  --depth_;
+  if (!st.ok() && error_line_ == 0) error_line_ = s.line;
+  return st;
+}
+
+Status Interp::exec_inner(const Stmt& s, Frame& frame, std::string& out) {
   Status st;
   switch (s.kind) {
     case Stmt::Kind::kText: st = append_output(out, s.text); break;
@@ -233,7 +249,6 @@ Status Interp::exec(const Stmt& s, Frame& frame, std::string& out) {
     case Stmt::Kind::kContinue: flow_ = Flow::kContinue; break;
     case Stmt::Kind::kBlock: st = exec_body(s.body, frame, out); break;
   }
-  if (!st.ok() && error_line_ == 0) error_line_ = s.line;
   return st;
 }
 
@@ -454,7 +469,13 @@ Result<Value> Interp::getitem(const Value& obj, const Value& key) {
 // ---- Expressions ----------------------------------------------------------------
 
 Result<Value> Interp::eval(const Expr& e, Frame& frame) {
+  if (depth_ >= kMaxEvalDepth) {
+    if (error_line_ == 0) error_line_ = e.line;
+    return Status::InvalidArgument(fmt::format("evaluation nested deeper than {} levels", kMaxEvalDepth));
+  }
+  ++depth_;
   auto r = eval_inner(e, frame);
+  --depth_;
   if (!r.ok() && error_line_ == 0) error_line_ = e.line;
   return r;
 }
@@ -485,6 +506,21 @@ double py_fmod(double a, double b) {
   double m = std::fmod(a, b);
   if (m != 0 && ((m < 0) != (b < 0))) m += b;
   return m;
+}
+
+// CPython's float floor division (float_divmod), which is not floor(x / y).
+double py_floordiv(double vx, double wx) {
+  double mod = std::fmod(vx, wx);
+  double div = (vx - mod) / wx;
+  if (mod != 0) {
+    if ((wx < 0) != (mod < 0)) div -= 1.0;
+  }
+  if (div != 0) {
+    double floordiv = std::floor(div);
+    if (div - floordiv > 0.5) floordiv += 1.0;
+    return floordiv;
+  }
+  return std::copysign(0.0, vx / wx);
 }
 
 }  // namespace
@@ -551,11 +587,15 @@ Result<Value> percent_format(Interp& interp, const std::string& fmt_s, const Val
     }
     if (out.size() > kMaxOutputBytes) return Status::InvalidArgument("a string longer than the output limit");
   }
-  if (next < values.size()) return Status::InvalidArgument("not all arguments converted during string formatting");
+  // CPython skips this check when the argument is a mapping-like (a list or dict).
+  if (next < values.size() && !args.is_dict() && args.kind() != Value::Kind::kList && !args.is_undefined()) {
+    return Status::InvalidArgument("not all arguments converted during string formatting");
+  }
   return interp.make_string(std::move(out));
 }
 
 Result<Value> arith(Interp& interp, BinOp op, const Value& a, const Value& b) {
+  if (op == BinOp::kMod && a.is_string()) return percent_format(interp, a.as_string(), b);
   if (a.is_undefined()) return undefined_error(a);
   if (b.is_undefined()) return undefined_error(b);
   static const char* kNames[] = {"+", "-", "*", "/", "//", "%", "**"};
@@ -613,7 +653,7 @@ Result<Value> arith(Interp& interp, BinOp op, const Value& a, const Value& b) {
         return Value::floating(x / y);
       case BinOp::kFloorDiv:
         if (y == 0) return Status::InvalidArgument("float floor division by zero");
-        return Value::floating(std::floor(x / y));
+        return Value::floating(py_floordiv(x, y));
       case BinOp::kMod:
         if (y == 0) return Status::InvalidArgument("float modulo");
         return Value::floating(py_fmod(x, y));
@@ -641,7 +681,6 @@ Result<Value> arith(Interp& interp, BinOp op, const Value& a, const Value& b) {
     if ((a.is_string() || a.is_list()) && b.is_integral()) return repeat(interp, a, b.as_int());
     if ((b.is_string() || b.is_list()) && a.is_integral()) return repeat(interp, b, a.as_int());
   }
-  if (op == BinOp::kMod && a.is_string()) return percent_format(interp, a.as_string(), b);
   return operand_error(name, a, b);
 }
 
@@ -672,22 +711,7 @@ Result<bool> contains(const Value& container, const Value& item) {
 
 }  // namespace
 
-Result<Value> Interp::eval_inner(const Expr& e, Frame& frame) {
-  RETURN_IF_ERROR(charge(1));
-  switch (e.kind) {
-    case Expr::Kind::kLiteral: return e.literal;
-    case Expr::Kind::kName: return lookup(e.name, frame);
-    case Expr::Kind::kList:
-    case Expr::Kind::kTuple: {
-      std::vector<Value> items;
-      items.reserve(e.args.size());
-      for (const auto& arg : e.args) {
-        ASSIGN_OR_RETURN(Value v, eval(*arg, frame));
-        items.push_back(std::move(v));
-      }
-      return make_list(std::move(items), e.kind == Expr::Kind::kTuple);
-    }
-    case Expr::Kind::kDict: {
+[[gnu::noinline]] Result<Value> Interp::eval_dict(const Expr& e, Frame& frame) {
       std::vector<std::pair<std::string, Value>> items;
       for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
         ASSIGN_OR_RETURN(Value key, eval(*e.args[i], frame));
@@ -704,16 +728,8 @@ Result<Value> Interp::eval_inner(const Expr& e, Frame& frame) {
       }
       return Value::dict(std::move(items));
     }
-    case Expr::Kind::kAttr: {
-      ASSIGN_OR_RETURN(Value obj, eval(*e.args[0], frame));
-      return getattr(obj, e.name);
-    }
-    case Expr::Kind::kItem: {
-      ASSIGN_OR_RETURN(Value obj, eval(*e.args[0], frame));
-      ASSIGN_OR_RETURN(Value key, eval(*e.args[1], frame));
-      return getitem(obj, key);
-    }
-    case Expr::Kind::kSlice: {
+
+[[gnu::noinline]] Result<Value> Interp::eval_slice(const Expr& e, Frame& frame) {
       ASSIGN_OR_RETURN(Value obj, eval(*e.args[0], frame));
       std::optional<int64_t> bounds[3];
       bool bad_bound = false;
@@ -748,47 +764,8 @@ Result<Value> Interp::eval_inner(const Expr& e, Frame& frame) {
       }
       return make_string(std::move(out));
     }
-    case Expr::Kind::kCall: {
-      ASSIGN_OR_RETURN(Value fn, eval(*e.args[0], frame));
-      ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
-      return call(fn, args);
-    }
-    case Expr::Kind::kFilter: {
-      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
-      ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
-      return apply_filter(e.filter, v, args);
-    }
-    case Expr::Kind::kTest: {
-      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
-      ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
-      ASSIGN_OR_RETURN(bool r, apply_test(e.test, v, args));
-      return Value::boolean(r != e.negated);
-    }
-    case Expr::Kind::kNeg:
-    case Expr::Kind::kPos: {
-      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
-      if (v.is_undefined()) return undefined_error(v);
-      const bool neg = e.kind == Expr::Kind::kNeg;
-      if (v.is_float()) return Value::floating(neg ? -v.as_double() : v.as_double());
-      if (v.is_integral()) {
-        if (neg && v.as_int() == std::numeric_limits<int64_t>::min()) {
-          return Status::InvalidArgument("integer overflow");
-        }
-        return Value::integer(neg ? -v.as_int() : v.as_int());
-      }
-      return Status::InvalidArgument(
-          fmt::format("bad operand type for unary {}: '{}'", neg ? '-' : '+', type_name(v)));
-    }
-    case Expr::Kind::kNot: {
-      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
-      return Value::boolean(!truthy(v));
-    }
-    case Expr::Kind::kBinary: {
-      ASSIGN_OR_RETURN(Value a, eval(*e.args[0], frame));
-      ASSIGN_OR_RETURN(Value b, eval(*e.args[1], frame));
-      return arith(*this, e.op, a, b);
-    }
-    case Expr::Kind::kCompare: {
+
+[[gnu::noinline]] Result<Value> Interp::eval_compare(const Expr& e, Frame& frame) {
       ASSIGN_OR_RETURN(Value left, eval(*e.args[0], frame));
       for (size_t i = 0; i < e.cmp_ops.size(); ++i) {
         ASSIGN_OR_RETURN(Value right, eval(*e.args[i + 1], frame));
@@ -819,6 +796,90 @@ Result<Value> Interp::eval_inner(const Expr& e, Frame& frame) {
       }
       return Value::boolean(true);
     }
+
+[[gnu::noinline]] Result<Value> Interp::eval_concat(const Expr& e, Frame& frame) {
+      std::string out;
+      for (const auto& arg : e.args) {
+        ASSIGN_OR_RETURN(Value v, eval(*arg, frame));
+        append_str(v, out);
+        if (out.size() > kMaxOutputBytes) {
+          return Status::InvalidArgument(fmt::format("a string longer than {} bytes", kMaxOutputBytes));
+        }
+      }
+      return make_string(std::move(out));
+    }
+
+[[gnu::noinline]] Result<Value> Interp::eval_list(const Expr& e, Frame& frame) {
+      std::vector<Value> items;
+      items.reserve(e.args.size());
+      for (const auto& arg : e.args) {
+        ASSIGN_OR_RETURN(Value v, eval(*arg, frame));
+        items.push_back(std::move(v));
+      }
+      return make_list(std::move(items), e.kind == Expr::Kind::kTuple);
+    }
+
+[[gnu::noinline]] Result<Value> Interp::eval_unary(const Expr& e, Frame& frame) {
+      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
+      if (v.is_undefined()) return undefined_error(v);
+      const bool neg = e.kind == Expr::Kind::kNeg;
+      if (v.is_float()) return Value::floating(neg ? -v.as_double() : v.as_double());
+      if (v.is_integral()) {
+        if (neg && v.as_int() == std::numeric_limits<int64_t>::min()) {
+          return Status::InvalidArgument("integer overflow");
+        }
+        return Value::integer(neg ? -v.as_int() : v.as_int());
+      }
+      return Status::InvalidArgument(
+          fmt::format("bad operand type for unary {}: '{}'", neg ? '-' : '+', type_name(v)));
+    }
+
+Result<Value> Interp::eval_inner(const Expr& e, Frame& frame) {
+  RETURN_IF_ERROR(charge(1));
+  switch (e.kind) {
+    case Expr::Kind::kLiteral: return e.literal;
+    case Expr::Kind::kName: return lookup(e.name, frame);
+    case Expr::Kind::kList:
+    case Expr::Kind::kTuple: return eval_list(e, frame);
+    case Expr::Kind::kDict: return eval_dict(e, frame);
+    case Expr::Kind::kAttr: {
+      ASSIGN_OR_RETURN(Value obj, eval(*e.args[0], frame));
+      return getattr(obj, e.name);
+    }
+    case Expr::Kind::kItem: {
+      ASSIGN_OR_RETURN(Value obj, eval(*e.args[0], frame));
+      ASSIGN_OR_RETURN(Value key, eval(*e.args[1], frame));
+      return getitem(obj, key);
+    }
+    case Expr::Kind::kSlice: return eval_slice(e, frame);
+    case Expr::Kind::kCall: {
+      ASSIGN_OR_RETURN(Value fn, eval(*e.args[0], frame));
+      ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
+      return call(fn, args);
+    }
+    case Expr::Kind::kFilter: {
+      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
+      ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
+      return apply_filter(e.filter, v, args);
+    }
+    case Expr::Kind::kTest: {
+      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
+      ASSIGN_OR_RETURN(CallArgs args, eval_args(e, 1, frame));
+      ASSIGN_OR_RETURN(bool r, apply_test(e.test, v, args));
+      return Value::boolean(r != e.negated);
+    }
+    case Expr::Kind::kNeg:
+    case Expr::Kind::kPos: return eval_unary(e, frame);
+    case Expr::Kind::kNot: {
+      ASSIGN_OR_RETURN(Value v, eval(*e.args[0], frame));
+      return Value::boolean(!truthy(v));
+    }
+    case Expr::Kind::kBinary: {
+      ASSIGN_OR_RETURN(Value a, eval(*e.args[0], frame));
+      ASSIGN_OR_RETURN(Value b, eval(*e.args[1], frame));
+      return arith(*this, e.op, a, b);
+    }
+    case Expr::Kind::kCompare: return eval_compare(e, frame);
     case Expr::Kind::kAnd: {
       ASSIGN_OR_RETURN(Value a, eval(*e.args[0], frame));
       if (!truthy(a)) return a;
@@ -836,17 +897,7 @@ Result<Value> Interp::eval_inner(const Expr& e, Frame& frame) {
       return Value::undefined(fmt::format(
           "the inline if-expression on line {} evaluated to false and no else section was defined.", e.line));
     }
-    case Expr::Kind::kConcat: {
-      std::string out;
-      for (const auto& arg : e.args) {
-        ASSIGN_OR_RETURN(Value v, eval(*arg, frame));
-        append_str(v, out);
-        if (out.size() > kMaxOutputBytes) {
-          return Status::InvalidArgument(fmt::format("a string longer than {} bytes", kMaxOutputBytes));
-        }
-      }
-      return make_string(std::move(out));
-    }
+    case Expr::Kind::kConcat: return eval_concat(e, frame);
   }
   return Status::Internal("unknown expression");
 }

@@ -42,12 +42,18 @@ struct Program;
 inline constexpr size_t kMaxOutputBytes = size_t{16} << 20;  // rendered text, and any one string
 inline constexpr size_t kMaxListItems = size_t{1} << 20;      // any one list built by the template
 inline constexpr int kMaxMacroDepth = 32;                       // macro calls inside macro calls
-inline constexpr int64_t kMaxWork = int64_t{200} << 20;         // units: iterations, nodes, 16-byte chunks
+inline constexpr int kMaxEvalDepth = 400;                       // expressions and statements inside each other
+// Work units: a loop iteration, a statement or an expression node is one, a
+// string or list built costs one per 16 bytes or per item. A 16 MiB
+// conversation renders in a few million; 2^24 is about 2 s of CPU at most.
+inline constexpr int64_t kMaxWork = int64_t{1} << 24;
 inline constexpr int64_t kMaxRange = 100000;                     // jinja2's sandbox MAX_RANGE
 
 struct RenderOptions {
   // strftime_now()'s clock (local time); unset: the time of the call.
   std::optional<std::time_t> now;
+  // The work bound (tests lower it to reach it quickly).
+  int64_t max_work = kMaxWork;
 };
 
 class Template {

@@ -15,10 +15,12 @@
 
 namespace tessera::data::jinja {
 
-// Nesting bound for the parser (statements inside statements, expressions
-// inside expressions, both counted together): deeper templates are refused
-// at load, so neither parsing nor evaluating can overflow the stack.
-inline constexpr int kMaxParseDepth = 96;
+// Nesting bound for the parser: blocks inside blocks, and brackets,
+// parentheses, call arguments, `not` and unary minus inside each other
+// (counted together), and the length of a chain of one operator (a + b +
+// ..., x.a.b..., x|f|g...). Deeper templates are refused at load, so parsing
+// cannot overflow the stack; evaluation has its own bound (kMaxEvalDepth).
+inline constexpr int kMaxParseDepth = 64;
 
 enum class Filter {
   kAbs, kCapitalize, kDefault, kFirst, kFloat, kIndent, kInt, kItems, kJoin, kLast, kLength, kList, kLower, kMap,

@@ -417,6 +417,7 @@ Result<Value> Interp::apply_filter(Filter filter, const Value& v, const CallArgs
     }
     case Filter::kFloat: {
       ASSIGN_OR_RETURN(auto a, bind_args("float", args, {{"default", Value::floating(0.0)}}));
+      if (v.is_undefined()) return Status::InvalidArgument(v.undefined_message());  // float(Undefined) raises
       if (v.is_number()) return Value::floating(v.as_double());
       if (v.is_string()) {
         if (auto d = parse_py_float(v.as_string())) return Value::floating(*d);
@@ -458,6 +459,7 @@ Result<Value> Interp::apply_filter(Filter filter, const Value& v, const CallArgs
     }
     case Filter::kInt: {
       ASSIGN_OR_RETURN(auto a, bind_args("int", args, {{"default", Value::integer(0)}, {"base", Value::integer(10)}}));
+      if (v.is_undefined()) return Status::InvalidArgument(v.undefined_message());  // int(Undefined) raises
       if (v.is_integral()) return Value::integer(v.as_int());
       if (v.is_float()) {
         const double d = std::trunc(v.as_double());
@@ -512,6 +514,7 @@ Result<Value> Interp::apply_filter(Filter filter, const Value& v, const CallArgs
     case Filter::kLower: return make_string(to_lower(to_str(v)));
     case Filter::kUpper: return make_string(to_upper(to_str(v)));
     case Filter::kMap: {
+      if (!truthy(v)) return make_list({});  // jinja2: `if value:` before iterating
       ASSIGN_OR_RETURN(std::vector<Value> items, iterate(v));
       std::vector<Value> out;
       if (args.pos.empty()) {
@@ -578,6 +581,7 @@ Result<Value> Interp::apply_filter(Filter filter, const Value& v, const CallArgs
     case Filter::kRejectAttr: {
       const bool by_attr = filter == Filter::kSelectAttr || filter == Filter::kRejectAttr;
       const bool keep_if = filter == Filter::kSelect || filter == Filter::kSelectAttr;
+      if (!truthy(v)) return make_list({});  // jinja2: `if value:` before iterating
       ASSIGN_OR_RETURN(std::vector<Value> items, iterate(v));
       size_t next_arg = 0;
       Value attribute;
@@ -738,7 +742,7 @@ Result<Value> Interp::apply_filter(Filter filter, const Value& v, const CallArgs
           if (width > 4096) return Status::InvalidArgument("tojson: indent over 4096");
           style.indent = std::string(static_cast<size_t>(std::max<int64_t>(width, 0)), ' ');
         }
-        style.item_separator = ",";
+        style.item_separator.assign(1, ',');  // (not = ",": g++ 12 -Wrestrict false positive)
       }
       if (!a[2].is_none()) {
         if (!a[2].is_list() || a[2].items().size() != 2 || !a[2].items()[0].is_string() ||
@@ -836,7 +840,14 @@ Result<bool> Interp::apply_test(Test test, const Value& v, const CallArgs& args)
     case Test::kEven: {
       RETURN_IF_ERROR(no_args("odd"));
       if (v.is_undefined()) return Status::InvalidArgument(v.undefined_message());
-      if (!v.is_integral()) return Status::InvalidArgument(fmt::format("odd/even: not an integer: '{}'", type_name(v)));
+      if (!v.is_number()) {
+        return Status::InvalidArgument(fmt::format("unsupported operand type(s) for %: '{}' and 'int'", type_name(v)));
+      }
+      if (v.is_float()) {
+        const double m = std::fmod(v.as_double(), 2.0);
+        const double r = m < 0 ? m + 2.0 : m;
+        return test == Test::kOdd ? r == 1.0 : r == 0.0;
+      }
       const int64_t r = ((v.as_int() % 2) + 2) % 2;
       return test == Test::kOdd ? r == 1 : r == 0;
     }

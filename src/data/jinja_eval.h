@@ -79,10 +79,19 @@ class Interp {
  private:
   Status exec_body(const std::vector<Stmt>& body, Frame& frame, std::string& out);
   Status exec(const Stmt& s, Frame& frame, std::string& out);
+  Status exec_inner(const Stmt& s, Frame& frame, std::string& out);
   Status exec_for(const Stmt& s, Frame& frame, std::string& out);
   Status assign(const std::vector<std::string>& targets, const Value& v, Frame& frame);
   Result<Value> eval(const Expr& e, Frame& frame);
   Result<Value> eval_inner(const Expr& e, Frame& frame);
+  // The larger cases of eval_inner, apart so that its stack frame (one per
+  // nesting level) stays small.
+  Result<Value> eval_list(const Expr& e, Frame& frame);
+  Result<Value> eval_dict(const Expr& e, Frame& frame);
+  Result<Value> eval_slice(const Expr& e, Frame& frame);
+  Result<Value> eval_compare(const Expr& e, Frame& frame);
+  Result<Value> eval_concat(const Expr& e, Frame& frame);
+  Result<Value> eval_unary(const Expr& e, Frame& frame);
   Result<CallArgs> eval_args(const Expr& e, size_t first, Frame& frame);
   Result<Value> lookup(const std::string& name, const Frame& frame) const;
   Result<Value> call_macro(const Callable& fn, const CallArgs& args);
@@ -92,6 +101,7 @@ class Interp {
   Frame* root_ = nullptr;
   int64_t work_ = 0;
   int macro_depth_ = 0;
+  int depth_ = 0;  // eval() and exec() calls on the stack
   enum class Flow { kNormal, kBreak, kContinue } flow_ = Flow::kNormal;
   bool raised_ = false;
   int error_line_ = 0;

@@ -551,6 +551,15 @@ class Parser {
     return next().text;
   }
 
+  // A left-associative chain (a + b + c ...) nests in the tree as deep as it
+  // is long: bounded like any nesting.
+  Status chain_step(int& links) const {
+    if (++links > kMaxParseDepth) {
+      return error_at(peek().line, fmt::format("expression chain longer than {} operators", kMaxParseDepth));
+    }
+    return Status::OK();
+  }
+
   Status enter(int depth) const {
     if (depth > kMaxParseDepth) {
       return error_at(peek().line, fmt::format("template nested deeper than {} levels", kMaxParseDepth));
@@ -773,12 +782,14 @@ class Parser {
 
   Result<ExprPtr> parse_expression(int depth, bool with_condexpr) {
     RETURN_IF_ERROR(enter(depth));
-    if (!with_condexpr) return parse_or(depth + 1);
+    if (!with_condexpr) return parse_or(depth);
     const int line = peek().line;
-    ASSIGN_OR_RETURN(ExprPtr expr, parse_or(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr expr, parse_or(depth));
+    int links = 0;
     while (skip_name("if")) {
+      RETURN_IF_ERROR(chain_step(links));
       auto cond = make_expr(Expr::Kind::kCond, line);
-      ASSIGN_OR_RETURN(ExprPtr test, parse_or(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr test, parse_or(depth));
       cond->args.push_back(std::move(expr));
       cond->args.push_back(std::move(test));
       if (skip_name("else")) {
@@ -794,10 +805,12 @@ class Parser {
 
   Result<ExprPtr> parse_or(int depth) {
     RETURN_IF_ERROR(enter(depth));
-    ASSIGN_OR_RETURN(ExprPtr left, parse_and(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr left, parse_and(depth));
+    int links = 0;
     while (at_name("or")) {
+      RETURN_IF_ERROR(chain_step(links));
       const int line = next().line;
-      ASSIGN_OR_RETURN(ExprPtr right, parse_and(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr right, parse_and(depth));
       auto e = make_expr(Expr::Kind::kOr, line);
       e->args.push_back(std::move(left));
       e->args.push_back(std::move(right));
@@ -807,10 +820,12 @@ class Parser {
   }
 
   Result<ExprPtr> parse_and(int depth) {
-    ASSIGN_OR_RETURN(ExprPtr left, parse_not(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr left, parse_not(depth));
+    int links = 0;
     while (at_name("and")) {
+      RETURN_IF_ERROR(chain_step(links));
       const int line = next().line;
-      ASSIGN_OR_RETURN(ExprPtr right, parse_not(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr right, parse_not(depth));
       auto e = make_expr(Expr::Kind::kAnd, line);
       e->args.push_back(std::move(left));
       e->args.push_back(std::move(right));
@@ -828,12 +843,12 @@ class Parser {
       e->args.push_back(std::move(operand));
       return e;
     }
-    return parse_compare(depth + 1);
+    return parse_compare(depth);
   }
 
   Result<ExprPtr> parse_compare(int depth) {
     const int line = peek().line;
-    ASSIGN_OR_RETURN(ExprPtr first, parse_math1(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr first, parse_math1(depth));
     ExprPtr chain;
     while (true) {
       CmpOp op;
@@ -858,7 +873,7 @@ class Parser {
         break;
       }
       next();
-      ASSIGN_OR_RETURN(ExprPtr right, parse_math1(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr right, parse_math1(depth));
       if (!chain) {
         chain = make_expr(Expr::Kind::kCompare, line);
         chain->args.push_back(std::move(first));
@@ -879,11 +894,13 @@ class Parser {
 
   Result<ExprPtr> parse_math1(int depth) {
     RETURN_IF_ERROR(enter(depth));
-    ASSIGN_OR_RETURN(ExprPtr left, parse_concat(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr left, parse_concat(depth));
+    int links = 0;
     while (at_op("+") || at_op("-")) {
+      RETURN_IF_ERROR(chain_step(links));
       const Token& t = next();
       const BinOp op = t.text == "+" ? BinOp::kAdd : BinOp::kSub;
-      ASSIGN_OR_RETURN(ExprPtr right, parse_concat(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr right, parse_concat(depth));
       ASSIGN_OR_RETURN(left, binary(std::move(left), op, std::move(right), t.line));
     }
     return left;
@@ -891,36 +908,40 @@ class Parser {
 
   Result<ExprPtr> parse_concat(int depth) {
     const int line = peek().line;
-    ASSIGN_OR_RETURN(ExprPtr first, parse_math2(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr first, parse_math2(depth));
     if (!at_op("~")) return first;
     auto e = make_expr(Expr::Kind::kConcat, line);
     e->args.push_back(std::move(first));
     while (skip_op("~")) {
-      ASSIGN_OR_RETURN(ExprPtr item, parse_math2(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr item, parse_math2(depth));
       e->args.push_back(std::move(item));
     }
     return e;
   }
 
   Result<ExprPtr> parse_math2(int depth) {
-    ASSIGN_OR_RETURN(ExprPtr left, parse_pow(depth + 1));
+    ASSIGN_OR_RETURN(ExprPtr left, parse_pow(depth));
+    int links = 0;
     while (at_op("*") || at_op("/") || at_op("//") || at_op("%")) {
+      RETURN_IF_ERROR(chain_step(links));
       const Token& t = next();
       const BinOp op = t.text == "*"    ? BinOp::kMul
                        : t.text == "/"  ? BinOp::kDiv
                        : t.text == "//" ? BinOp::kFloorDiv
                                         : BinOp::kMod;
-      ASSIGN_OR_RETURN(ExprPtr right, parse_pow(depth + 1));
+      ASSIGN_OR_RETURN(ExprPtr right, parse_pow(depth));
       ASSIGN_OR_RETURN(left, binary(std::move(left), op, std::move(right), t.line));
     }
     return left;
   }
 
   Result<ExprPtr> parse_pow(int depth) {
-    ASSIGN_OR_RETURN(ExprPtr left, parse_unary(depth + 1, true));
+    ASSIGN_OR_RETURN(ExprPtr left, parse_unary(depth, true));
+    int links = 0;
     while (at_op("**")) {
+      RETURN_IF_ERROR(chain_step(links));
       const int line = next().line;
-      ASSIGN_OR_RETURN(ExprPtr right, parse_unary(depth + 1, true));
+      ASSIGN_OR_RETURN(ExprPtr right, parse_unary(depth, true));
       ASSIGN_OR_RETURN(left, binary(std::move(left), BinOp::kPow, std::move(right), line));
     }
     return left;
@@ -935,11 +956,11 @@ class Parser {
       node = make_expr(t.text == "-" ? Expr::Kind::kNeg : Expr::Kind::kPos, t.line);
       node->args.push_back(std::move(operand));
     } else {
-      ASSIGN_OR_RETURN(node, parse_primary(depth + 1));
+      ASSIGN_OR_RETURN(node, parse_primary(depth));
     }
-    ASSIGN_OR_RETURN(node, parse_postfix(std::move(node), depth + 1));
+    ASSIGN_OR_RETURN(node, parse_postfix(std::move(node), depth));
     if (with_filter) {
-      ASSIGN_OR_RETURN(node, parse_filter_expr(std::move(node), depth + 1));
+      ASSIGN_OR_RETURN(node, parse_filter_expr(std::move(node), depth));
     }
     return node;
   }

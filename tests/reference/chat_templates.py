@@ -7,7 +7,7 @@ apply_chat_template sets it up (utils/chat_template_utils.py,
 _compile_jinja_template and render_jinja_template):
 
   ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                extensions=[jinja2.ext.loopcontrols])
+                                extensions=[AssistantTracker, jinja2.ext.loopcontrols])
   filters["tojson"]  = json.dumps(x, ensure_ascii=False, indent=indent,
                                   separators=separators, sort_keys=sort_keys)
   globals["raise_exception"] raises jinja2.exceptions.TemplateError(message)
@@ -15,6 +15,8 @@ _compile_jinja_template and render_jinja_template):
   template.render(messages=..., tools=... or None, documents=... or None,
                   add_generation_prompt=..., **special_tokens_map, **kwargs)
 
+AssistantTracker is transformers' {% generation %}...{% endgeneration %} tag,
+here without its token-mask bookkeeping (render() never activates it).
 special_tokens_map is transformers': bos/eos/unk/sep/pad/cls/mask_token and
 additional_special_tokens from tokenizer_config.json, each kept when set to
 a non-empty value (an AddedToken dict counts as its "content").
@@ -38,6 +40,7 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +50,18 @@ FIXED_NOW = 1721995200  # 2024-07-26 12:00:00 UTC
 
 SPECIAL_TOKENS_ATTRIBUTES = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                              "mask_token", "additional_special_tokens"]
+
+
+class AssistantTracker(jinja2.ext.Extension):
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_generation_support"), [], [], body).set_lineno(lineno)
+
+    def _generation_support(self, caller):
+        return caller()
 
 
 def make_environment():
@@ -59,7 +74,8 @@ def make_environment():
     def strftime_now(format):
         return datetime.fromtimestamp(FIXED_NOW).strftime(format)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[AssistantTracker, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

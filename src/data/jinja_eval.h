@@ -52,7 +52,7 @@ class Interp {
   Result<std::string> run(const Program& program, const nlohmann::ordered_json& context);
 
   // ---- for the built-ins ----
-  // Counts work (loop iterations, nodes, bytes / 16); past kMaxWork, fails.
+  // Counts work (loop iterations, nodes, bytes / 16); past RenderOptions::max_work, fails.
   Status charge(int64_t units);
   // A string or list built by a built-in: size-checked and charged.
   Result<Value> make_string(std::string s);

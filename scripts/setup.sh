@@ -20,6 +20,7 @@ packages=(
   libcpp-httplib-dev               # HTTP: tessera serve and its load generator
   prometheus                       # promtool checks the /metrics text; tests scrape with a real server
   curl                             # the serving tests' plain HTTP client
+  openssl                          # the TLS tests make their own CA and certificates
   libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
   libgloo-dev                      # Gloo: the elastic training communicator (TCP)
   libhiredis-dev redis-server      # the elastic rendezvous on Redis (--rdzv redis://), and its tests' server

@@ -43,7 +43,7 @@ int run_route(RouteArgs a) {
   if (Status st = router.start(); !st.ok()) return fail(st);
   std::string tiers;
   for (const serve::RouteTier& t : a.opts.tiers) tiers += fmt::format(" {}={}", t.name, t.urls.size());
-  std::fprintf(stderr, "route: listening on http://%s:%d; tiers (workers):%s\n", a.opts.host.c_str(), router.port(),
+  std::fprintf(stderr, "route: listening on %s://%s:%d; tiers (workers):%s\n", a.opts.tls.scheme(), a.opts.host.c_str(), router.port(),
                tiers.c_str());
   std::fflush(stderr);
 
@@ -78,6 +78,12 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--served-model-name", o.model_name, "the model id clients send (default: the first worker's)");
   cmd->add_option("--api-key", o.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--worker-api-key", o.worker_api_key, "the key the workers require");
+  cmd->add_option("--tls-cert", o.tls.cert, "serve HTTPS: the router's certificate chain (PEM)");
+  cmd->add_option("--tls-key", o.tls.key, "HTTPS: the certificate's private key (PEM)");
+  cmd->add_option("--tls-client-ca", o.tls.client_ca, "HTTPS: accept only clients with a certificate from these CAs");
+  cmd->add_option("--tls-worker-ca", o.worker_ca, "https:// workers: check their certificates against these CAs (PEM)");
+  cmd->add_option("--tls-worker-cert", o.worker_cert, "https:// workers: the client certificate to show them (PEM)");
+  cmd->add_option("--tls-worker-key", o.worker_key, "https:// workers: that certificate's private key (PEM)");
   cmd->add_option("--health-interval", o.health_interval_s, "seconds between health checks of a worker")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 3600.0));

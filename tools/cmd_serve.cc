@@ -39,6 +39,7 @@ namespace {
 
 struct ServeArgs {
   std::string model, registry, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
+  serve::TlsOptions tls;
   std::string int8_kernel = "auto";
   int port = 8000;
   int max_seqs = 32;
@@ -160,6 +161,7 @@ int run_serve(const ServeArgs& a) {
   so.host = a.host;
   so.port = a.port;
   so.api_key = a.api_key;
+  so.tls = a.tls;
   so.backend = a.backend;
   so.max_body_bytes = a.max_body_bytes;
   so.drain_timeout_s = a.drain_timeout_s;
@@ -178,7 +180,7 @@ int run_serve(const ServeArgs& a) {
   if (so.model_name.empty()) so.model_name = "model";
   serve::Server server(so, registry);
   if (Status st = server.start(a.max_seqs + a.max_queue); !st.ok()) return fail(st);
-  std::fprintf(stderr, "serve: listening on http://%s:%d (loading %s)\n", a.host.c_str(), server.port(),
+  std::fprintf(stderr, "serve: listening on %s://%s:%d (loading %s)\n", a.tls.scheme(), a.host.c_str(), server.port(),
                a.model.c_str());
 
   // Signals during loading end the process at once; later ones drain.
@@ -288,6 +290,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--fault-injection", a->fault_injection,
                "enable POST /admin/fault from loopback: hang, error, device_error, none (failover drills)");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--tls-cert", a->tls.cert, "serve HTTPS: the server's certificate chain (PEM)");
+  cmd->add_option("--tls-key", a->tls.key, "HTTPS: the certificate's private key (PEM)");
+  cmd->add_option("--tls-client-ca", a->tls.client_ca,
+                  "HTTPS: accept only clients with a certificate signed by these CAs (PEM)");
   cmd->add_option("--threads", a->threads, "OpenMP threads for the model (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--tokenizer", a->tokenizer,

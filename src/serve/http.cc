@@ -1,6 +1,10 @@
 #include "serve/http.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -12,6 +16,8 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+
+#include "io/file.h"
 
 namespace tessera::serve {
 
@@ -104,6 +110,30 @@ bool SseReader::feed(const char* data, size_t n, const std::function<bool(std::s
   }
   buf_.erase(0, start);
   return go_on;
+}
+
+Result<std::unique_ptr<httplib::Server>> make_http_server(const TlsOptions& tls) {
+  if (!tls.enabled()) return std::make_unique<httplib::Server>();
+  if (tls.cert.empty() || tls.key.empty())
+    return Status::InvalidArgument(tls.cert.empty() ? "--tls-key and --tls-client-ca need --tls-cert"
+                                                    : "--tls-cert needs --tls-key (its private key, PEM)");
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-cert", tls.cert},
+                                   {"--tls-key", tls.key}, {"--tls-client-ca", tls.client_ca}}) {
+    if (path.empty()) continue;
+    if (Status st = io::check_regular_file(path); !st.ok())
+      return Status::InvalidArgument(fmt::format("{} {}", flag, st.message()));
+    if (::access(path.c_str(), R_OK) != 0)
+      return Status::InvalidArgument(fmt::format("{} {}: cannot read: {}", flag, path, std::strerror(errno)));
+  }
+  auto s = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str(),
+                                                tls.client_ca.empty() ? nullptr : tls.client_ca.c_str());
+  if (!s->is_valid())
+    return Status::InvalidArgument(fmt::format(
+        "--tls-cert {} and --tls-key {}{}: OpenSSL cannot use them (not a PEM certificate and its private key, or "
+        "they do not match{})",
+        tls.cert, tls.key, tls.client_ca.empty() ? "" : " and --tls-client-ca " + tls.client_ca,
+        tls.client_ca.empty() ? "" : ", or the CA file is not PEM"));
+  return std::unique_ptr<httplib::Server>(std::move(s));
 }
 
 Result<int> bind_http(httplib::Server& s, const std::string& host, int port) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -18,6 +19,22 @@ struct Response;
 }  // namespace httplib
 
 namespace tessera::serve {
+
+// TLS for a server (--tls-cert, --tls-key, --tls-client-ca): all empty is
+// plain HTTP. client_ca: PEM file of the CAs whose client certificates are
+// accepted; set, a client without such a certificate is refused in the
+// handshake.
+struct TlsOptions {
+  std::string cert, key, client_ca;
+  bool enabled() const { return !cert.empty() || !key.empty() || !client_ca.empty(); }
+  const char* scheme() const { return enabled() ? "https" : "http"; }
+};
+
+// A plain cpp-httplib server, or with TLS an OpenSSL one (SSLServer). One
+// line naming the flag for a key without a certificate (or the reverse), a
+// file that is not a readable regular file, or a certificate and key
+// OpenSSL will not use (not PEM, or not a pair).
+Result<std::unique_ptr<httplib::Server>> make_http_server(const TlsOptions& tls);
 
 struct HttpOptions {
   int threads = 8;

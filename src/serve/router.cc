@@ -14,6 +14,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "io/file.h"
 #include "serve/http.h"
 
 namespace tessera::serve {
@@ -48,20 +49,22 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 struct Address {
   std::string host;
   int port = 0;
+  bool tls = false;  // https://
 };
 
 Result<Address> parse_url(const std::string& url) {
-  const std::string scheme = "http://";
   auto bad = [&](const std::string& why) {
-    return Status::InvalidArgument(fmt::format("worker URL '{}': {} (want http://HOST:PORT)", url, why));
+    return Status::InvalidArgument(fmt::format("worker URL '{}': {} (want http://HOST:PORT or https://HOST:PORT)", url, why));
   };
-  if (url.rfind(scheme, 0) != 0) return bad("not an http:// URL");
-  std::string rest = url.substr(scheme.size());
+  const bool tls = url.rfind("https://", 0) == 0;
+  if (!tls && url.rfind("http://", 0) != 0) return bad("not an http:// or https:// URL");
+  std::string rest = url.substr(tls ? 8 : 7);
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
   const size_t colon = rest.rfind(':');
   if (colon == std::string::npos || colon == 0) return bad("no host:port");
   if (rest.find('/') != std::string::npos) return bad("a path is not taken");
   Address a;
+  a.tls = tls;
   a.host = rest.substr(0, colon);
   const std::string port = rest.substr(colon + 1);
   if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
@@ -69,6 +72,19 @@ Result<Address> parse_url(const std::string& url) {
   a.port = std::stoi(port);
   if (a.port < 1 || a.port > 65535) return bad(fmt::format("port {} is out of range", a.port));
   return a;
+}
+
+// A client of one worker: plain, or TLS that verifies the worker's
+// certificate against opts.worker_ca (the system's CAs when empty) and
+// presents opts.worker_cert / worker_key when set.
+std::unique_ptr<httplib::Client> worker_client(const Address& a, const RouterOptions& opts) {
+  if (!a.tls) return std::make_unique<httplib::Client>(a.host, a.port);
+  const std::string url = fmt::format("https://{}:{}", a.host, a.port);
+  auto c = opts.worker_cert.empty() ? std::make_unique<httplib::Client>(url)
+                                    : std::make_unique<httplib::Client>(url, opts.worker_cert, opts.worker_key);
+  if (!opts.worker_ca.empty()) c->set_ca_cert_path(opts.worker_ca);
+  c->enable_server_certificate_verification(true);
+  return c;
 }
 
 // One request sent to one worker; abort() from another thread ends it.
@@ -262,7 +278,8 @@ struct Router::State {
   }
 
   void check(Worker& w) {
-    httplib::Client c(w.addr.host, w.addr.port);
+    std::unique_ptr<httplib::Client> client = worker_client(w.addr, opts);
+    httplib::Client& c = *client;
     const auto us = [](double s) { return static_cast<time_t>(s * 1e6); };
     c.set_connection_timeout(0, us(opts.connect_timeout_s));
     c.set_read_timeout(0, us(opts.health_timeout_s));
@@ -341,7 +358,7 @@ struct Router::State {
   Outcome send(Worker& w, const std::string& path, const json& body,
                const std::function<bool(const char*, size_t)>& on_data) {
     Attempt a;
-    a.cli = std::make_unique<httplib::Client>(w.addr.host, w.addr.port);
+    a.cli = worker_client(w.addr, opts);
     const auto us = [](double s) { return static_cast<time_t>(s * 1e6); };
     a.cli->set_connection_timeout(0, us(opts.connect_timeout_s));
     a.cli->set_read_timeout(0, us(opts.stall_timeout_s));
@@ -499,7 +516,7 @@ std::string relay_chunk(json c, const ClientAsk& ask, StreamProgress& p) {
 }  // namespace
 
 Router::Router(const RouterOptions& opts, obs::Registry& registry)
-    : opts_(opts), http_(std::make_unique<httplib::Server>()), state_(std::make_shared<State>(opts, registry)) {
+    : opts_(opts), state_(std::make_shared<State>(opts, registry)) {
   State& s = *state_;
   for (size_t t = 0; t < opts.tiers.size(); t++) {
     const RouteTier& tier = opts.tiers[t];
@@ -542,6 +559,17 @@ Router::~Router() {
 Status Router::start() {
   State& s = *state_;
   if (s.workers.empty()) return Status::InvalidArgument("no workers: give at least one --tier NAME=URL");
+  // The TLS files first: one line before any worker is asked.
+  ASSIGN_OR_RETURN(http_, make_http_server(opts_.tls));
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-worker-ca", opts_.worker_ca},
+                                   {"--tls-worker-cert", opts_.worker_cert},
+                                   {"--tls-worker-key", opts_.worker_key}}) {
+    if (path.empty()) continue;
+    if (Status st = io::check_regular_file(path); !st.ok())
+      return Status::InvalidArgument(fmt::format("{} {}", flag, st.message()));
+  }
+  if (opts_.worker_cert.empty() != opts_.worker_key.empty())
+    return Status::InvalidArgument("--tls-worker-cert and --tls-worker-key go together");
   for (auto& w : s.workers) s.check(*w);
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -939,7 +967,7 @@ bool Router::shutdown() {
     std::unique_lock<std::mutex> lock(s.mu);
     drained = s.idle.wait_for(lock, std::chrono::duration<double>(opts_.drain_timeout_s), [&] { return s.inflight == 0; });
   }
-  http_->stop();
+  if (http_) http_->stop();
   return drained;
 }
 

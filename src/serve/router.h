@@ -46,6 +46,7 @@
 
 #include "core/status.h"
 #include "obs/metrics.h"
+#include "serve/http.h"
 
 namespace httplib {
 class Server;
@@ -79,6 +80,11 @@ struct RouterOptions {
   int max_inflight = 256;           // more get 429
   size_t max_body_bytes = 1 << 20;
   double drain_timeout_s = 30;
+  TlsOptions tls;                   // the router's own HTTPS (all empty: plain)
+  // https:// workers: the CAs their certificates are checked against (empty:
+  // the system's), and the client certificate shown to them (for workers
+  // started with --tls-client-ca).
+  std::string worker_ca, worker_cert, worker_key;
 };
 
 class Router {

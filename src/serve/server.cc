@@ -624,8 +624,7 @@ struct Server::Handlers {
 };
 
 Server::Server(const ServerOptions& opts, obs::Registry& registry)
-    : opts_(opts), registry_(registry), http_(std::make_unique<httplib::Server>()),
-      handlers_(std::make_unique<Handlers>(opts, registry)) {}
+    : opts_(opts), registry_(registry), handlers_(std::make_unique<Handlers>(opts, registry)) {}
 
 Server::~Server() {
   if (http_) http_->stop();
@@ -634,6 +633,7 @@ Server::~Server() {
 
 Status Server::start(int threads_hint) {
   Handlers* h = handlers_.get();
+  ASSIGN_OR_RETURN(http_, make_http_server(opts_.tls));
   httplib::Server& s = *http_;
   // Threads: see server.h; past kMaxThreads a request waits for one.
   constexpr int kMaxThreads = 512;
@@ -685,7 +685,7 @@ bool Server::shutdown() {
     std::unique_lock<std::mutex> lock(h.mu);
     drained = h.streams_done.wait_for(lock, std::chrono::seconds(10), [&] { return h.streams == 0; }) && drained;
   }
-  http_->stop();
+  if (http_) http_->stop();
   return drained;
 }
 

@@ -47,6 +47,7 @@
 
 #include "core/status.h"
 #include "data/tokenizer.h"
+#include "serve/http.h"
 #include "obs/metrics.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
@@ -98,6 +99,7 @@ struct ServerOptions {
   double drain_timeout_s = 30;
   bool fault_injection = false;    // POST /admin/fault from loopback (drills, tests)
   ApiLimits limits;
+  TlsOptions tls;                  // all empty: plain HTTP
 };
 
 class Server {
@@ -107,8 +109,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds host:port and starts serving in a background thread. Unavailable
-  // naming the address when it cannot bind.
+  // Binds host:port and starts serving in a background thread (TLS when
+  // opts.tls says so). Unavailable naming the address when it cannot bind;
+  // InvalidArgument for TLS files that cannot be used (make_http_server).
   Status start(int threads_hint);
   int port() const { return port_; }
   // Makes the API live with one model under opts.model_name. The engine and

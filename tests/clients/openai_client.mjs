@@ -11,7 +11,8 @@ if (!port || !apiKey || !modelId) {
   console.error("usage: node openai_client.mjs PORT KEY MODEL_ID");
   process.exit(2);
 }
-const baseURL = `http://127.0.0.1:${port}/v1`;
+// TESSERA_SCHEME=https: the same checks over TLS (the CA in NODE_EXTRA_CA_CERTS).
+const baseURL = `${process.env.TESSERA_SCHEME || "http"}://127.0.0.1:${port}/v1`;
 // No retries: a failure shows as the first error, not as a slow test.
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 30_000 });
 

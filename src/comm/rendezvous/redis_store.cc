@@ -30,16 +30,22 @@ Status redis_error_status(const std::string& address, const std::string& command
   for (const char* transient : {"LOADING", "BUSY", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
     if (word == transient)
       return Status::Unavailable(fmt::format("rendezvous store {} cannot serve {} now: {}", address, command, text));
+  if (word == "NOAUTH")
+    return Status::InvalidArgument(fmt::format(
+        "rendezvous store {} refused {}: {} (give the password in TESSERA_RDZV_PASSWORD_FILE or "
+        "TESSERA_RDZV_PASSWORD, and an ACL user in TESSERA_RDZV_USER)",
+        address, command, text));
   return Status::InvalidArgument(fmt::format("rendezvous store {} refused {}: {}", address, command, text));
 }
 
 Result<std::unique_ptr<RedisStore>> RedisStore::connect(const std::string& host, int port,
                                                         std::chrono::milliseconds connect_timeout,
-                                                        std::chrono::milliseconds timeout) {
+                                                        std::chrono::milliseconds timeout, StoreCredentials cred) {
   std::unique_ptr<RedisStore> s(new RedisStore());
   s->host_ = host;
   s->port_ = port;
   s->timeout_ = timeout;
+  s->cred_ = std::move(cred);
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   // One request now, so a server that refuses us (a password, protected
   // mode, not Redis at all) is reported here, not at the first rendezvous.
@@ -97,8 +103,37 @@ Status RedisStore::reconnect(std::chrono::milliseconds connect_timeout) {
     if (c && !c->err) {
       if (redisSetTimeout(c, to_timeval(timeout_)) == REDIS_OK) {
         redisEnableKeepAlive(c);
-        ctx_ = c;
-        return Status::OK();
+        if (!cred_.password.empty()) {
+          // AUTH [user] password (Redis 6 ACLs take a user; the argv form
+          // keeps the password out of any formatted string).
+          std::vector<const char*> args = {"AUTH"};
+          std::vector<size_t> lens = {4};
+          if (!cred_.user.empty()) {
+            args.push_back(cred_.user.data());
+            lens.push_back(cred_.user.size());
+          }
+          args.push_back(cred_.password.data());
+          lens.push_back(cred_.password.size());
+          auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(args.size()), args.data(), lens.data()));
+          if (r && r->type == REDIS_REPLY_ERROR) {
+            const std::string why(r->str, r->len);
+            freeReplyObject(r);
+            redisFree(c);
+            return Status::InvalidArgument(fmt::format(
+                "rendezvous store {} refused the credentials of {}TESSERA_RDZV_PASSWORD(_FILE): {}", address(),
+                cred_.user.empty() ? "" : "TESSERA_RDZV_USER and ", why.substr(0, 200)));
+          }
+          const bool answered = r != nullptr;
+          if (r) freeReplyObject(r);
+          if (answered) {
+            ctx_ = c;
+            return Status::OK();
+          }
+          // No answer to AUTH: the connection broke; try again below.
+        } else {
+          ctx_ = c;
+          return Status::OK();
+        }
       }
     }
     last = c ? c->errstr : "out of memory";

@@ -39,9 +39,11 @@ Status redis_error_status(const std::string& address, const std::string& command
 
 class RedisStore : public Store {
  public:
+  // cred.password set: every connection starts with AUTH [user] password;
+  // refused credentials are InvalidArgument naming the store.
   static Result<std::unique_ptr<RedisStore>> connect(const std::string& host, int port,
                                                      std::chrono::milliseconds connect_timeout,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout, StoreCredentials cred = {});
   ~RedisStore() override;
 
   Status set(const std::string& key, const std::string& value) override;
@@ -65,6 +67,7 @@ class RedisStore : public Store {
   std::string host_;
   int port_ = 0;
   std::chrono::milliseconds timeout_{30000};
+  StoreCredentials cred_;
   redisContext* ctx_ = nullptr;
 };
 

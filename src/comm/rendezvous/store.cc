@@ -1,6 +1,12 @@
 #include "comm/rendezvous/store.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -73,15 +79,41 @@ Result<StoreAddress> parse_store_address(const std::string& text) {
   return a;
 }
 
+Result<StoreCredentials> store_credentials_from_env() {
+  StoreCredentials c;
+  if (const char* u = std::getenv("TESSERA_RDZV_USER")) c.user = u;
+  if (const char* f = std::getenv("TESSERA_RDZV_PASSWORD_FILE"); f && *f) {
+    const auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument(fmt::format("TESSERA_RDZV_PASSWORD_FILE={}: {}", f, why));
+    };
+    struct stat st;
+    if (::stat(f, &st) != 0) return bad(std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return bad("not a regular file");
+    if (st.st_size > 4096) return bad("over 4 KiB; the first line must be the password");
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return bad("cannot read");
+    std::getline(in, c.password);
+    if (!c.password.empty() && c.password.back() == '\r') c.password.pop_back();
+    if (c.password.empty()) return bad("the first line (the password) is empty");
+    return c;
+  }
+  if (const char* p = std::getenv("TESSERA_RDZV_PASSWORD")) c.password = p;
+  return c;
+}
+
 Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
                                              std::chrono::milliseconds timeout) {
+  if (a.kind != StoreAddress::Kind::kEmbedded) {
+    ASSIGN_OR_RETURN(StoreCredentials cred, store_credentials_from_env());
+    if (a.kind == StoreAddress::Kind::kRedis) {
+      ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r,
+                       RedisStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));
+      return std::unique_ptr<Store>(std::move(r));
+    }
+  }
   if (a.kind == StoreAddress::Kind::kEtcd) {
     ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e, EtcdStore::connect(a.host, a.port, connect_timeout, timeout));
     return std::unique_ptr<Store>(std::move(e));
-  }
-  if (a.kind == StoreAddress::Kind::kRedis) {
-    ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r, RedisStore::connect(a.host, a.port, connect_timeout, timeout));
-    return std::unique_ptr<Store>(std::move(r));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<StoreClient> c, StoreClient::connect(a.host, a.port, connect_timeout, timeout));
   return std::unique_ptr<Store>(std::move(c));

@@ -62,10 +62,26 @@ struct StoreAddress {
 // "HOST:PORT" (embedded). Error naming the text and the accepted forms.
 Result<StoreAddress> parse_store_address(const std::string& text);
 
+// Credentials for a Redis or etcd store, from the environment only (never
+// the command line, which any user of the host can read with ps):
+//   TESSERA_RDZV_USER           the Redis ACL user or etcd user (Redis: its
+//                               "default" user when unset)
+//   TESSERA_RDZV_PASSWORD_FILE  a file whose first line is the password
+//   TESSERA_RDZV_PASSWORD       the password itself (the file wins)
+// No password: no authentication. The embedded store takes none.
+struct StoreCredentials {
+  std::string user, password;
+};
+// InvalidArgument naming the variable for a password file that is not a
+// readable regular file, is empty, or is over 4 KiB.
+Result<StoreCredentials> store_credentials_from_env();
+
 // A client of the store at `a`, retrying the connection until
 // `connect_timeout` (the server may be starting); `timeout` is each later
-// operation's deadline. Errors: unreachable (Unavailable, one line naming
-// the address and the reason), a server that refuses (InvalidArgument).
+// operation's deadline; Redis and etcd authenticate with
+// store_credentials_from_env(). Errors: unreachable (Unavailable, one line
+// naming the address and the reason), a server that refuses, credentials
+// included (InvalidArgument).
 Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
                                              std::chrono::milliseconds timeout = std::chrono::seconds(30));
 

@@ -45,6 +45,7 @@ struct DashboardArgs {
   std::vector<std::string> runs, scrapes;
   std::string host = "127.0.0.1", assets;
   int port = 8080;
+  serve::TlsOptions tls;
   double checkpoint_share = 0.05;  // alert above this share of training time
   // Below this share of the link's speed: training's achieved all-reduce
   // bus bandwidth (docs/monitoring.md) measured 83-91% of a shaped link when
@@ -372,7 +373,9 @@ int run_dashboard(const DashboardArgs& a) {
   const sigset_t stop_signals = block_stop_signals();
 
   obs::Registry registry;
-  httplib::Server http;
+  Result<std::unique_ptr<httplib::Server>> made = serve::make_http_server(a.tls);
+  if (!made.ok()) return fail(made.status());
+  httplib::Server& http = **made;
   serve::HttpOptions ho;
   ho.threads = 8;
   ho.max_body_bytes = 4096;
@@ -428,7 +431,7 @@ int run_dashboard(const DashboardArgs& a) {
   Result<std::thread> listening = serve::listen_http(http, ho.threads);
   if (!listening.ok()) return fail(listening.status());
   std::thread listener = std::move(*listening);
-  std::fprintf(stderr, "dashboard: listening on http://%s:%d (%zu runs, %zu targets)\n", a.host.c_str(), *port,
+  std::fprintf(stderr, "dashboard: listening on %s://%s:%d (%zu runs, %zu targets)\n", a.tls.scheme(), a.host.c_str(), *port,
                a.runs.size(), a.scrapes.size());
   std::fflush(stderr);
   int sig = 0;
@@ -538,6 +541,9 @@ void add_dashboard_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--assets", a->assets, "the web/ folder (default: beside the build)");
+  cmd->add_option("--tls-cert", a->tls.cert, "serve HTTPS: the certificate chain (PEM)");
+  cmd->add_option("--tls-key", a->tls.key, "HTTPS: the certificate's private key (PEM)");
+  cmd->add_option("--tls-client-ca", a->tls.client_ca, "HTTPS: accept only clients with a certificate from these CAs");
   cmd->add_option("--alert-checkpoint-share", a->checkpoint_share, "alert when checkpoints stall more of training")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue #34 item 2: TLS for `tessera serve` and `tessera route`, with a test
+# Issue #34 item 2: TLS for `tessera serve`, `tessera route` and `tessera
+# dashboard`, with a test
 # CA made here by openssl. Over TLS the official openai npm client passes
 # the same checks as over plain HTTP (tests/clients/openai_client.mjs), and
 # curl gets the same greedy completion from the plain server, the TLS
@@ -107,6 +108,21 @@ code=$(curl -s -o "$tmp/distrust.json" -w '%{http_code}' -H 'Content-Type: appli
   -d '{"model": "tiny-byte", "prompt": "x", "max_tokens": 2}' "$distrust_url/v1/completions" || true)
 [ "$code" = 503 ] || { echo "FAIL a router distrusting its worker answered $code"; cat "$tmp/distrust.json"; exit 1; }
 echo "ok   route: over TLS to the client and to its TLS worker, the same completion; a worker it cannot verify is not used (503)"
+
+# ---- The dashboard over TLS ---------------------------------------------------------
+: >"$tmp/dash.log"
+"$tessera" dashboard --scrape "$plain_url/metrics" --port 0 --tls-cert "$pki/server.pem" --tls-key "$pki/server.key" \
+  2>"$tmp/dash.log" &
+serve_pids+=($!)
+dport=""
+for _ in $(seq 200); do
+  dport=$(sed -n 's|^dashboard: listening on https://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/dash.log")
+  [ -n "$dport" ] && curl -sf --cacert "$pki/ca.pem" "https://127.0.0.1:$dport/health" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+page=$(curl -sf --cacert "$pki/ca.pem" "https://127.0.0.1:$dport/") || { echo "FAIL the dashboard over TLS"; cat "$tmp/dash.log"; exit 1; }
+echo "$page" | grep -qi "<html" || { echo "FAIL the dashboard page: ${page:0:200}"; exit 1; }
+echo "ok   dashboard: its page over TLS"
 
 # ---- TLS files that cannot be used: one line, exit 1 ---------------------------
 bad() {  # PATTERN ARGS...

@@ -76,6 +76,31 @@ struct Kv {
   int64_t mod_revision = 0;
 };
 
+// One POST. etcd's gateway ends every error reply with an HTTP trailer
+// (Grpc-Trailer-Content-Type) after the last chunk, which cpp-httplib 0.11
+// does not read: it reports a read error although the status line and the
+// whole JSON body arrived. So the reply is kept when it did: status and
+// body set, true; false with *why for a request that got no reply.
+bool etcd_post(httplib::Client& c, const std::string& path, const httplib::Headers& headers, const std::string& body,
+               int* status, std::string* reply, std::string* why) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.headers = headers;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  const bool ok = c.send(req, res, err);
+  if (ok || (err == httplib::Error::Read && res.status > 0 && json::accept(res.body))) {
+    *status = res.status;
+    *reply = std::move(res.body);
+    return true;
+  }
+  *why = httplib::to_string(err);
+  return false;
+}
+
 // The first key-value of a range reply (etcd's RangeResponse as JSON).
 // Corruption naming the reply when it is not JSON or its value not base64.
 Result<Kv> first_kv(const std::string& address, const json& range, const std::string& text) {
@@ -112,10 +137,12 @@ Status etcd_http_status(const std::string& address, const std::string& path, int
 
 Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, int port,
                                                       std::chrono::milliseconds connect_timeout,
-                                                      std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout, StoreCredentials cred) {
   std::unique_ptr<EtcdStore> s(new EtcdStore());
   s->host_ = host;
   s->port_ = port;
+  s->cred_ = std::move(cred);
+  if (!s->cred_.password.empty() && s->cred_.user.empty()) s->cred_.user = "root";
   s->http_ = std::make_unique<httplib::Client>(host, port);
   const time_t sec = timeout.count() / 1000, usec = (timeout.count() % 1000) * 1000;
   s->http_->set_connection_timeout(sec, usec);
@@ -125,19 +152,28 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, i
   // The first request: the server's status (is it etcd, does it answer?).
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   while (true) {
-    httplib::Result r = s->http_->Post("/v3/maintenance/status", "{}", "application/json");
-    std::string why;
-    if (r) {
-      const Status st = etcd_http_status(s->address(), "/v3/maintenance/status", r->status, r->body);
-      if (st.ok() && json::accept(r->body)) return s;
+    int status = 0;
+    std::string reply, why;
+    if (etcd_post(*s->http_, "/v3/maintenance/status", {}, "{}", &status, &reply, &why)) {
+      const Status st = etcd_http_status(s->address(), "/v3/maintenance/status", status, reply);
+      if (st.ok() && json::accept(reply)) {
+        if (s->cred_.password.empty()) return s;
+        const Status auth = s->authenticate();
+        if (auth.ok()) return s;
+        if (auth.code() != StatusCode::kUnavailable) return auth;
+        why = auth.message();
+        if (std::chrono::steady_clock::now() >= deadline)
+          return Status::Unavailable(fmt::format("rendezvous store {} not ready within {:.0f} s: {}", s->address(),
+                                                 connect_timeout.count() / 1e3, why));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
       // A server that will answer later (5xx: no leader yet, starting) is
       // asked again; one that refuses, or is not etcd, is reported now.
       if (st.ok() || st.code() != StatusCode::kUnavailable)
         return Status::InvalidArgument(fmt::format("rendezvous store {} refused /v3/maintenance/status: HTTP {} {}",
-                                                   s->address(), r->status, r->body.substr(0, 120)));
-      why = fmt::format("HTTP {} {}", r->status, r->body.substr(0, 120));
-    } else {
-      why = httplib::to_string(r.error());
+                                                   s->address(), status, reply.substr(0, 120)));
+      why = fmt::format("HTTP {} {}", status, reply.substr(0, 120));
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status::Unavailable(fmt::format("rendezvous store {} unreachable for {:.0f} s: {}", s->address(),
@@ -173,13 +209,56 @@ std::string EtcdStore::local_address() const {
   return out;
 }
 
+Status EtcdStore::authenticate() {
+  const std::string path = "/v3/auth/authenticate";
+  int status = 0;
+  std::string body, failed;
+  if (!etcd_post(*http_, path, {}, json{{"name", cred_.user}, {"password", cred_.password}}.dump(), &status, &body,
+                 &failed))
+    return Status::Unavailable(fmt::format("rendezvous store {}: {} failed: {}", address(), path, failed));
+  if (status != 200) {
+    const Status st = etcd_http_status(address(), path, status, body);
+    if (st.code() == StatusCode::kUnavailable) return st;
+    const json j = json::parse(body, nullptr, false);
+    const std::string why = j.is_object() && j.contains("error") && j["error"].is_string()
+                                ? j["error"].get<std::string>()
+                                : body.substr(0, 120);
+    return Status::InvalidArgument(fmt::format(
+        "rendezvous store {} refused the credentials of TESSERA_RDZV_USER ('{}') and TESSERA_RDZV_PASSWORD(_FILE): {}",
+        address(), cred_.user, why));
+  }
+  const json j = json::parse(body, nullptr, false);
+  if (!j.is_object() || !j.contains("token") || !j["token"].is_string())
+    return Status::InvalidArgument(
+        fmt::format("rendezvous store {}: {} answered without a token: '{}' (is authentication enabled?)", address(),
+                    path, body.substr(0, 120)));
+  token_ = j["token"].get<std::string>();
+  return Status::OK();
+}
+
 Result<std::string> EtcdStore::post(const std::string& path, const std::string& body) {
-  httplib::Result r = http_->Post(path.c_str(), body, "application/json");
-  if (!r)
-    return Status::Unavailable(
-        fmt::format("rendezvous store {}: {} failed: {}", address(), path, httplib::to_string(r.error())));
-  RETURN_IF_ERROR(etcd_http_status(address(), path, r->status, r->body));
-  return r->body;
+  for (int attempt = 0;; attempt++) {
+    httplib::Headers headers;
+    if (!token_.empty()) headers.emplace("Authorization", token_);
+    int status = 0;
+    std::string reply, failed;
+    if (!etcd_post(*http_, path, headers, body, &status, &reply, &failed))
+      return Status::Unavailable(fmt::format("rendezvous store {}: {} failed: {}", address(), path, failed));
+    // A simple token expires (etcd's --auth-token-ttl, 300 s by default):
+    // take a new one, once per request.
+    if (attempt == 0 && !cred_.password.empty() && status != 200 &&
+        reply.find("invalid auth token") != std::string::npos) {
+      RETURN_IF_ERROR(authenticate());
+      continue;
+    }
+    if (status != 200 && cred_.password.empty() && reply.find("user name is empty") != std::string::npos)
+      return Status::InvalidArgument(fmt::format(
+          "rendezvous store {} requires a user: give it in TESSERA_RDZV_USER and the password in "
+          "TESSERA_RDZV_PASSWORD_FILE or TESSERA_RDZV_PASSWORD ({} answered HTTP {})",
+          address(), path, status));
+    RETURN_IF_ERROR(etcd_http_status(address(), path, status, reply));
+    return reply;
+  }
 }
 
 Status EtcdStore::set(const std::string& key, const std::string& value) {

@@ -39,9 +39,13 @@ Status etcd_http_status(const std::string& address, const std::string& path, int
 
 class EtcdStore : public Store {
  public:
+  // cred.password set: etcd's user authentication (/v3/auth/authenticate,
+  // user cred.user, "root" when empty); its token goes with every request
+  // and is taken again when etcd says it expired. Refused credentials are
+  // InvalidArgument naming the store.
   static Result<std::unique_ptr<EtcdStore>> connect(const std::string& host, int port,
                                                     std::chrono::milliseconds connect_timeout,
-                                                    std::chrono::milliseconds timeout);
+                                                    std::chrono::milliseconds timeout, StoreCredentials cred = {});
   ~EtcdStore() override;
 
   Status set(const std::string& key, const std::string& value) override;
@@ -54,9 +58,13 @@ class EtcdStore : public Store {
   EtcdStore() = default;
   // POSTs a JSON body to path; the reply's JSON text.
   Result<std::string> post(const std::string& path, const std::string& body);
+  // A fresh token for cred_ (Unavailable when etcd cannot answer now).
+  Status authenticate();
 
   std::string host_;
   int port_ = 0;
+  StoreCredentials cred_;
+  std::string token_;
   std::unique_ptr<httplib::Client> http_;
 };
 

@@ -112,7 +112,9 @@ Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono:
     }
   }
   if (a.kind == StoreAddress::Kind::kEtcd) {
-    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e, EtcdStore::connect(a.host, a.port, connect_timeout, timeout));
+    ASSIGN_OR_RETURN(StoreCredentials cred, store_credentials_from_env());
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e,
+                     EtcdStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));
     return std::unique_ptr<Store>(std::move(e));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<StoreClient> c, StoreClient::connect(a.host, a.port, connect_timeout, timeout));

@@ -36,8 +36,10 @@ Status GPTConfig::validate() const {
   if (channels % heads != 0)
     return Status::InvalidArgument(
         fmt::format("model.dim ({}) must be divisible by model.heads ({})", channels, heads));
-  if (vocab > 65536)
-    return Status::InvalidArgument(fmt::format("model.vocab {} exceeds 65536 (tokens are stored as uint16)", vocab));
+  // Token ids are 32-bit (version-2 shards past 65,536: Llama 3, Qwen); the
+  // bound is the tokenizer.json loader's.
+  if (vocab > (1 << 24))
+    return Status::InvalidArgument(fmt::format("model.vocab {} exceeds 16777216 token ids", vocab));
   return Status::OK();
 }
 

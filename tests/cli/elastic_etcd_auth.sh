@@ -34,30 +34,8 @@ api auth/user/grant '{"user": "tessera", "role": "tessera"}' >/dev/null
 api auth/enable '{}' >/dev/null || { echo "FAIL: etcd auth enable"; cat "$tmp/etcd.log" | tail -5; exit 1; }
 url="etcd://127.0.0.1:$port"
 S=(--set train.micro_batch=2 --set train.grad_accum=2 --set train.steps=6)
+source "$tests/cli/elastic_auth_common.inc"
 
-job() {  # NAME JOB [ENV...]: a 2-agent job; exit codes in $tmp/NAME.rc
-  local name=$1 id=$2; shift 2
-  local i
-  for i in 0 1; do
-    ( rc=0
-      env "$@" timeout 120 "$tessera" elastic --min 2 --max 2 --rdzv "$url" --job "$id" --last-call 1 --max-restarts 0 \
-        -- train --config "$tmp/cfg.toml" "${S[@]}" --set "checkpoint.dir=$tmp/$name$i" >"$tmp/$name$i.log" 2>&1 || rc=$?
-      echo $rc >"$tmp/$name$i.rc" ) &
-    pids+=($!)
-  done
-  wait "${pids[-1]}" "${pids[-2]}" || true
-}
-
-one_line() {  # NAME PATTERN
-  local i
-  for i in 0 1; do
-    [ "$(cat "$tmp/$1$i.rc")" = 1 ] || { echo "FAIL: $1: agent $i exited $(cat "$tmp/$1$i.rc"), not 1"; cat "$tmp/$1$i.log"; exit 1; }
-    [ "$(grep -c "tessera: error:" "$tmp/$1$i.log")" = 1 ] && grep -q -- "$2" "$tmp/$1$i.log" ||
-      { echo "FAIL: $1: want one line /$2/:"; cat "$tmp/$1$i.log"; exit 1; }
-    grep -q "^step" "$tmp/$1$i.log" && { echo "FAIL: $1 trained"; exit 1; }
-  done
-  echo "ok   $1: $(grep "tessera: error:" "$tmp/${1}0.log")"
-}
 printf 'tessera-pw\n' >"$tmp/pw"
 job ok authjob TESSERA_RDZV_USER=tessera TESSERA_RDZV_PASSWORD_FILE="$tmp/pw"
 for i in 0 1; do

@@ -26,19 +26,7 @@ for _ in $(seq 100); do redis-cli -p "$port" ping 2>&1 | grep -q NOAUTH && break
 redis-cli -p "$port" ping 2>&1 | grep -q NOAUTH || { echo "FAIL: redis-server did not start with a password"; cat "$tmp/redis/log"; exit 1; }
 url="redis://127.0.0.1:$port"
 S=(--set train.micro_batch=2 --set train.grad_accum=2 --set train.steps=6)
-
-job() {  # NAME JOB [ENV...]: a 2-agent job; exit codes in $tmp/NAME.rc
-  local name=$1 id=$2; shift 2
-  local i
-  for i in 0 1; do
-    ( rc=0
-      env "$@" timeout 120 "$tessera" elastic --min 2 --max 2 --rdzv "$url" --job "$id" --last-call 1 --max-restarts 0 \
-        -- train --config "$tmp/cfg.toml" "${S[@]}" --set "checkpoint.dir=$tmp/$name$i" >"$tmp/$name$i.log" 2>&1 || rc=$?
-      echo $rc >"$tmp/$name$i.rc" ) &
-    pids+=($!)
-  done
-  wait "${pids[-1]}" "${pids[-2]}" || true
-}
+source "$tests/cli/elastic_auth_common.inc"
 
 printf 's3cret-default\n' >"$tmp/pw"
 job ok authjob TESSERA_RDZV_PASSWORD_FILE="$tmp/pw"
@@ -55,16 +43,6 @@ for i in 0 1; do
 done
 echo "ok   ACL user alice (keys authjob2/* only): the job trained to the end"
 
-one_line() {  # NAME PATTERN
-  local i
-  for i in 0 1; do
-    [ "$(cat "$tmp/$1$i.rc")" = 1 ] || { echo "FAIL: $1: agent $i exited $(cat "$tmp/$1$i.rc"), not 1"; cat "$tmp/$1$i.log"; exit 1; }
-    [ "$(grep -c "tessera: error:" "$tmp/$1$i.log")" = 1 ] && grep -q -- "$2" "$tmp/$1$i.log" ||
-      { echo "FAIL: $1: want one line /$2/:"; cat "$tmp/$1$i.log"; exit 1; }
-    grep -q "^step" "$tmp/$1$i.log" && { echo "FAIL: $1 trained"; exit 1; }
-  done
-  echo "ok   $1: $(grep "tessera: error:" "$tmp/${1}0.log")"
-}
 job wrong authjob3 TESSERA_RDZV_PASSWORD=nope
 one_line wrong "rendezvous store $url refused the credentials of TESSERA_RDZV_PASSWORD(_FILE): WRONGPASS"
 job none authjob4

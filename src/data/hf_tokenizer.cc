@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/bpe.h"
 #include "data/char_class.h"
 #include "io/file.h"
 
@@ -1079,11 +1080,8 @@ struct HfTokenizer::Impl {
   }
 
   // Per-call working state of the BPE.
-  struct Scratch {
-    std::vector<uint32_t> token;
-    std::vector<int32_t> next, prev;
-    std::vector<uint64_t> heap;
-    std::unordered_map<std::string, std::vector<uint32_t>> cache;
+  struct Scratch : BpeScratch {
+    std::unordered_map<std::string, std::vector<uint32_t>> cache;  // word -> its ids
   };
 
   void bpe(const std::string& word, Scratch& s, std::vector<uint32_t>& out) const {
@@ -1132,46 +1130,11 @@ struct HfTokenizer::Impl {
       s.token.push_back(id);
       last_unk = false;
     });
-    const int32_t n = static_cast<int32_t>(s.token.size());
-    s.next.resize(n);
-    s.prev.resize(n);
-    s.heap.clear();
-    const auto find = [&](uint32_t l, uint32_t r) -> const Merge* {
+    const size_t first = out.size();
+    bpe_merge(s, [&](uint32_t l, uint32_t r) -> const Merge* {
       auto it = merges.find(key(l, r));
       return it == merges.end() ? nullptr : &it->second;
-    };
-    const auto push = [&](int32_t i) {
-      if (const Merge* m = find(s.token[i], s.token[s.next[i]])) {
-        s.heap.push_back((uint64_t{m->rank} << 32) | static_cast<uint32_t>(i));
-        std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
-      }
-    };
-    for (int32_t i = 0; i < n; i++) {
-      s.next[i] = i + 1;
-      s.prev[i] = i - 1;
-    }
-    for (int32_t i = 0; i + 1 < n; i++) push(i);
-    // The crate's Word::merge_all: the lowest (rank, position) first; an
-    // entry made stale by a neighbouring merge is skipped when popped.
-    while (!s.heap.empty()) {
-      std::pop_heap(s.heap.begin(), s.heap.end(), std::greater<>());
-      const uint64_t top = s.heap.back();
-      s.heap.pop_back();
-      const uint32_t rank = static_cast<uint32_t>(top >> 32);
-      const int32_t i = static_cast<int32_t>(top & 0xFFFFFFFFu);
-      const int32_t j = s.next[i];
-      if (j < 0 || j >= n) continue;
-      const Merge* m = find(s.token[i], s.token[j]);
-      if (m == nullptr || m->rank != rank) continue;
-      s.token[i] = m->merged;
-      s.next[i] = s.next[j];
-      if (s.next[j] < n) s.prev[s.next[j]] = i;
-      s.next[j] = -1;
-      if (s.prev[i] >= 0) push(s.prev[i]);
-      if (s.next[i] < n) push(i);
-    }
-    const size_t first = out.size();
-    for (int32_t i = 0; i < n; i = s.next[i]) out.push_back(s.token[i]);
+    }, out);
     if (word.size() <= 64 && s.cache.size() < 100000)
       s.cache.emplace(word, std::vector<uint32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/bpe.h"
 #include "data/char_class.h"
 #include "data/hf_tokenizer.h"
 
@@ -318,61 +319,19 @@ Result<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::load(const std::string& di
 }
 
 // Working buffers of one encode call, reused from word to word.
-struct Gpt2Tokenizer::Scratch {
-  std::vector<uint16_t> token;  // (n) current token at each live position
-  std::vector<int32_t> next;    // (n) next live position, n at the end; -1 once merged away
-  std::vector<int32_t> prev;    // (n) previous live position, -1 at the start
-  std::vector<uint64_t> heap;   // min-heap of (rank << 32) | left position
-};
+struct Gpt2Tokenizer::Scratch : BpeScratch {};
 
 void Gpt2Tokenizer::bpe(std::string_view word, Scratch& s, std::vector<uint32_t>& out) const {
-  const int32_t n = static_cast<int32_t>(word.size());
-  if (n == 1) {
+  if (word.size() == 1) {
     out.push_back(byte_token_[static_cast<uint8_t>(word[0])]);
     return;
   }
-  s.token.resize(n);
-  s.next.resize(n);
-  s.prev.resize(n);
-  s.heap.clear();
-  const auto find = [&](uint16_t left, uint16_t right) -> const Merge* {
-    auto it = merges_.find(pair_key(left, right));
+  s.token.resize(word.size());
+  for (size_t i = 0; i < word.size(); i++) s.token[i] = byte_token_[static_cast<uint8_t>(word[i])];
+  bpe_merge(s, [&](uint32_t left, uint32_t right) -> const Merge* {
+    auto it = merges_.find(pair_key(static_cast<uint16_t>(left), static_cast<uint16_t>(right)));
     return it == merges_.end() ? nullptr : &it->second;
-  };
-  const auto push = [&](int32_t left_pos) {
-    if (const Merge* m = find(s.token[left_pos], s.token[s.next[left_pos]])) {
-      s.heap.push_back((uint64_t(m->rank) << 32) | uint32_t(left_pos));
-      std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
-    }
-  };
-  for (int32_t i = 0; i < n; i++) {
-    s.token[i] = byte_token_[static_cast<uint8_t>(word[i])];
-    s.next[i] = i + 1;
-    s.prev[i] = i - 1;
-  }
-  for (int32_t i = 0; i + 1 < n; i++) push(i);
-  // Lowest rank first, and among equal ranks (the same pair) leftmost first:
-  // OpenAI's loop merges the lowest-ranked pair at every place, left to right,
-  // and a merge only creates pairs of higher rank (checked in load()), so the
-  // order of merges is the same. Entries made stale by a neighbouring merge
-  // are skipped when popped.
-  while (!s.heap.empty()) {
-    std::pop_heap(s.heap.begin(), s.heap.end(), std::greater<>());
-    const uint64_t top = s.heap.back();
-    s.heap.pop_back();
-    const int32_t rank = static_cast<int32_t>(top >> 32), i = static_cast<int32_t>(top & 0xFFFFFFFFu);
-    const int32_t j = s.next[i];
-    if (j < 0 || j >= n) continue;  // i was merged away, or is now last
-    const Merge* m = find(s.token[i], s.token[j]);
-    if (m == nullptr || m->rank != rank) continue;  // the pair at i changed
-    s.token[i] = m->merged;
-    s.next[i] = s.next[j];
-    if (s.next[j] < n) s.prev[s.next[j]] = i;
-    s.next[j] = -1;
-    if (s.prev[i] >= 0) push(s.prev[i]);
-    if (s.next[i] < n) push(i);
-  }
-  for (int32_t i = 0; i < n; i = s.next[i]) out.push_back(s.token[i]);  // position 0 is never merged away
+  }, out);
 }
 
 void Gpt2Tokenizer::encode_into(std::string_view text, Scratch& scratch, std::vector<uint32_t>& out) const {

@@ -103,22 +103,19 @@ Result<StoreCredentials> store_credentials_from_env() {
 
 Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
                                              std::chrono::milliseconds timeout) {
-  if (a.kind != StoreAddress::Kind::kEmbedded) {
-    ASSIGN_OR_RETURN(StoreCredentials cred, store_credentials_from_env());
-    if (a.kind == StoreAddress::Kind::kRedis) {
-      ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r,
-                       RedisStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));
-      return std::unique_ptr<Store>(std::move(r));
-    }
+  if (a.kind == StoreAddress::Kind::kEmbedded) {
+    ASSIGN_OR_RETURN(std::unique_ptr<StoreClient> c, StoreClient::connect(a.host, a.port, connect_timeout, timeout));
+    return std::unique_ptr<Store>(std::move(c));
   }
-  if (a.kind == StoreAddress::Kind::kEtcd) {
-    ASSIGN_OR_RETURN(StoreCredentials cred, store_credentials_from_env());
-    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e,
-                     EtcdStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));
-    return std::unique_ptr<Store>(std::move(e));
+  ASSIGN_OR_RETURN(StoreCredentials cred, store_credentials_from_env());
+  if (a.kind == StoreAddress::Kind::kRedis) {
+    ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r,
+                     RedisStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));
+    return std::unique_ptr<Store>(std::move(r));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<StoreClient> c, StoreClient::connect(a.host, a.port, connect_timeout, timeout));
-  return std::unique_ptr<Store>(std::move(c));
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> e,
+                   EtcdStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));
+  return std::unique_ptr<Store>(std::move(e));
 }
 
 }  // namespace tessera::comm

@@ -84,72 +84,95 @@ TESSERA_CPU_CLONES void softmax_backward_row(float* dp, float* da, const float* 
 
 }  // namespace
 
-void attention_forward(float* out, float* /*preatt*/, float* att, const float* inp, int B, int T, int C, int NH) {
-  CHECK(NH > 0 && C % NH == 0);
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
-  const int hs = C / NH;
+// inp rows hold NH queries, KV keys and KV values (ops.inc); query head h
+// reads key/value head h % KV. The forward splits over (b, h) pairs; the
+// backward over (b, g) pairs of a key/value head and runs the NH/KV query
+// heads that share it one after another, so no two threads add into the same
+// dk, dv. With KV == NH both are the multi-head loops, call for call.
+void attention_gqa_forward(float* out, float* /*preatt*/, float* att, const float* inp, int B, int T, int NH, int KV,
+                           int hs) {
+  CHECK(NH > 0 && KV > 0 && NH % KV == 0);
+  const int64_t W = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
+  const int64_t koff = static_cast<int64_t>(NH) * hs, voff = static_cast<int64_t>(NH + KV) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int pairs = B * NH;
 #pragma omp parallel for schedule(static) if (pairs > 1)
   for (int bh = 0; bh < pairs; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const float* q = inp + static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * static_cast<int64_t>(C);
+    const int b = bh / NH, h = bh % NH, g = h % KV;
+    const float* row0 = inp + static_cast<int64_t>(b) * T * W;
+    const float* q = row0 + static_cast<int64_t>(h) * hs;
+    const float* k = row0 + koff + static_cast<int64_t>(g) * hs;
+    const float* v = row0 + voff + static_cast<int64_t>(g) * hs;
     float* att_bh = att + static_cast<int64_t>(bh) * T * T;
-    float* out_bh = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
+    float* out_bh = out + static_cast<int64_t>(b) * T * Co + static_cast<int64_t>(h) * hs;
     for (int r0 = 0; r0 < T; r0 += kRowBlock) {
       const int r1 = std::min(T, r0 + kRowBlock);
       const int rows = r1 - r0;
       // att[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T
-      sgemm('N', 'T', rows, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, att_bh + static_cast<int64_t>(r0) * T, T);
+      sgemm('N', 'T', rows, r1, hs, scale, q + r0 * W, W, k, W, 0.0f, att_bh + static_cast<int64_t>(r0) * T, T);
       for (int t = r0; t < r1; t++) softmax_causal_row(att_bh + static_cast<int64_t>(t) * T, t + 1, T);
       // out[r0:r1] = att[r0:r1, 0:r1] V[0:r1]
-      sgemm('N', 'N', rows, hs, r1, 1.0f, att_bh + static_cast<int64_t>(r0) * T, T, v, C3, 0.0f,
-            out_bh + static_cast<int64_t>(r0) * C, C);
+      sgemm('N', 'N', rows, hs, r1, 1.0f, att_bh + static_cast<int64_t>(r0) * T, T, v, W, 0.0f,
+            out_bh + static_cast<int64_t>(r0) * Co, Co);
     }
   }
+}
+
+void attention_gqa_backward(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
+                            const float* att, int B, int T, int NH, int KV, int hs) {
+  CHECK(NH > 0 && KV > 0 && NH % KV == 0);
+  const int64_t W = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
+  const int64_t koff = static_cast<int64_t>(NH) * hs, voff = static_cast<int64_t>(NH + KV) * hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int group = NH / KV;
+  const int pairs = B * KV;
+#pragma omp parallel for schedule(static) if (pairs > 1)
+  for (int bg = 0; bg < pairs; bg++) {
+    const int b = bg / KV, g = bg % KV;
+    const int64_t row0 = static_cast<int64_t>(b) * T * W;
+    const float* k = inp + row0 + koff + static_cast<int64_t>(g) * hs;
+    const float* v = inp + row0 + voff + static_cast<int64_t>(g) * hs;
+    float* dk = dinp + row0 + koff + static_cast<int64_t>(g) * hs;
+    float* dv = dinp + row0 + voff + static_cast<int64_t>(g) * hs;
+    for (int j = 0; j < group; j++) {
+      const int h = j * KV + g;
+      const int64_t bh = static_cast<int64_t>(b) * NH + h;
+      const float* q = inp + row0 + static_cast<int64_t>(h) * hs;
+      float* dq = dinp + row0 + static_cast<int64_t>(h) * hs;
+      const float* dout_bh = dout + static_cast<int64_t>(b) * T * Co + static_cast<int64_t>(h) * hs;
+      const float* att_bh = att + bh * T * T;
+      float* datt_bh = datt + bh * T * T;
+      float* dpre_bh = dpreatt + bh * T * T;
+      for (int r0 = 0; r0 < T; r0 += kRowBlock) {
+        const int r1 = std::min(T, r0 + kRowBlock);
+        const int rows = r1 - r0;
+        const int64_t block = static_cast<int64_t>(r0) * T;  // offset of row r0 in a (T,T) matrix
+        // datt[r0:r1, 0:r1] += dout[r0:r1] V[0:r1]^T
+        sgemm('N', 'T', rows, r1, hs, 1.0f, dout_bh + r0 * Co, Co, v, W, 1.0f, datt_bh + block, T);
+        // dv[0:r1] += att[r0:r1, 0:r1]^T dout[r0:r1]
+        sgemm('T', 'N', r1, hs, rows, 1.0f, att_bh + block, T, dout_bh + r0 * Co, Co, 1.0f, dv, W);
+        for (int t = r0; t < r1; t++) {
+          const int64_t row = static_cast<int64_t>(t) * T;
+          softmax_backward_row(dpre_bh + row, datt_bh + row, att_bh + row, t + 1, r1);
+        }
+        // dq[r0:r1] += scale * dpre[r0:r1, 0:r1] K[0:r1]
+        sgemm('N', 'N', rows, hs, r1, scale, dpre_bh + block, T, k, W, 1.0f, dq + r0 * W, W);
+        // dk[0:r1] += scale * dpre[r0:r1, 0:r1]^T Q[r0:r1]
+        sgemm('T', 'N', r1, hs, rows, scale, dpre_bh + block, T, q + r0 * W, W, 1.0f, dk, W);
+      }
+    }
+  }
+}
+
+void attention_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int C, int NH) {
+  CHECK(NH > 0 && C % NH == 0);
+  attention_gqa_forward(out, preatt, att, inp, B, T, NH, NH, C / NH);
 }
 
 void attention_backward(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
                         const float* att, int B, int T, int C, int NH) {
   CHECK(NH > 0 && C % NH == 0);
-  const int64_t C3 = 3 * static_cast<int64_t>(C);
-  const int hs = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int pairs = B * NH;
-#pragma omp parallel for schedule(static) if (pairs > 1)
-  for (int bh = 0; bh < pairs; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const int64_t qkv_offset = static_cast<int64_t>(b) * T * C3 + static_cast<int64_t>(h) * hs;
-    const float* q = inp + qkv_offset;
-    const float* k = q + C;
-    const float* v = q + 2 * static_cast<int64_t>(C);
-    float* dq = dinp + qkv_offset;
-    float* dk = dq + C;
-    float* dv = dq + 2 * static_cast<int64_t>(C);
-    const float* dout_bh = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * hs;
-    const float* att_bh = att + static_cast<int64_t>(bh) * T * T;
-    float* datt_bh = datt + static_cast<int64_t>(bh) * T * T;
-    float* dpre_bh = dpreatt + static_cast<int64_t>(bh) * T * T;
-    for (int r0 = 0; r0 < T; r0 += kRowBlock) {
-      const int r1 = std::min(T, r0 + kRowBlock);
-      const int rows = r1 - r0;
-      const int64_t block = static_cast<int64_t>(r0) * T;  // offset of row r0 in a (T,T) matrix
-      // datt[r0:r1, 0:r1] += dout[r0:r1] V[0:r1]^T
-      sgemm('N', 'T', rows, r1, hs, 1.0f, dout_bh + r0 * static_cast<int64_t>(C), C, v, C3, 1.0f, datt_bh + block, T);
-      // dv[0:r1] += att[r0:r1, 0:r1]^T dout[r0:r1]
-      sgemm('T', 'N', r1, hs, rows, 1.0f, att_bh + block, T, dout_bh + r0 * static_cast<int64_t>(C), C, 1.0f, dv, C3);
-      for (int t = r0; t < r1; t++) {
-        const int64_t row = static_cast<int64_t>(t) * T;
-        softmax_backward_row(dpre_bh + row, datt_bh + row, att_bh + row, t + 1, r1);
-      }
-      // dq[r0:r1] += scale * dpre[r0:r1, 0:r1] K[0:r1]
-      sgemm('N', 'N', rows, hs, r1, scale, dpre_bh + block, T, k, C3, 1.0f, dq + r0 * C3, C3);
-      // dk[0:r1] += scale * dpre[r0:r1, 0:r1]^T Q[r0:r1]
-      sgemm('T', 'N', r1, hs, rows, scale, dpre_bh + block, T, q + r0 * C3, C3, 1.0f, dk, C3);
-    }
-  }
+  attention_gqa_backward(dinp, dpreatt, datt, dout, inp, att, B, T, NH, NH, C / NH);
 }
 
 }  // namespace tessera::cpu

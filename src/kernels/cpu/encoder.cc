@@ -19,6 +19,11 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
   for (int64_t bt = 0; bt < N; bt++) {
     float* out_bt = out + bt * C;
     const float* wte_ix = wte + static_cast<int64_t>(inp[bt]) * C;
+    if (!wpe) {
+#pragma omp simd
+      for (int i = 0; i < C; i++) out_bt[i] = wte_ix[i];
+      continue;
+    }
     const float* wpe_t = wpe + (bt % T) * C;
 #pragma omp simd
     for (int i = 0; i < C; i++) out_bt[i] = wte_ix[i] + wpe_t[i];
@@ -48,7 +53,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
       for (int i = 0; i < C; i++) dwte_ix[i] += dout_bt[i];
     }
 #pragma omp for schedule(static) nowait
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < (dwpe ? T : 0); t++) {
       float* dwpe_t = dwpe + static_cast<int64_t>(t) * C;
       for (int b = 0; b < B; b++) {
         const float* dout_bt = dout + (static_cast<int64_t>(b) * T + t) * C;

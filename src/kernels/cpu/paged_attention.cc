@@ -66,25 +66,36 @@ void encoder_forward_positions(float* out, const int* inp, const int* pos, const
 #pragma omp parallel for if (static_cast<int64_t>(N) * C > (1 << 16))
   for (int i = 0; i < N; i++) {
     const float* e = wte + static_cast<int64_t>(inp[i]) * C;
-    const float* p = wpe + static_cast<int64_t>(pos[i]) * C;
     float* o = out + static_cast<int64_t>(i) * C;
+    if (!wpe) {
+      std::memcpy(o, e, sizeof(float) * C);
+      continue;
+    }
+    const float* p = wpe + static_cast<int64_t>(pos[i]) * C;
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
   }
 }
 
-void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
+void kv_cache_write_gqa(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int NH, int KV,
+                        int hs) {
+  const int64_t W = static_cast<int64_t>(NH + 2 * KV) * hs, Ck = static_cast<int64_t>(KV) * hs;
   for (int i = 0; i < N; i++) {
-    const float* row = qkv + static_cast<int64_t>(i) * 3 * C;
-    std::memcpy(kcache + static_cast<int64_t>(slots[i]) * C, row + C, sizeof(float) * C);
-    std::memcpy(vcache + static_cast<int64_t>(slots[i]) * C, row + 2 * C, sizeof(float) * C);
+    const float* row = qkv + i * W + static_cast<int64_t>(NH) * hs;
+    std::memcpy(kcache + slots[i] * Ck, row, sizeof(float) * Ck);
+    std::memcpy(vcache + slots[i] * Ck, row + Ck, sizeof(float) * Ck);
   }
 }
 
-void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
-                             const int* block_table, const int* seq, const int* pos, int N, int C, int NH, int bs,
-                             int W) {
-  const int hs = C / NH;
+void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
+  kv_cache_write_gqa(kcache, vcache, qkv, slots, N, 1, 1, C);
+}
+
+void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                                 const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
+                                 int hs, int bs, int W) {
+  const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Ck = static_cast<int64_t>(KV) * hs;
+  const int64_t Co = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int items = N * NH;
   int longest = 0;
@@ -95,12 +106,17 @@ void paged_attention_forward(float* out, const float* qkv, const float* kcache, 
     if (static_cast<int>(scores.size()) < longest) scores.resize(longest);
 #pragma omp for schedule(static, 1)
     for (int item = 0; item < items; item++) {
-      const int i = item / NH, h = item % NH;
-      attend_paged(out + static_cast<int64_t>(i) * C + h * hs, qkv + static_cast<int64_t>(i) * 3 * C + h * hs,
-                   kcache + h * hs, vcache + h * hs, block_table + static_cast<int64_t>(seq[i]) * W, pos[i] + 1, bs,
-                   hs, C, scale, scores.data());
+      const int i = item / NH, h = item % NH, g = h % KV;
+      attend_paged(out + i * Co + h * hs, qkv + i * Wq + h * hs, kcache + g * hs, vcache + g * hs,
+                   block_table + static_cast<int64_t>(seq[i]) * W, pos[i] + 1, bs, hs, Ck, scale, scores.data());
     }
   }
+}
+
+void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                             const int* block_table, const int* seq, const int* pos, int N, int C, int NH, int bs,
+                             int W) {
+  paged_attention_gqa_forward(out, qkv, kcache, vcache, block_table, seq, pos, N, NH, NH, C / NH, bs, W);
 }
 
 }  // namespace tessera::cpu

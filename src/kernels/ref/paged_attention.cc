@@ -12,25 +12,33 @@ void encoder_forward_positions(float* out, const int* inp, const int* pos, const
                                int N, int C) {
   for (int i = 0; i < N; i++) {
     const float* e = wte + static_cast<int64_t>(inp[i]) * C;
-    const float* p = wpe + static_cast<int64_t>(pos[i]) * C;
-    for (int c = 0; c < C; c++) out[static_cast<int64_t>(i) * C + c] = e[c] + p[c];
+    const float* p = wpe ? wpe + static_cast<int64_t>(pos[i]) * C : nullptr;
+    for (int c = 0; c < C; c++) out[static_cast<int64_t>(i) * C + c] = p ? e[c] + p[c] : e[c];
   }
 }
 
-void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
+void kv_cache_write_gqa(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int NH, int KV,
+                        int hs) {
+  const int64_t W = static_cast<int64_t>(NH + 2 * KV) * hs, Ck = static_cast<int64_t>(KV) * hs;
   for (int i = 0; i < N; i++) {
-    const float* row = qkv + static_cast<int64_t>(i) * 3 * C;
-    for (int c = 0; c < C; c++) {
-      kcache[static_cast<int64_t>(slots[i]) * C + c] = row[C + c];
-      vcache[static_cast<int64_t>(slots[i]) * C + c] = row[2 * C + c];
+    const float* row = qkv + i * W;
+    for (int64_t c = 0; c < Ck; c++) {
+      kcache[slots[i] * Ck + c] = row[NH * hs + c];
+      vcache[slots[i] * Ck + c] = row[NH * hs + Ck + c];
     }
   }
 }
 
-void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
-                             const int* block_table, const int* seq, const int* pos, int N, int C, int NH, int bs,
-                             int W) {
-  const int hs = C / NH;
+void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
+  // C = NH * hs for any split: the layout is the same.
+  kv_cache_write_gqa(kcache, vcache, qkv, slots, N, 1, 1, C);
+}
+
+void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                                 const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
+                                 int hs, int bs, int W) {
+  const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Ck = static_cast<int64_t>(KV) * hs;
+  const int64_t Co = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   std::vector<float> att;
   for (int i = 0; i < N; i++) {
@@ -38,11 +46,12 @@ void paged_attention_forward(float* out, const float* qkv, const float* kcache, 
     const int n_keys = pos[i] + 1;
     att.assign(n_keys, 0.0f);
     for (int h = 0; h < NH; h++) {
-      const float* q = qkv + static_cast<int64_t>(i) * 3 * C + h * hs;
+      const int g = h % KV;
+      const float* q = qkv + i * Wq + h * hs;
       float maxval = -INFINITY;
       for (int t = 0; t < n_keys; t++) {
         const int64_t slot = static_cast<int64_t>(blocks[t / bs]) * bs + t % bs;
-        const float* k = kcache + slot * C + h * hs;
+        const float* k = kcache + slot * Ck + g * hs;
         float v = 0.0f;
         for (int d = 0; d < hs; d++) v += q[d] * k[d];
         att[t] = v * scale;
@@ -53,16 +62,22 @@ void paged_attention_forward(float* out, const float* qkv, const float* kcache, 
         att[t] = std::exp(att[t] - maxval);
         sum += att[t];
       }
-      float* o = out + static_cast<int64_t>(i) * C + h * hs;
+      float* o = out + i * Co + h * hs;
       for (int d = 0; d < hs; d++) o[d] = 0.0f;
       for (int t = 0; t < n_keys; t++) {
         const int64_t slot = static_cast<int64_t>(blocks[t / bs]) * bs + t % bs;
-        const float* v = vcache + slot * C + h * hs;
+        const float* v = vcache + slot * Ck + g * hs;
         const float w = att[t] / sum;
         for (int d = 0; d < hs; d++) o[d] += w * v[d];
       }
     }
   }
+}
+
+void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                             const int* block_table, const int* seq, const int* pos, int N, int C, int NH, int bs,
+                             int W) {
+  paged_attention_gqa_forward(out, qkv, kcache, vcache, block_table, seq, pos, N, NH, NH, C / NH, bs, W);
 }
 
 }  // namespace tessera::ref

@@ -27,93 +27,13 @@
 
 namespace tessera {
 
-Status GPTConfig::validate() const {
-  if (layers <= 0) return Status::InvalidArgument(fmt::format("model.layers must be positive, got {}", layers));
-  if (heads <= 0) return Status::InvalidArgument(fmt::format("model.heads must be positive, got {}", heads));
-  if (channels <= 0) return Status::InvalidArgument(fmt::format("model.dim must be positive, got {}", channels));
-  if (vocab <= 0) return Status::InvalidArgument(fmt::format("model.vocab must be positive, got {}", vocab));
-  if (context <= 0) return Status::InvalidArgument(fmt::format("model.context must be positive, got {}", context));
-  if (channels % heads != 0)
-    return Status::InvalidArgument(
-        fmt::format("model.dim ({}) must be divisible by model.heads ({})", channels, heads));
-  // Token ids are 32-bit (version-2 shards past 65,536: Llama 3, Qwen); the
-  // bound is the tokenizer.json loader's.
-  if (vocab > (1 << 24))
-    return Status::InvalidArgument(fmt::format("model.vocab {} exceeds 16777216 token ids", vocab));
-  return Status::OK();
-}
-
-int64_t GPTConfig::num_parameters() const {
-  int64_t C = channels, L = layers;
-  int64_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
-  return int64_t{vocab} * C + int64_t{context} * C + L * per_layer + 2 * C;
-}
-
-std::string GPTConfig::str() const {
-  return fmt::format("L={} NH={} C={} V={} maxT={}", layers, heads, channels, vocab, context);
-}
-
-Status ModelShard::validate(const GPTConfig& c) const {
-  if (tp < 1) return Status::InvalidArgument(fmt::format("parallel.tp must be at least 1, got {}", tp));
-  if (tp_rank < 0 || tp_rank >= tp)
-    return Status::InvalidArgument(fmt::format("tensor-parallel rank {} is outside [0, {})", tp_rank, tp));
-  if (c.heads % tp != 0)
-    return Status::InvalidArgument(fmt::format(
-        "model.heads ({}) must be divisible by parallel.tp ({}): tensor parallelism splits whole heads", c.heads, tp));
-  const int end = layer_end < 0 ? c.layers : layer_end;
-  if (layer_begin < 0 || end <= layer_begin || end > c.layers)
-    return Status::InvalidArgument(
-        fmt::format("pipeline stage layers [{}, {}) are not a non-empty range of the model's {} layers", layer_begin,
-                    end, c.layers));
-  return Status::OK();
-}
-
-const char* param_name(int id) {
-  static const char* kNames[kNumParams] = {"wte",  "wpe",     "ln1w", "ln1b", "qkvw",    "qkvb",    "attprojw", "attprojb",
-                                           "ln2w", "ln2b",    "fcw",  "fcb",  "fcprojw", "fcprojb", "lnfw",     "lnfb"};
-  CHECK(id >= 0 && id < kNumParams);
-  return kNames[id];
-}
-
-TensorSlice param_slice(const GPTConfig& c, const ModelShard& s, int id) {
-  const int64_t L = c.layers, C = c.channels, Vp = c.padded_vocab(s.tp);
-  const int64_t Cl = C / s.tp, Fl = 4 * C / s.tp, Vl = Vp / s.tp, r = s.tp_rank;
-  const int64_t l0 = s.layer_begin, Ll = s.layers(c);
-  const bool first = s.layer_begin == 0, last = l0 + Ll == L;
-  TensorSlice t;
-  auto set = [&](Shape global, Shape view, std::vector<int64_t> begin, std::vector<int64_t> size) {
-    t.global = global;
-    t.view = view;
-    t.begin = std::move(begin);
-    t.size = std::move(size);
-  };
-  switch (id) {
-    case kWte: set({Vp, C}, {Vp, C}, {r * Vl, 0}, {first || last ? Vl : 0, C}); break;
-    case kWpe: set({c.context, C}, {c.context, C}, {0, 0}, {first ? c.context : 0, C}); break;
-    case kLn1W:
-    case kLn1B:
-    case kAttProjB:
-    case kLn2W:
-    case kLn2B:
-    case kFcProjB: set({L, C}, {L, C}, {l0, 0}, {Ll, C}); break;
-    case kQkvW: set({L, 3 * C, C}, {L, 3, C, C}, {l0, 0, r * Cl, 0}, {Ll, 3, Cl, C}); break;
-    case kQkvB: set({L, 3 * C}, {L, 3, C}, {l0, 0, r * Cl}, {Ll, 3, Cl}); break;
-    case kAttProjW: set({L, C, C}, {L, C, C}, {l0, 0, r * Cl}, {Ll, C, Cl}); break;
-    case kFcW: set({L, 4 * C, C}, {L, 4 * C, C}, {l0, r * Fl, 0}, {Ll, Fl, C}); break;
-    case kFcB: set({L, 4 * C}, {L, 4 * C}, {l0, r * Fl}, {Ll, Fl}); break;
-    case kFcProjW: set({L, C, 4 * C}, {L, C, 4 * C}, {l0, 0, r * Fl}, {Ll, C, Fl}); break;
-    case kLnfW:
-    case kLnfB: set({C}, {C}, {0}, {last ? C : 0}); break;
-    default: CHECK(false);
-  }
-  return t;
-}
-
 namespace {
 
 // Activations kept for backward, one set per pipeline slot (micro-batch in
 // flight), then scratch shared by all slots. Shapes in gpt.h's letters, with
-// Ll this stage's layers, Cl = C/tp, NHl = NH/tp, Fl = 4C/tp, Vl = Vp/tp;
+// Ll this stage's layers, NHl = NH/tp query heads of hs, Ql = NHl*hs,
+// QKVl = (NHl + 2 KV/tp)*hs, Fl = F/tp, FCl = Fl (GELU) or 2Fl (SwiGLU's gate
+// and up), Vl = Vp/tp;
 // "last:" and "first:" tensors are empty on other stages. Attention buffers
 // hold S floats per (b, h, t) row: S = T for the CPU backends (the (T,T)
 // matrices), S = 1 for CUDA's flash attention (OpsTable's
@@ -127,15 +47,15 @@ enum ActId {
   kLn1,        // (Ll,B,T,C)
   kLn1Mean,    // (Ll,B,T)
   kLn1Rstd,    // (Ll,B,T)
-  kQkv,        // (Ll,B,T,3Cl)
-  kAtty,       // (Ll,B,T,Cl)
+  kQkv,        // (Ll,B,T,QKVl): rotated queries and keys with rotary positions
+  kAtty,       // (Ll,B,T,Ql)
   kAtt,        // (Ll,B,NHl,T,S): softmax probabilities, or flash's log-sum-exp
   kResidual2,  // (Ll,B,T,C)
   kLn2,        // (Ll,B,T,C)
   kLn2Mean,    // (Ll,B,T)
   kLn2Rstd,    // (Ll,B,T)
-  kFch,        // (Ll,B,T,Fl)
-  kFchGelu,    // (Ll,B,T,Fl)
+  kFch,        // (Ll,B,T,FCl)
+  kFchGelu,    // (Ll,B,T,Fl): gelu(fch), or SwiGLU's silu(gate) * up
   kResidual3,  // (Ll,B,T,C)
   kLnf,        // last: (B,T,C)
   kLnfMean,    // last: (B,T)
@@ -146,6 +66,7 @@ enum ActId {
   kLse,        // last, chunked head: (B,T) log-sum-exp of each row's logits
   kLocalTargets,  // last, tp > 1: (B,T) int32, target - v0 or -1 off this rank's vocabulary
   kDInput,     // not first: (B,T,C) d(stage input), sent to the previous stage
+  kPositions,  // rotary: (B,T) int32, each row's position t
   kNumSlotActs,
   // scratch
   kPreatt = kNumSlotActs,  // (B,NHl,T,S)
@@ -156,12 +77,12 @@ enum ActId {
   kDResidual,  // (B,T,C): d(residual stream) flowing down the layers
   kDLnf,       // last: (B,T,C)
   kDFchGelu,   // (B,T,Fl)
-  kDFch,       // (B,T,Fl)
+  kDFch,       // (B,T,FCl)
   kDLn2,       // (B,T,C)
-  kDAtty,      // (B,T,Cl)
+  kDAtty,      // (B,T,Ql)
   kDPreatt,    // (B,NHl,T,S)
   kDAtt,       // (B,NHl,T,S)
-  kDQkv,       // (B,T,3Cl)
+  kDQkv,       // (B,T,QKVl)
   kDLn1,       // (B,T,C)
   kCEStats,    // tp > 1: (3,B,T) row max, sum of exp, target logit
   kNumActs
@@ -169,25 +90,24 @@ enum ActId {
 
 }  // namespace
 
-Arena param_layout(const GPTConfig& c, const ModelShard& shard) {
-  // Local tensors are the blocks of param_slice(), merged back to the
-  // canonical number of dimensions.
-  Arena a;
-  for (int id = 0; id < kNumParams; id++) {
-    TensorSlice t = param_slice(c, shard, id);
-    Shape local;
-    switch (id) {
-      case kQkvW: local = {t.size[0], 3 * t.size[2], c.channels}; break;
-      case kQkvB: local = {t.size[0], 3 * t.size[2]}; break;
-      default:
-        local.rank = t.view.rank;
-        for (int d = 0; d < t.view.rank; d++) local.dims[d] = t.size[d];
-    }
-    CHECK(local.numel() == t.block_numel());
-    a.reserve(param_name(id), DType::kF32, local);
-  }
-  return a;
+namespace {
+// A rank's widths (gpt.cc's letters above).
+struct LocalDims {
+  int C, NHl, KVl, hs, Ql, QKVl, Fl, FCl;
+};
+LocalDims local_dims(const GPTConfig& c, const ModelShard& s) {
+  LocalDims d;
+  d.C = c.channels;
+  d.NHl = c.heads / s.tp;
+  d.KVl = c.kv() / s.tp;
+  d.hs = c.hs();
+  d.Ql = d.NHl * d.hs;
+  d.QKVl = (d.NHl + 2 * d.KVl) * d.hs;
+  d.Fl = c.ffn() / s.tp;
+  d.FCl = c.fc_rows() / s.tp;
+  return d;
 }
+}  // namespace
 
 GPT::GPT(Uninitialised, const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm,
          ModelUse use)
@@ -223,6 +143,25 @@ Status GPT::init() {
     return Status::InvalidArgument(fmt::format(
         "tensor parallelism (tp = {}) runs on the CPU only, not on the {} backend", shard_.tp, backend_name(backend_)));
   RETURN_IF_ERROR(backend_available(backend_));
+  // The Llama family's ops are ref and cpu only so far.
+  const bool gqa = config_.kv() != config_.heads;
+  const bool rms = config_.norm == Norm::kRMSNorm, rope = config_.positions == Positions::kRope;
+  const bool swiglu = config_.mlp == Mlp::kSwiGLU;
+  if ((gqa && !ops_.attention_gqa_forward) || (rms && !ops_.rmsnorm_forward) || (rope && !ops_.rope_forward) ||
+      (swiglu && !ops_.swiglu_forward))
+    return Status::Unavailable(fmt::format(
+        "the {} backend has no kernels yet for {} (grouped-query attention, RMSNorm, rotary positions, SwiGLU run on "
+        "the CPU backends)",
+        backend_name(backend_), config_.str()));
+  if (rope) {
+    const std::vector<float> f = config_.rope_inv_freq();
+    Arena r;
+    r.set_device(device_);
+    r.reserve("rope_inv_freq", DType::kF32, {static_cast<int64_t>(f.size())});
+    RETURN_IF_ERROR(r.try_allocate().With("the rotary frequencies"));
+    RETURN_IF_ERROR(try_copy_to_device(device_, r.tensor(0).f32(), f.data(), sizeof(float) * f.size()));
+    rope_ = std::move(r);
+  }
   if (shard_.layer_end < 0) shard_.layer_end = config_.layers;
   shard_.first = shard_.layer_begin == 0;
   shard_.last = shard_.layer_end == config_.layers;
@@ -244,20 +183,22 @@ Status GPT::init() {
 }
 
 LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard& s, int l) {
-  const int64_t C = c.channels, Cl = C / s.tp, Fl = 4 * C / s.tp;
+  const LocalDims d = local_dims(c, s);
+  const int64_t C = d.C;
+  const bool ln = c.norm == Norm::kLayerNorm;
   LayerParams v;
   v.ln1w = p[kLn1W] + l * C;
-  v.ln1b = p[kLn1B] + l * C;
-  v.qkvw = p[kQkvW] + l * 3 * Cl * C;
-  v.qkvb = p[kQkvB] + l * 3 * Cl;
-  v.attprojw = p[kAttProjW] + l * C * Cl;
-  v.attprojb = p[kAttProjB] + l * C;
+  v.ln1b = ln ? p[kLn1B] + l * C : nullptr;
+  v.qkvw = p[kQkvW] + l * int64_t{d.QKVl} * C;
+  v.qkvb = c.qkv_bias ? p[kQkvB] + l * int64_t{d.QKVl} : nullptr;
+  v.attprojw = p[kAttProjW] + l * C * d.Ql;
+  v.attprojb = c.bias ? p[kAttProjB] + l * C : nullptr;
   v.ln2w = p[kLn2W] + l * C;
-  v.ln2b = p[kLn2B] + l * C;
-  v.fcw = p[kFcW] + l * Fl * C;
-  v.fcb = p[kFcB] + l * Fl;
-  v.fcprojw = p[kFcProjW] + l * C * Fl;
-  v.fcprojb = p[kFcProjB] + l * C;
+  v.ln2b = ln ? p[kLn2B] + l * C : nullptr;
+  v.fcw = p[kFcW] + l * int64_t{d.FCl} * C;
+  v.fcb = c.bias ? p[kFcB] + l * int64_t{d.FCl} : nullptr;
+  v.fcprojw = p[kFcProjW] + l * C * d.Fl;
+  v.fcprojb = c.bias ? p[kFcProjB] + l * C : nullptr;
   return v;
 }
 
@@ -267,19 +208,18 @@ ParamPtrs GPT::ptrs(const Arena& a) {
   return p;
 }
 
-bool GPT::decays(int id) {
-  return id == kWte || id == kWpe || id == kQkvW || id == kAttProjW || id == kFcW || id == kFcProjW;
-}
+bool GPT::decays(int id) { return param_decays(id); }
 
 bool GPT::counts_in_norm(int id) const {
   switch (id) {
-    case kWte: return shard_.first;  // the last stage's copy holds the same gradient
+    case kWte: return shard_.first;  // the last stage's copy (tied head) holds the same gradient
     case kQkvW:
     case kQkvB:
     case kAttProjW:
     case kFcW:
     case kFcB:
-    case kFcProjW: return true;  // split across tp ranks
+    case kFcProjW:
+    case kLmHead: return true;  // split across tp ranks
     default: return shard_.tp_rank == 0;  // replicated across tp ranks
   }
 }
@@ -310,7 +250,7 @@ Status GPT::init_weights(uint64_t seed) {
     const TensorSlice t = param_slice(config_, shard_, id);
     int64_t n = t.global.numel();
     full.assign(n, 0.0f);
-    if (id == kWte) n = int64_t{config_.vocab} * config_.channels;  // padding rows stay 0
+    if ((id == kWte || id == kLmHead) && n > 0) n = int64_t{config_.vocab} * config_.channels;  // padding rows stay 0
     if (decays(id)) {
       float s = (id == kAttProjW || id == kFcProjW) ? proj_scale : 1.0f;
       for (int64_t i = 0; i < n; i++) full[i] = normal(rng) * s;
@@ -349,10 +289,12 @@ Status GPT::try_reserve_activations(int B, int T, int slots) {
   B = std::max(B, act_B_);
   T = std::max(T, act_T_);
   slots = std::max(slots, have);
+  const LocalDims d = local_dims(config_, shard_);
   const int64_t Ll = local_layers_, C = config_.channels, tp = shard_.tp;
-  const int64_t NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
+  const int64_t NHl = d.NHl, Ql = d.Ql, QKVl = d.QKVl, Fl = d.Fl, FCl = d.FCl, Vl = Vl_;
   const int64_t BT = int64_t{B} * T;
-  const int hs = config_.channels / config_.heads;
+  const int hs = d.hs;
+  const int64_t rope = config_.positions == Positions::kRope ? 1 : 0;
   // Attention floats per (b, h) at capacity T; a shorter batch's layers fit
   // (S(T) is T or 1, never more for a smaller T).
   const int64_t att_saved = T * ops_.attention_saved_floats(T, hs);
@@ -370,14 +312,14 @@ Status GPT::try_reserve_activations(int B, int T, int slots) {
     add(kLn1, "ln1", DType::kF32, {Ll, BT, C});
     add(kLn1Mean, "ln1_mean", DType::kF32, {Ll, BT});
     add(kLn1Rstd, "ln1_rstd", DType::kF32, {Ll, BT});
-    add(kQkv, "qkv", DType::kF32, {Ll, BT, 3 * Cl});
-    add(kAtty, "atty", DType::kF32, {Ll, BT, Cl});
+    add(kQkv, "qkv", DType::kF32, {Ll, BT, QKVl});
+    add(kAtty, "atty", DType::kF32, {Ll, BT, Ql});
     add(kAtt, "att", DType::kF32, {Ll, B * NHl, att_saved});
     add(kResidual2, "residual2", DType::kF32, {Ll, BT, C});
     add(kLn2, "ln2", DType::kF32, {Ll, BT, C});
     add(kLn2Mean, "ln2_mean", DType::kF32, {Ll, BT});
     add(kLn2Rstd, "ln2_rstd", DType::kF32, {Ll, BT});
-    add(kFch, "fch", DType::kF32, {Ll, BT, Fl});
+    add(kFch, "fch", DType::kF32, {Ll, BT, FCl});
     add(kFchGelu, "fch_gelu", DType::kF32, {Ll, BT, Fl});
     add(kResidual3, "residual3", DType::kF32, {Ll, BT, C});
     add(kLnf, "lnf", DType::kF32, {last * BT, C});
@@ -389,6 +331,7 @@ Status GPT::try_reserve_activations(int B, int T, int slots) {
     add(kLse, "lse", DType::kF32, {chunked * BT});
     add(kLocalTargets, "local_targets", DType::kI32, {(tp > 1 ? last : 0) * BT});
     add(kDInput, "dinput", DType::kF32, {(1 - first) * BT, C});
+    add(kPositions, "positions", DType::kI32, {rope * BT});
   };
   // The new arenas replace the old only once all of them are allocated.
   const std::string what = fmt::format("the activations of {} micro-batch(es) of {}x{} tokens", slots, B, T);
@@ -408,12 +351,12 @@ Status GPT::try_reserve_activations(int B, int T, int slots) {
   add(kDResidual, "dresidual", {BT, C});
   add(kDLnf, "dlnf", {last * BT, C});
   add(kDFchGelu, "dfch_gelu", {BT, Fl});
-  add(kDFch, "dfch", {BT, Fl});
+  add(kDFch, "dfch", {BT, FCl});
   add(kDLn2, "dln2", {BT, C});
-  add(kDAtty, "datty", {BT, Cl});
+  add(kDAtty, "datty", {BT, Ql});
   add(kDPreatt, "dpreatt", {B * NHl, att_scratch});
   add(kDAtt, "datt", {B * NHl, att_scratch});
-  add(kDQkv, "dqkv", {BT, 3 * Cl});
+  add(kDQkv, "dqkv", {BT, QKVl});
   add(kDLn1, "dln1", {BT, C});
   add(kCEStats, "ce_stats", {(tp > 1 ? 3 : 0) * BT});
   RETURN_IF_ERROR(s.try_allocate().With(what));
@@ -465,13 +408,13 @@ struct ActView {
 // shared by every layer.
 struct GPT::LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd;  // (N,C), (N), (N)
-  float* qkv;                        // (N,3Cl)
-  float* atty;                       // (N,Cl)
+  float* qkv;                        // (N,QKVl)
+  float* atty;                       // (N,Ql)
   float *att, *preatt;               // dense attention only: (B,NHl,T,S)
   float* attproj;                    // (N,C)
   float* residual2;                  // (N,C)
   float *ln2, *ln2_mean, *ln2_rstd;  // (N,C), (N), (N)
-  float *fch, *fch_gelu;             // (N,Fl)
+  float *fch, *fch_gelu;             // (N,FCl), (N,Fl)
   float* fcproj;                     // (N,C)
   float* residual3;                  // (N,C): the layer's output
 };
@@ -493,15 +436,15 @@ namespace {
 // Layer l of a training slot whose current batch has BT rows and att_size
 // attention floats per layer. The one place the per-layer offsets live.
 template <typename Acts>
-Acts training_layer_acts(const ActView& act, int l, int64_t BT, int64_t C, int64_t Cl, int64_t Fl,
-                         int64_t att_size) {
+Acts training_layer_acts(const ActView& act, int l, int64_t BT, int64_t C, const LocalDims& d, int64_t att_size) {
+  const int64_t QKVl = d.QKVl, Ql = d.Ql, Fl = d.Fl, FCl = d.FCl;
   const int64_t BTC = BT * C;
   Acts a;
   a.ln1 = act.f(kLn1) + l * BTC;
   a.ln1_mean = act.f(kLn1Mean) + l * BT;
   a.ln1_rstd = act.f(kLn1Rstd) + l * BT;
-  a.qkv = act.f(kQkv) + l * 3 * BT * Cl;
-  a.atty = act.f(kAtty) + l * BT * Cl;
+  a.qkv = act.f(kQkv) + l * BT * QKVl;
+  a.atty = act.f(kAtty) + l * BT * Ql;
   a.att = act.f(kAtt) + l * att_size;
   a.preatt = act.f(kPreatt);
   a.attproj = act.f(kAttproj);
@@ -509,7 +452,7 @@ Acts training_layer_acts(const ActView& act, int l, int64_t BT, int64_t C, int64
   a.ln2 = act.f(kLn2) + l * BTC;
   a.ln2_mean = act.f(kLn2Mean) + l * BT;
   a.ln2_rstd = act.f(kLn2Rstd) + l * BT;
-  a.fch = act.f(kFch) + l * BT * Fl;
+  a.fch = act.f(kFch) + l * BT * FCl;
   a.fch_gelu = act.f(kFchGelu) + l * BT * Fl;
   a.fcproj = act.f(kFcproj);
   a.residual3 = act.f(kResidual3) + l * BTC;
@@ -555,31 +498,64 @@ Status GPT::tp_all_reduce_max(float* x, int64_t n) {
   return st;
 }
 
+void GPT::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                       int N) const {
+  if (config_.norm == Norm::kRMSNorm) {
+    ops_.rmsnorm_forward(out, rstd, inp, w, N, config_.channels, config_.norm_eps);
+  } else {
+    ops_.layernorm_forward(out, mean, rstd, inp, w, b, N, config_.channels);
+  }
+}
+
+void GPT::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int N) const {
+  if (config_.norm == Norm::kRMSNorm) {
+    ops_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, config_.channels);
+  } else {
+    ops_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, config_.channels);
+  }
+}
+
 Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int N, const AttentionArgs& at) {
+  const LocalDims d = local_dims(config_, shard_);
   const int C = config_.channels, tp = shard_.tp;
-  const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp;
+  const int NHl = d.NHl, KVl = d.KVl, hs = d.hs, Ql = d.Ql, QKVl = d.QKVl, Fl = d.Fl;
   const int64_t NC = int64_t{N} * C;
   const MatmulPrecision prec = prec_;
   const LayerParams w = layer_params(l);
   const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
+  const bool gqa = KVl != NHl;
 
-  ops_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, N, C);
-  linear(a.qkv, a.ln1, w.qkvw, 4 * l, w.qkvb, N, C, 3 * Cl);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, N);
+  linear(a.qkv, a.ln1, w.qkvw, 4 * l, w.qkvb, N, C, QKVl);
+  if (config_.positions == Positions::kRope) ops_.rope_forward(a.qkv, at.pos, rope_freq(), N, NHl, KVl, hs);
   if (at.cache) {
     float* keys = at.cache->keys(l);
     float* values = at.cache->values(l);
-    ops_.kv_cache_write(keys, values, a.qkv, at.slots, N, Cl);
-    ops_.paged_attention_forward(a.atty, a.qkv, keys, values, at.table, at.seq, at.pos, N, Cl, NHl,
-                                 at.cache->block_size(), at.W);
+    if (gqa) {
+      ops_.kv_cache_write_gqa(keys, values, a.qkv, at.slots, N, NHl, KVl, hs);
+      ops_.paged_attention_gqa_forward(a.atty, a.qkv, keys, values, at.table, at.seq, at.pos, N, NHl, KVl, hs,
+                                       at.cache->block_size(), at.W);
+    } else {
+      ops_.kv_cache_write(keys, values, a.qkv, at.slots, N, Ql);
+      ops_.paged_attention_forward(a.atty, a.qkv, keys, values, at.table, at.seq, at.pos, N, Ql, NHl,
+                                   at.cache->block_size(), at.W);
+    }
+  } else if (gqa) {
+    ops_.attention_gqa_forward(a.atty, a.preatt, a.att, a.qkv, at.B, at.T, NHl, KVl, hs);
   } else {
-    ops_.attention_forward(a.atty, a.preatt, a.att, a.qkv, at.B, at.T, Cl, NHl);
+    ops_.attention_forward(a.atty, a.preatt, a.att, a.qkv, at.B, at.T, Ql, NHl);
   }
-  linear(a.attproj, a.atty, w.attprojw, 4 * l + 1, lead ? w.attprojb : nullptr, N, Cl, C);
+  linear(a.attproj, a.atty, w.attprojw, 4 * l + 1, lead ? w.attprojb : nullptr, N, Ql, C);
   if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(a.attproj, NC));
   ops_.residual_forward(a.residual2, residual, a.attproj, NC);
-  ops_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
-  // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
-  if (int8_) {
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N);
+  if (config_.mlp == Mlp::kSwiGLU) {
+    // gate and up in one gemm (fch keeps both for swiglu_backward).
+    linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, 2 * Fl);
+    ops_.swiglu_forward(a.fch_gelu, a.fch, N, Fl);
+  } else if (int8_) {
+    // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
     linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, Fl);
     ops_.gelu_forward(a.fch_gelu, a.fch, int64_t{N} * Fl);
   } else {
@@ -614,32 +590,43 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   state.B = B;
   state.T = T;
   state.has_targets = targets != nullptr;
+  const LocalDims d = local_dims(config_, shard_);
   const int L = local_layers_, C = config_.channels, V = config_.vocab, tp = shard_.tp;
-  const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
+  const int NHl = d.NHl, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, Cl / NHl);
+  const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, d.hs);
   const MatmulPrecision prec = prec_;
   ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
   const bool lead = shard_.tp_rank == 0;  // adds the replicated biases of row-parallel layers
+  const bool rope = config_.positions == Positions::kRope;
+  const float* wpe = rope ? nullptr : p[kWpe];
+  const float* head_w = config_.tied_head ? p[kWte] : p[kLmHead];
 
   if (shard_.first) {
     obs::trace::Span span("forward embedding", "compute");
     RETURN_IF_ERROR(try_copy_to_device(device_, act.i(kInputs), inputs, sizeof(int) * BT));
     if (tp == 1) {
-      ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], p[kWpe], B, T, C);
+      ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], wpe, B, T, C);
     } else {
-      vocab_parallel_encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], v0_, Vl, lead ? p[kWpe] : nullptr,
-                                     B, T, C);
+      vocab_parallel_encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], v0_, Vl, lead ? wpe : nullptr, B, T,
+                                     C);
       RETURN_IF_ERROR(tp_all_reduce(act.f(kEncoded), BTC));
     }
   }
   AttentionArgs dense;
   dense.B = B;
   dense.T = T;
+  if (rope) {
+    // Row b*T + t is at position t (every stage turns its layers' q and k).
+    host_positions_.resize(BT);
+    for (int i = 0; i < BT; i++) host_positions_[i] = i % T;
+    RETURN_IF_ERROR(try_copy_to_device(device_, act.i(kPositions), host_positions_.data(), sizeof(int) * BT));
+    dense.pos = act.i(kPositions);
+  }
   for (int l = 0; l < L; l++) {
-    const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, Cl, Fl, att_size);
+    const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, d, att_size);
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
     obs::trace::Span span("forward layer", "compute", {{"layer", shard_.layer_begin + l}});
     RETURN_IF_ERROR(layer_forward(l, a, residual, BT, dense));
@@ -648,18 +635,18 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   obs::trace::Span head_span("forward head", "compute");
 
   const float* residual = act.f(kResidual3) + (L - 1) * BTC;
-  ops_.layernorm_forward(act.f(kLnf), act.f(kLnfMean), act.f(kLnfRstd), residual, p[kLnfW], p[kLnfB], BT, C);
+  norm_forward(act.f(kLnf), act.f(kLnfMean), act.f(kLnfRstd), residual, p[kLnfW], p[kLnfB], BT);
   const int head_rows = std::min(BT, head_chunk_rows_);
   if (chunked_head()) {
     // Without targets only logits() can be wanted: computed when they fit in
     // one chunk, otherwise not at all.
     held_logits_ = HeldLogits{};
     if (!targets && BT <= head_rows) {
-      ops_.matmul_forward(act.f(kHeadChunk), act.f(kLnf), p[kWte], nullptr, BT, C, Vl, prec);
+      ops_.matmul_forward(act.f(kHeadChunk), act.f(kLnf), head_w, nullptr, BT, C, Vl, prec);
       held_logits_ = HeldLogits{slot, 0, BT};
     }
   } else {
-    linear(act.f(kLogits), act.f(kLnf), p[kWte], 4 * config_.layers, nullptr, BT, C, Vl);
+    linear(act.f(kLogits), act.f(kLnf), head_w, 4 * config_.layers, nullptr, BT, C, Vl);
   }
   if (!targets) {
     if (loss) *loss = 0.0f;
@@ -673,7 +660,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
     float* chunk = act.f(kHeadChunk);
     for (int r0 = 0; r0 < BT; r0 += head_rows) {
       const int rows = std::min(head_rows, BT - r0);
-      ops_.matmul_forward(chunk, act.f(kLnf) + int64_t{r0} * C, p[kWte], nullptr, rows, C, Vl, prec);
+      ops_.matmul_forward(chunk, act.f(kLnf) + int64_t{r0} * C, head_w, nullptr, rows, C, Vl, prec);
       ops_.crossentropy_lse_forward(losses + r0, act.f(kLse) + r0, chunk, act.i(kTargets) + r0, rows, V, Vl);
       held_logits_ = HeldLogits{slot, r0, rows};
     }
@@ -745,11 +732,13 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   CHECK(state.B > 0);
   CHECK(!shard_.last || state.has_targets);  // backward needs a forward with targets
   const int B = state.B, T = state.T;
+  const LocalDims d = local_dims(config_, shard_);
   const int L = local_layers_, C = config_.channels, V = config_.vocab, tp = shard_.tp;
-  const int NHl = config_.heads / tp, Cl = C / tp, Fl = 4 * C / tp, Vl = Vl_;
+  const int NHl = d.NHl, KVl = d.KVl, Ql = d.Ql, QKVl = d.QKVl, Fl = d.Fl, FCl = d.FCl, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int hs = Cl / NHl;
+  const int hs = d.hs;
+  const bool rope = config_.positions == Positions::kRope, gqa = KVl != NHl;
   const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, hs);
   const int64_t att_scratch = int64_t{B} * NHl * T * ops_.attention_scratch_floats(T, hs);
   const MatmulPrecision prec = prec_;
@@ -760,6 +749,8 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   auto zero = [dev](float* x, int64_t n) { return try_zero_on_device(dev, x, sizeof(float) * n); };
 
   float* dresidual = act.f(kDResidual);
+  const float* head_w = config_.tied_head ? p[kWte] : p[kLmHead];
+  float* head_g = config_.tied_head ? g[kWte] : g[kLmHead];
   std::optional<obs::trace::Span> head_span;
   if (shard_.last) head_span.emplace("backward head", "compute");
   if (shard_.last && chunked_head()) {
@@ -775,14 +766,13 @@ Status GPT::backward_stage(int slot, float loss_scale) {
       const int rows = std::min(head_rows, BT - r0);
       const float* lnf = act.f(kLnf) + int64_t{r0} * C;
       const bool held = held_logits_.slot == slot && held_logits_.row0 == r0 && held_logits_.rows == rows;
-      if (!held) ops_.matmul_forward(chunk, lnf, p[kWte], nullptr, rows, C, Vl, prec);
+      if (!held) ops_.matmul_forward(chunk, lnf, head_w, nullptr, rows, C, Vl, prec);
       held_logits_ = HeldLogits{};  // dlogits from here on
       ops_.crossentropy_lse_backward(chunk, act.f(kLse) + r0, act.i(kTargets) + r0, loss_scale / BT, rows, V, Vl);
-      ops_.matmul_backward(dlnf + int64_t{r0} * C, g[kWte], nullptr, chunk, lnf, p[kWte], rows, C, Vl, prec);
+      ops_.matmul_backward(dlnf + int64_t{r0} * C, head_g, nullptr, chunk, lnf, head_w, rows, C, Vl, prec);
     }
     const float* last = act.f(kResidual3) + (L - 1) * BTC;
-    ops_.layernorm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean),
-                            act.f(kLnfRstd), BT, C);
+    norm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean), act.f(kLnfRstd), BT);
     if (listener_) listener_->on_grads_ready(GradListener::kFinalNorm);
   } else if (shard_.last) {
     float* dlogits = act.f(kDLogits);
@@ -796,11 +786,10 @@ Status GPT::backward_stage(int slot, float loss_scale) {
       ops_.crossentropy_softmax_backward(dlogits, act.f(kProbs), act.i(kLocalTargets), loss_scale / BT, BT,
                                          std::clamp(V - v0_, 0, Vl), Vl);
     }
-    ops_.matmul_backward(dlnf, g[kWte], nullptr, dlogits, act.f(kLnf), p[kWte], BT, C, Vl, prec);
+    ops_.matmul_backward(dlnf, head_g, nullptr, dlogits, act.f(kLnf), head_w, BT, C, Vl, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dlnf, BTC));
     const float* last = act.f(kResidual3) + (L - 1) * BTC;
-    ops_.layernorm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean),
-                            act.f(kLnfRstd), BT, C);
+    norm_backward(dresidual, g[kLnfW], g[kLnfB], dlnf, last, p[kLnfW], act.f(kLnfMean), act.f(kLnfRstd), BT);
     if (listener_) listener_->on_grads_ready(GradListener::kFinalNorm);
   }
   // Otherwise dresidual (stage_output_grad()) holds the gradient received from
@@ -812,7 +801,7 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   // layernorm backward adds its part into the same buffer.
   for (int l = L - 1; l >= 0; l--) {
     obs::trace::Span span("backward layer", "compute", {{"layer", shard_.layer_begin + l}});
-    const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, Cl, Fl, att_size);
+    const LayerActs a = training_layer_acts<LayerActs>(act, l, BT, C, d, att_size);
     const LayerParams w = layer_params(l), gw = layer_grads(l);
     const float* residual = l == 0 ? act.f(kEncoded) : act.f(kResidual3) + (l - 1) * BTC;
     float* dfch_gelu = act.f(kDFchGelu);
@@ -824,36 +813,40 @@ Status GPT::backward_stage(int slot, float loss_scale) {
     float* dqkv = act.f(kDQkv);
     float* dln1 = act.f(kDLn1);
     RETURN_IF_ERROR(zero(dfch_gelu, int64_t{BT} * Fl));
-    RETURN_IF_ERROR(zero(dfch, int64_t{BT} * Fl));
+    RETURN_IF_ERROR(zero(dfch, int64_t{BT} * FCl));
     RETURN_IF_ERROR(zero(dln2, BTC));
-    RETURN_IF_ERROR(zero(datty, int64_t{BT} * Cl));
+    RETURN_IF_ERROR(zero(datty, int64_t{BT} * Ql));
     RETURN_IF_ERROR(zero(dpreatt, att_scratch));
     RETURN_IF_ERROR(zero(datt, att_scratch));
-    RETURN_IF_ERROR(zero(dqkv, 3 * int64_t{BT} * Cl));
+    RETURN_IF_ERROR(zero(dqkv, int64_t{BT} * QKVl));
     RETURN_IF_ERROR(zero(dln1, BTC));
 
     // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     // With tp > 1, fc is column-parallel and fcproj row-parallel: d(ln2) is
     // a partial sum until all-reduced.
     ops_.matmul_backward(dfch_gelu, gw.fcprojw, gw.fcprojb, dresidual, a.fch_gelu, w.fcprojw, BT, Fl, C, prec);
-    ops_.gelu_backward(dfch, a.fch, dfch_gelu, int64_t{BT} * Fl);
-    ops_.matmul_backward(dln2, gw.fcw, gw.fcb, dfch, a.ln2, w.fcw, BT, C, Fl, prec);
+    if (config_.mlp == Mlp::kSwiGLU) ops_.swiglu_backward(dfch, a.fch, dfch_gelu, BT, Fl);
+    else ops_.gelu_backward(dfch, a.fch, dfch_gelu, int64_t{BT} * Fl);
+    ops_.matmul_backward(dln2, gw.fcw, gw.fcb, dfch, a.ln2, w.fcw, BT, C, FCl, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln2, BTC));
-    ops_.layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
+    norm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT);
     // Attention branch: residual2 = residual + attproj(attn(qkv(ln1(residual))))
-    ops_.matmul_backward(datty, gw.attprojw, gw.attprojb, dresidual, a.atty, w.attprojw, BT, Cl, C, prec);
-    ops_.attention_backward(dqkv, dpreatt, datt, datty, a.qkv, a.atty, a.att, B, T, Cl, NHl);
-    ops_.matmul_backward(dln1, gw.qkvw, gw.qkvb, dqkv, a.ln1, w.qkvw, BT, C, 3 * Cl, prec);
+    ops_.matmul_backward(datty, gw.attprojw, gw.attprojb, dresidual, a.atty, w.attprojw, BT, Ql, C, prec);
+    if (gqa) ops_.attention_gqa_backward(dqkv, dpreatt, datt, datty, a.qkv, a.att, B, T, NHl, KVl, hs);
+    else ops_.attention_backward(dqkv, dpreatt, datt, datty, a.qkv, a.atty, a.att, B, T, Ql, NHl);
+    // qkv holds the turned q and k: their gradient turns back.
+    if (rope) ops_.rope_backward(dqkv, act.i(kPositions), rope_freq(), BT, NHl, KVl, hs);
+    ops_.matmul_backward(dln1, gw.qkvw, gw.qkvb, dqkv, a.ln1, w.qkvw, BT, C, QKVl, prec);
     if (tp > 1) RETURN_IF_ERROR(tp_all_reduce(dln1, BTC));
-    ops_.layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+    norm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, a.ln1_mean, a.ln1_rstd, BT);
     if (listener_) listener_->on_grads_ready(shard_.layer_begin + l);
   }
   if (shard_.first) {
     obs::trace::Span span("backward embedding", "compute");
     if (tp == 1) {
-      ops_.encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), B, T, C);
+      ops_.encoder_backward(g[kWte], rope ? nullptr : g[kWpe], dresidual, act.i(kInputs), B, T, C);
     } else {
-      vocab_parallel_encoder_backward(g[kWte], g[kWpe], dresidual, act.i(kInputs), v0_, Vl, B, T, C);
+      vocab_parallel_encoder_backward(g[kWte], rope ? nullptr : g[kWpe], dresidual, act.i(kInputs), v0_, Vl, B, T, C);
     }
   } else {
     RETURN_IF_ERROR(try_copy_on_device(device_, act.f(kDInput), dresidual, sizeof(float) * BTC));
@@ -870,15 +863,15 @@ enum InferId {
   kILn1,       // (N,C)
   kILn1Mean,   // (N)
   kILn1Rstd,   // (N)
-  kIQkv,       // (N,3C)
-  kIAtty,      // (N,C)
+  kIQkv,       // (N,QKV)
+  kIAtty,      // (N,Q)
   kIAttproj,   // (N,C)
   kIResidual2, // (N,C)
   kILn2,       // (N,C)
   kILn2Mean,   // (N)
   kILn2Rstd,   // (N)
-  kIFch,       // (N,4C)
-  kIFchGelu,   // (N,4C)
+  kIFch,       // (N,FC)
+  kIFchGelu,   // (N,F)
   kIFcproj,    // (N,C)
   kIGathered,  // (R,C) the last layer's output at the rows asked for
   kILnf,       // (R,C)
@@ -901,12 +894,13 @@ Status GPT::reserve_inference(int N, int R, int64_t ints) {
     for (const char* name : {"res0", "res1", "ln1"}) a.reserve(name, DType::kF32, nc);
     a.reserve("ln1_mean", DType::kF32, {N});
     a.reserve("ln1_rstd", DType::kF32, {N});
-    a.reserve("qkv", DType::kF32, {N, 3 * C});
-    for (const char* name : {"atty", "attproj", "residual2", "ln2"}) a.reserve(name, DType::kF32, nc);
+    a.reserve("qkv", DType::kF32, {N, config_.qkv_dim()});
+    a.reserve("atty", DType::kF32, {N, config_.q_dim()});
+    for (const char* name : {"attproj", "residual2", "ln2"}) a.reserve(name, DType::kF32, nc);
     a.reserve("ln2_mean", DType::kF32, {N});
     a.reserve("ln2_rstd", DType::kF32, {N});
-    a.reserve("fch", DType::kF32, {N, 4 * C});
-    a.reserve("fch_gelu", DType::kF32, {N, 4 * C});
+    a.reserve("fch", DType::kF32, {N, config_.fc_rows()});
+    a.reserve("fch_gelu", DType::kF32, {N, config_.ffn()});
     a.reserve("fcproj", DType::kF32, nc);
     a.reserve("gathered", DType::kF32, {R, C});
     a.reserve("lnf", DType::kF32, {R, C});
@@ -942,7 +936,7 @@ Status GPT::quantize_int8() {
   const ParamPtrs p = param_ptrs();
   // The fp32 source of each INT8 matrix, in load_int8's order.
   return load_int8([&](int k, int OC, int C, int8_t* w, float* scale) {
-    const float* src = p[kWte];
+    const float* src = config_.tied_head ? p[kWte] : p[kLmHead];
     if (k < 4 * local_layers_) {
       const LayerParams l = layer_params(k / 4);
       const float* per_layer[4] = {l.qkvw, l.attprojw, l.fcw, l.fcprojw};
@@ -981,7 +975,7 @@ Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_
   RETURN_IF_ERROR(check_int8_matmul());
   auto q = std::make_shared<Int8Weights>();
   const int C = config_.channels;
-  const int shapes[4][2] = {{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}};
+  const int shapes[4][2] = {{config_.qkv_dim(), C}, {C, config_.q_dim()}, {config_.fc_rows(), C}, {C, config_.ffn()}};
   for (int k = 0; k < 4 * local_layers_ + 1; k++) {
     const int OC = k == 4 * local_layers_ ? config_.padded_vocab() : shapes[k % 4][0];
     const int K = k == 4 * local_layers_ ? C : shapes[k % 4][1];
@@ -1111,7 +1105,8 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
 
   float* x = buf(kIRes0);
   float* y = buf(kIRes1);
-  ops_.encoder_forward_positions(x, d_ints, paged.pos, p[kWte], p[kWpe], N, C);
+  const bool learned = config_.positions == Positions::kLearned;
+  ops_.encoder_forward_positions(x, d_ints, paged.pos, p[kWte], learned ? p[kWpe] : nullptr, N, C);
   LayerActs a{};
   a.ln1 = buf(kILn1);
   a.ln1_mean = buf(kILn1Mean);
@@ -1137,12 +1132,13 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   for (int r = 0; r < R; r++)
     RETURN_IF_ERROR(
         try_copy_on_device(device_, gathered + int64_t{r} * C, x + int64_t{logit_rows[r]} * C, sizeof(float) * C));
-  ops_.layernorm_forward(buf(kILnf), buf(kILnfMean), buf(kILnfRstd), gathered, p[kLnfW], p[kLnfB], R, C);
+  norm_forward(buf(kILnf), buf(kILnfMean), buf(kILnfRstd), gathered, p[kLnfW], p[kLnfB], R);
+  const float* head_w = config_.tied_head ? p[kWte] : p[kLmHead];
   const int Vp = config_.padded_vocab();
   if (device_ == Device::kCPU) {
-    linear(logits, buf(kILnf), p[kWte], 4 * config_.layers, nullptr, R, C, Vp);
+    linear(logits, buf(kILnf), head_w, 4 * config_.layers, nullptr, R, C, Vp);
   } else {
-    ops_.matmul_forward(buf(kILogits), buf(kILnf), p[kWte], nullptr, R, C, Vp, prec_);
+    ops_.matmul_forward(buf(kILogits), buf(kILnf), head_w, nullptr, R, C, Vp, prec_);
     RETURN_IF_ERROR(try_copy_to_host(device_, logits, buf(kILogits), sizeof(float) * R * Vp));
   }
   return Status::OK();

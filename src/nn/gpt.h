@@ -1,7 +1,9 @@
-// GPT-2: pre-LN transformer, learned positions, tied input/output embedding,
-// 4C GELU MLP, causal attention, layernorm eps 1e-5 (llm.c's train_gpt2.c
-// layout). Dimension letters: L layers, B batch, T time, C channels, NH
-// heads, V vocabulary, Vp V padded to a multiple of 128, maxT context.
+// The decoder: a pre-norm transformer whose shape model/decoder.h describes.
+// GPT-2 (layernorm, learned positions, tied embedding, 4C GELU MLP,
+// multi-head attention; llm.c's train_gpt2.c layout) and the Llama family
+// (RMSNorm, rotary positions, SwiGLU, grouped-query attention, untied head,
+// optional qkv biases) are configurations of this one class. Dimension
+// letters as in model/decoder.h, plus B batch and T time.
 //
 // Model parallelism (docs/parallel.md): a GPT may hold only a shard of the
 // model, described by a ModelShard: tensor parallelism splits heads, MLP
@@ -52,6 +54,7 @@
 
 #include "core/status.h"
 #include "kernels/precision.h"
+#include "model/decoder.h"
 #include "nn/ops_table.h"
 #include "tensor/arena.h"
 #include "tensor/slice.h"
@@ -64,69 +67,8 @@ namespace tessera {
 
 class PagedKVCache;
 
-struct GPTConfig {
-  int layers = 0;    // L
-  int heads = 0;     // NH
-  int channels = 0;  // C
-  int vocab = 0;     // V
-  int context = 0;   // maxT
-  // V rounded up to a multiple of 128 and of tp, so every tensor-parallel
-  // rank holds Vp/tp rows; padding rows are zero and their logits ignored.
-  int padded_vocab(int tp = 1) const {
-    int m = 128;
-    while (m % tp != 0) m += 128;  // lcm(128, tp)
-    return (vocab + m - 1) / m * m;
-  }
-  // Rejects non-positive sizes and C not divisible by NH, one line each.
-  Status validate() const;
-  // Parameters of the model as GPT-2 counts them (unpadded vocabulary).
-  int64_t num_parameters() const;
-  std::string str() const;  // "L=12 NH=12 C=768 V=50257 maxT=1024"
-};
-
-// The 16 parameter tensors, in arena order. Per-layer tensors stack L layers.
-enum ParamId {
-  kWte,       // (Vp, C); rows >= V stay zero
-  kWpe,       // (maxT, C)
-  kLn1W,      // (L, C)
-  kLn1B,      // (L, C)
-  kQkvW,      // (L, 3C, C)
-  kQkvB,      // (L, 3C)
-  kAttProjW,  // (L, C, C)
-  kAttProjB,  // (L, C)
-  kLn2W,      // (L, C)
-  kLn2B,      // (L, C)
-  kFcW,       // (L, 4C, C)
-  kFcB,       // (L, 4C)
-  kFcProjW,   // (L, C, 4C)
-  kFcProjB,   // (L, C)
-  kLnfW,      // (C)
-  kLnfB,      // (C)
-  kNumParams
-};
-
-// The part of the model a rank holds. Layers [layer_begin, layer_end) of the
-// pipeline stage; tensor-parallel rank tp_rank of tp.
-struct ModelShard {
-  int tp = 1, tp_rank = 0;
-  int layer_begin = 0, layer_end = -1;  // -1: to the last layer
-  bool first = true;                    // embeddings (wte, wpe)
-  bool last = true;                     // final norm and output head (tied wte)
-  // Whole model for end < 0; checks tp divides the heads and the layer range.
-  Status validate(const GPTConfig& c) const;
-  int layers(const GPTConfig& c) const { return (layer_end < 0 ? c.layers : layer_end) - layer_begin; }
-};
-
-// Where parameter id of the shard sits in the whole model's tensor
-// (tensor/slice.h). Absent tensors (wpe off the first stage, ...) have an
-// empty block. Views: qkv weights (L, 3, C, C) and biases (L, 3, C), the rest
-// their canonical shapes; wte's global rows are padded_vocab(shard.tp).
-TensorSlice param_slice(const GPTConfig& c, const ModelShard& s, int param_id);
-// The parameter arena of a shard, laid out (offsets, bytes) but not
-// allocated: what GPT allocates, for reading another rank's arena.
-Arena param_layout(const GPTConfig& c, const ModelShard& s);
-// Name of a parameter tensor ("wte", "qkvw", ...), as in the arena.
-const char* param_name(int param_id);
+// The decoder configuration (model/decoder.h), named for its first instance.
+using GPTConfig = DecoderConfig;
 
 struct ParamPtrs {
   float* p[kNumParams];
@@ -134,13 +76,15 @@ struct ParamPtrs {
 };
 
 // One layer's tensors inside the stacked (L, ...) parameter (or gradient)
-// tensors, for local layer l of a shard: Cl = C/tp, Fl = 4C/tp.
+// tensors, for local layer l of a shard: QKVl = (NH+2KV)*hs/tp, Ql =
+// NH*hs/tp, Fl = F/tp, FCl = Fl or SwiGLU's 2Fl. A tensor the configuration
+// lacks (a bias, a layernorm bias under RMSNorm) is null.
 struct LayerParams {
   float *ln1w, *ln1b;          // (C)
-  float *qkvw, *qkvb;          // (3Cl, C), (3Cl)
-  float *attprojw, *attprojb;  // (C, Cl), (C)
+  float *qkvw, *qkvb;          // (QKVl, C), (QKVl)
+  float *attprojw, *attprojb;  // (C, Ql), (C)
   float *ln2w, *ln2b;          // (C)
-  float *fcw, *fcb;            // (Fl, C), (Fl)
+  float *fcw, *fcb;            // (FCl, C), (FCl)
   float *fcprojw, *fcprojb;    // (C, Fl), (C)
 };
 LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard& s, int l);
@@ -365,6 +309,13 @@ class GPT {
   struct LayerActs;
   struct AttentionArgs;
   Status layer_forward(int l, const LayerActs& a, const float* residual, int N, const AttentionArgs& at);
+  // LayerNorm or RMSNorm over C channels (mean unused by RMSNorm).
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                    int N) const;
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                     const float* mean, const float* rstd, int N) const;
+  // The rotary frequencies (hs/2) on the model's device; null without rope.
+  const float* rope_freq() const { return rope_.count() > 0 ? rope_.tensor(0).f32() : nullptr; }
   Status reserve_inference(int N, int R, int64_t ints);
   Status tp_all_reduce(float* x, int64_t n);
   Status tp_all_reduce_max(float* x, int64_t n);
@@ -390,6 +341,8 @@ class GPT {
   void linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C, int OC) const;
   GradListener* listener_ = nullptr;
   Arena params_, grads_;
+  Arena rope_;                        // rope_inv_freq() on the device
+  std::vector<int> host_positions_;   // forward_stage's staging of the positions
   // Activations kept for backward, one arena per slot, and scratch shared by
   // all slots (forward scratch and gradient buffers; gpt.cc's ActId).
   std::vector<Arena> slot_acts_;

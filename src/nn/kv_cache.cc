@@ -11,24 +11,21 @@ namespace tessera {
 
 namespace {
 
-bool same_shape(const GPTConfig& a, const GPTConfig& b) {
-  return a.layers == b.layers && a.heads == b.heads && a.channels == b.channels && a.vocab == b.vocab &&
-         a.context == b.context;
-}
+bool same_shape(const GPTConfig& a, const GPTConfig& b) { return a == b; }
 
 }  // namespace
 
 int64_t PagedKVCache::bytes_per_block(const GPT& model, int block_size) {
   const ModelShard& s = model.shard();
   const int64_t layers = s.layers(model.config());
-  return 2 * layers * block_size * (model.config().channels / s.tp) * static_cast<int64_t>(sizeof(float));
+  return 2 * layers * block_size * (model.config().kv_dim() / s.tp) * static_cast<int64_t>(sizeof(float));
 }
 
 PagedKVCache::PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs)
     : config_(model.config()),
       shard_(model.shard()),
       layers_(model.shard().layers(model.config())),
-      channels_(model.config().channels / model.shard().tp),
+      channels_(model.config().kv_dim() / model.shard().tp),
       num_blocks_(num_blocks),
       block_size_(block_size),
       max_seqs_(max_seqs) {}

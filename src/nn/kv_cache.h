@@ -72,8 +72,9 @@ class PagedKVCache {
   int live_sequences() const;
   int64_t bytes() const { return static_cast<int64_t>(pool_.bytes()); }
 
-  // The pool of local layer l (0-based within the shard): (num_blocks*bs, Cl)
-  // keys and values; device memory on CUDA.
+  // The pool of local layer l (0-based within the shard): (num_blocks*bs,
+  // KV*hs/tp) keys and values (GQA's fewer key/value heads shrink it);
+  // device memory on CUDA.
   float* keys(int layer) const;
   float* values(int layer) const;
   // Pool row of position pos of seq (pos < length(seq)).
@@ -90,9 +91,9 @@ class PagedKVCache {
 
   GPTConfig config_;
   ModelShard shard_;
-  int layers_ = 0, channels_ = 0;  // local layers, Cl
+  int layers_ = 0, channels_ = 0;  // local layers, KV*hs/tp
   int num_blocks_ = 0, block_size_ = 0, max_seqs_ = 0;
-  Arena pool_;                     // [0] keys, [1] values: (L, num_blocks*bs, Cl)
+  Arena pool_;                     // [0] keys, [1] values: (L, num_blocks*bs, KV*hs/tp)
   std::vector<int> free_;          // free block ids, popped from the back
   std::vector<bool> live_;
   std::vector<int> length_;

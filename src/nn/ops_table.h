@@ -54,38 +54,55 @@ using CrossEntropyLseForwardFn = void (*)(float* losses, float* lse, const float
 using CrossEntropyLseBackwardFn = void (*)(float* logits, const float* lse, const int* targets, float dloss, int N,
                                            int V, int Vp);
 
+// Every field is named where a table is made (designated initialisers), so
+// a field out of order does not compile; a null entry is an op the backend
+// does not have (the model refuses the configurations that need it).
 struct OpsTable {
-  decltype(&cpu::encoder_forward) encoder_forward;
-  decltype(&cpu::encoder_backward) encoder_backward;
-  decltype(&cpu::layernorm_forward) layernorm_forward;
-  decltype(&cpu::layernorm_backward) layernorm_backward;
-  decltype(&cpu::matmul_forward) matmul_forward;
-  decltype(&cpu::matmul_backward) matmul_backward;
-  decltype(&cpu::attention_forward) attention_forward;
-  AttentionBackwardFn attention_backward;
-  decltype(&cpu::gelu_forward) gelu_forward;
-  decltype(&cpu::gelu_backward) gelu_backward;
+  decltype(&cpu::encoder_forward) encoder_forward = nullptr;
+  decltype(&cpu::encoder_backward) encoder_backward = nullptr;
+  decltype(&cpu::layernorm_forward) layernorm_forward = nullptr;
+  decltype(&cpu::layernorm_backward) layernorm_backward = nullptr;
+  decltype(&cpu::matmul_forward) matmul_forward = nullptr;
+  decltype(&cpu::matmul_backward) matmul_backward = nullptr;
+  decltype(&cpu::attention_forward) attention_forward = nullptr;
+  AttentionBackwardFn attention_backward = nullptr;
+  decltype(&cpu::gelu_forward) gelu_forward = nullptr;
+  decltype(&cpu::gelu_backward) gelu_backward = nullptr;
   // The MLP's fc and GELU in one call (ops.inc): fused on CUDA.
-  decltype(&cpu::matmul_gelu_forward) matmul_gelu_forward;
-  decltype(&cpu::residual_forward) residual_forward;
-  decltype(&cpu::residual_backward) residual_backward;
-  decltype(&cpu::crossentropy_softmax_forward) crossentropy_softmax_forward;
-  decltype(&cpu::crossentropy_softmax_backward) crossentropy_softmax_backward;
-  decltype(&cpu::adamw_update) adamw_update;
+  decltype(&cpu::matmul_gelu_forward) matmul_gelu_forward = nullptr;
+  decltype(&cpu::residual_forward) residual_forward = nullptr;
+  decltype(&cpu::residual_backward) residual_backward = nullptr;
+  decltype(&cpu::crossentropy_softmax_forward) crossentropy_softmax_forward = nullptr;
+  decltype(&cpu::crossentropy_softmax_backward) crossentropy_softmax_backward = nullptr;
+  decltype(&cpu::adamw_update) adamw_update = nullptr;
   // Sizes of the attention buffers the model allocates, per (b, h, t) row:
   // att, kept from forward to backward, and the scratch preatt, dpreatt,
   // datt. T for the backends that keep the (T,T) matrices.
-  AttentionRowFloatsFn attention_saved_floats;
-  AttentionRowFloatsFn attention_scratch_floats;
+  AttentionRowFloatsFn attention_saved_floats = nullptr;
+  AttentionRowFloatsFn attention_scratch_floats = nullptr;
   // The chunked classifier (nn/gpt.cc): set on CUDA, where the output layer
   // never holds logits for all B*T rows; null on the CPU backends, which
   // keep the full logits and probabilities.
-  CrossEntropyLseForwardFn crossentropy_lse_forward;
-  CrossEntropyLseBackwardFn crossentropy_lse_backward;
+  CrossEntropyLseForwardFn crossentropy_lse_forward = nullptr;
+  CrossEntropyLseBackwardFn crossentropy_lse_backward = nullptr;
   // The ragged-batch forward with a paged KV cache (ops.inc; nn/kv_cache.h).
-  decltype(&cpu::encoder_forward_positions) encoder_forward_positions;
-  decltype(&cpu::kv_cache_write) kv_cache_write;
-  decltype(&cpu::paged_attention_forward) paged_attention_forward;
+  decltype(&cpu::encoder_forward_positions) encoder_forward_positions = nullptr;
+  decltype(&cpu::kv_cache_write) kv_cache_write = nullptr;
+  decltype(&cpu::paged_attention_forward) paged_attention_forward = nullptr;
+  // The Llama family (ops.inc): grouped-query attention in training and
+  // over the paged cache, RMSNorm, rotary embedding, SwiGLU. ref and cpu;
+  // null on CUDA until its kernels land (GPT::create refuses such models
+  // there in one line).
+  decltype(&cpu::attention_gqa_forward) attention_gqa_forward = nullptr;
+  decltype(&cpu::attention_gqa_backward) attention_gqa_backward = nullptr;
+  decltype(&cpu::kv_cache_write_gqa) kv_cache_write_gqa = nullptr;
+  decltype(&cpu::paged_attention_gqa_forward) paged_attention_gqa_forward = nullptr;
+  decltype(&cpu::rmsnorm_forward) rmsnorm_forward = nullptr;
+  decltype(&cpu::rmsnorm_backward) rmsnorm_backward = nullptr;
+  decltype(&cpu::rope_forward) rope_forward = nullptr;
+  decltype(&cpu::rope_backward) rope_backward = nullptr;
+  decltype(&cpu::swiglu_forward) swiglu_forward = nullptr;
+  decltype(&cpu::swiglu_backward) swiglu_backward = nullptr;
 };
 
 // ops.inc's attention_backward, which needs no `out`, as an AttentionBackwardFn.
@@ -98,15 +115,29 @@ void attention_backward_without_out(float* dinp, float* dpreatt, float* datt, co
 inline int64_t full_attention_row_floats(int T, int /*hs*/) { return T; }
 
 // The CPU backends (ns = ref or cpu).
-#define TESSERA_OPS_TABLE(ns)                                                                              \
-  OpsTable {                                                                                               \
-    ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,              \
-        ns::matmul_forward, ns::matmul_backward, ns::attention_forward,                                    \
-        attention_backward_without_out<ns::attention_backward>, ns::gelu_forward, ns::gelu_backward,       \
-        ns::matmul_gelu_forward, ns::residual_forward, ns::residual_backward,                              \
-        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update,             \
-        full_attention_row_floats, full_attention_row_floats, nullptr, nullptr,                            \
-        ns::encoder_forward_positions, ns::kv_cache_write, ns::paged_attention_forward                     \
+#define TESSERA_OPS_TABLE(ns)                                                      \
+  OpsTable {                                                                       \
+    .encoder_forward = ns::encoder_forward, .encoder_backward = ns::encoder_backward, \
+    .layernorm_forward = ns::layernorm_forward, .layernorm_backward = ns::layernorm_backward, \
+    .matmul_forward = ns::matmul_forward, .matmul_backward = ns::matmul_backward,  \
+    .attention_forward = ns::attention_forward,                                    \
+    .attention_backward = attention_backward_without_out<ns::attention_backward>,  \
+    .gelu_forward = ns::gelu_forward, .gelu_backward = ns::gelu_backward,          \
+    .matmul_gelu_forward = ns::matmul_gelu_forward, .residual_forward = ns::residual_forward, \
+    .residual_backward = ns::residual_backward,                                    \
+    .crossentropy_softmax_forward = ns::crossentropy_softmax_forward,              \
+    .crossentropy_softmax_backward = ns::crossentropy_softmax_backward,            \
+    .adamw_update = ns::adamw_update, .attention_saved_floats = full_attention_row_floats, \
+    .attention_scratch_floats = full_attention_row_floats,                         \
+    .encoder_forward_positions = ns::encoder_forward_positions,                    \
+    .kv_cache_write = ns::kv_cache_write, .paged_attention_forward = ns::paged_attention_forward, \
+    .attention_gqa_forward = ns::attention_gqa_forward,                            \
+    .attention_gqa_backward = ns::attention_gqa_backward,                          \
+    .kv_cache_write_gqa = ns::kv_cache_write_gqa,                                  \
+    .paged_attention_gqa_forward = ns::paged_attention_gqa_forward,                \
+    .rmsnorm_forward = ns::rmsnorm_forward, .rmsnorm_backward = ns::rmsnorm_backward, \
+    .rope_forward = ns::rope_forward, .rope_backward = ns::rope_backward,          \
+    .swiglu_forward = ns::swiglu_forward, .swiglu_backward = ns::swiglu_backward,  \
   }
 
 // A thunk with Fn's signature that adds the call's duration to op_times().
@@ -135,58 +166,66 @@ inline const OpsTable& ops_for(Backend b) {
   static const OpsTable kRef = TESSERA_OPS_TABLE(ref);
   static const OpsTable kCpu = TESSERA_OPS_TABLE(cpu);
   static const OpsTable kProfiled = {
-      Timed<cpu::encoder_forward, OpKind::kEncoder>::call,
-      Timed<cpu::encoder_backward, OpKind::kEncoder>::call,
-      Timed<cpu::layernorm_forward, OpKind::kLayernorm>::call,
-      Timed<cpu::layernorm_backward, OpKind::kLayernorm>::call,
-      Timed<cpu::matmul_forward, OpKind::kMatmul>::call,
-      Timed<cpu::matmul_backward, OpKind::kMatmul>::call,
-      Timed<cpu::attention_forward, OpKind::kAttention>::call,
-      attention_backward_without_out<Timed<cpu::attention_backward, OpKind::kAttention>::call>,
-      Timed<cpu::gelu_forward, OpKind::kElementwise>::call,
-      Timed<cpu::gelu_backward, OpKind::kElementwise>::call,
-      matmul_then_gelu<Timed<cpu::matmul_forward, OpKind::kMatmul>::call,
-                       Timed<cpu::gelu_forward, OpKind::kElementwise>::call>,
-      Timed<cpu::residual_forward, OpKind::kElementwise>::call,
-      Timed<cpu::residual_backward, OpKind::kElementwise>::call,
-      Timed<cpu::crossentropy_softmax_forward, OpKind::kCrossEntropy>::call,
-      Timed<cpu::crossentropy_softmax_backward, OpKind::kCrossEntropy>::call,
-      Timed<cpu::adamw_update, OpKind::kAdamW>::call,
-      full_attention_row_floats,
-      full_attention_row_floats,
-      nullptr,
-      nullptr,
-      Timed<cpu::encoder_forward_positions, OpKind::kEncoder>::call,
-      Timed<cpu::kv_cache_write, OpKind::kAttention>::call,
-      Timed<cpu::paged_attention_forward, OpKind::kAttention>::call,
+      .encoder_forward = Timed<cpu::encoder_forward, OpKind::kEncoder>::call,
+      .encoder_backward = Timed<cpu::encoder_backward, OpKind::kEncoder>::call,
+      .layernorm_forward = Timed<cpu::layernorm_forward, OpKind::kLayernorm>::call,
+      .layernorm_backward = Timed<cpu::layernorm_backward, OpKind::kLayernorm>::call,
+      .matmul_forward = Timed<cpu::matmul_forward, OpKind::kMatmul>::call,
+      .matmul_backward = Timed<cpu::matmul_backward, OpKind::kMatmul>::call,
+      .attention_forward = Timed<cpu::attention_forward, OpKind::kAttention>::call,
+      .attention_backward = attention_backward_without_out<Timed<cpu::attention_backward, OpKind::kAttention>::call>,
+      .gelu_forward = Timed<cpu::gelu_forward, OpKind::kElementwise>::call,
+      .gelu_backward = Timed<cpu::gelu_backward, OpKind::kElementwise>::call,
+      .matmul_gelu_forward = matmul_then_gelu<Timed<cpu::matmul_forward, OpKind::kMatmul>::call,
+                                              Timed<cpu::gelu_forward, OpKind::kElementwise>::call>,
+      .residual_forward = Timed<cpu::residual_forward, OpKind::kElementwise>::call,
+      .residual_backward = Timed<cpu::residual_backward, OpKind::kElementwise>::call,
+      .crossentropy_softmax_forward = Timed<cpu::crossentropy_softmax_forward, OpKind::kCrossEntropy>::call,
+      .crossentropy_softmax_backward = Timed<cpu::crossentropy_softmax_backward, OpKind::kCrossEntropy>::call,
+      .adamw_update = Timed<cpu::adamw_update, OpKind::kAdamW>::call,
+      .attention_saved_floats = full_attention_row_floats,
+      .attention_scratch_floats = full_attention_row_floats,
+      .encoder_forward_positions = Timed<cpu::encoder_forward_positions, OpKind::kEncoder>::call,
+      .kv_cache_write = Timed<cpu::kv_cache_write, OpKind::kAttention>::call,
+      .paged_attention_forward = Timed<cpu::paged_attention_forward, OpKind::kAttention>::call,
+      .attention_gqa_forward = Timed<cpu::attention_gqa_forward, OpKind::kAttention>::call,
+      .attention_gqa_backward = Timed<cpu::attention_gqa_backward, OpKind::kAttention>::call,
+      .kv_cache_write_gqa = Timed<cpu::kv_cache_write_gqa, OpKind::kAttention>::call,
+      .paged_attention_gqa_forward = Timed<cpu::paged_attention_gqa_forward, OpKind::kAttention>::call,
+      .rmsnorm_forward = Timed<cpu::rmsnorm_forward, OpKind::kLayernorm>::call,
+      .rmsnorm_backward = Timed<cpu::rmsnorm_backward, OpKind::kLayernorm>::call,
+      .rope_forward = Timed<cpu::rope_forward, OpKind::kElementwise>::call,
+      .rope_backward = Timed<cpu::rope_backward, OpKind::kElementwise>::call,
+      .swiglu_forward = Timed<cpu::swiglu_forward, OpKind::kElementwise>::call,
+      .swiglu_backward = Timed<cpu::swiglu_backward, OpKind::kElementwise>::call,
   };
 #ifdef TESSERA_HAVE_CUDA
   // Attention through cuda::attention_impl() (flash unless
   // TESSERA_CUDA_ATTENTION=plain); the chunked classifier's cross-entropy.
   static const OpsTable kCuda = {
-      cuda::encoder_forward,
-      cuda::encoder_backward,
-      cuda::layernorm_forward,
-      cuda::layernorm_backward,
-      cuda::matmul_forward,
-      cuda::matmul_backward,
-      cuda::model_attention_forward,
-      cuda::model_attention_backward,
-      cuda::gelu_forward,
-      cuda::gelu_backward,
-      cuda::matmul_gelu_forward,
-      cuda::residual_forward,
-      cuda::residual_backward,
-      cuda::crossentropy_softmax_forward,
-      cuda::crossentropy_softmax_backward,
-      cuda::adamw_update,
-      cuda::attention_saved_floats,
-      cuda::attention_scratch_floats,
-      cuda::crossentropy_lse_forward,
-      cuda::crossentropy_lse_backward,
-      cuda::encoder_forward_positions,
-      cuda::kv_cache_write,
-      cuda::paged_attention_forward,
+      .encoder_forward = cuda::encoder_forward,
+      .encoder_backward = cuda::encoder_backward,
+      .layernorm_forward = cuda::layernorm_forward,
+      .layernorm_backward = cuda::layernorm_backward,
+      .matmul_forward = cuda::matmul_forward,
+      .matmul_backward = cuda::matmul_backward,
+      .attention_forward = cuda::model_attention_forward,
+      .attention_backward = cuda::model_attention_backward,
+      .gelu_forward = cuda::gelu_forward,
+      .gelu_backward = cuda::gelu_backward,
+      .matmul_gelu_forward = cuda::matmul_gelu_forward,
+      .residual_forward = cuda::residual_forward,
+      .residual_backward = cuda::residual_backward,
+      .crossentropy_softmax_forward = cuda::crossentropy_softmax_forward,
+      .crossentropy_softmax_backward = cuda::crossentropy_softmax_backward,
+      .adamw_update = cuda::adamw_update,
+      .attention_saved_floats = cuda::attention_saved_floats,
+      .attention_scratch_floats = cuda::attention_scratch_floats,
+      .crossentropy_lse_forward = cuda::crossentropy_lse_forward,
+      .crossentropy_lse_backward = cuda::crossentropy_lse_backward,
+      .encoder_forward_positions = cuda::encoder_forward_positions,
+      .kv_cache_write = cuda::kv_cache_write,
+      .paged_attention_forward = cuda::paged_attention_forward,
   };
 #endif
   switch (b) {

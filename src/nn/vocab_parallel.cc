@@ -28,7 +28,7 @@ void vocab_parallel_encoder_backward(float* dwte, float* dwpe, const float* dout
     for (int i = 0; i < C; i++) d[i] += g[i];
   }
 #pragma omp parallel for schedule(static)
-  for (int t = 0; t < T; t++) {
+  for (int t = 0; t < (dwpe ? T : 0); t++) {
     float* d = dwpe + int64_t{t} * C;
     for (int b = 0; b < B; b++) {
       const float* g = dout + (int64_t{b} * T + t) * C;

@@ -44,7 +44,10 @@ std::vector<std::vector<GradSpan>> gpt_ready_groups(GPT& model, std::vector<int>
   events->clear();
   if (shard.last) {
     events->push_back(GradListener::kFinalNorm);
-    groups.push_back({whole(kLnfW), whole(kLnfB)});
+    std::vector<GradSpan> e;
+    for (int id : {kLnfW, kLnfB, kLmHead})  // the untied head's gradient is final with the norm's
+      if (grads.tensor(id).numel() > 0) e.push_back(whole(id));
+    groups.push_back(std::move(e));
   }
   for (int l = Ll - 1; l >= 0; l--) {
     std::vector<GradSpan> e;

@@ -29,7 +29,7 @@ namespace {
 TensorSlice block_in_whole(const GPT& whole, const GPTConfig& c, const ModelShard& s, int id) {
   TensorSlice t = param_slice(c, s, id);
   const int64_t rows = whole.params().tensor(id).shape[0];
-  if (id == kWte && t.global[0] != rows) {
+  if ((id == kWte || id == kLmHead) && t.global[0] != rows) {
     t.global.dims[0] = rows;
     t.view.dims[0] = rows;
     t.size[0] = std::clamp<int64_t>(rows - t.begin[0], 0, t.size[0]);
@@ -88,7 +88,7 @@ Result<std::unique_ptr<TiedEmbedding>> TiedEmbedding::create(comm::Mesh& mesh) {
 }
 
 Status TiedEmbedding::sum_grads(GPT& model) {
-  if (!comm_) return Status::OK();
+  if (!comm_ || !model.config().tied_head) return Status::OK();  // an untied head has its own lm_head
   obs::trace::Span span("tied embedding all_reduce", "comm");
   auto t0 = std::chrono::steady_clock::now();
   Tensor g = model.grads().tensor(kWte);

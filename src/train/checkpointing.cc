@@ -9,8 +9,36 @@
 
 namespace tessera {
 
+namespace {
+const char* norm_name(Norm n) { return n == Norm::kRMSNorm ? "rmsnorm" : "layernorm"; }
+const char* positions_name(Positions p) { return p == Positions::kRope ? "rope" : "learned"; }
+const char* mlp_name(Mlp m) { return m == Mlp::kSwiGLU ? "swiglu" : "gelu"; }
+const char* scaling_name(RopeScaling::Kind k) {
+  return k == RopeScaling::Kind::kLinear ? "linear" : k == RopeScaling::Kind::kLlama3 ? "llama3" : "none";
+}
+}  // namespace
+
 nlohmann::json model_config_json(const GPTConfig& c) {
-  return {{"layers", c.layers}, {"heads", c.heads}, {"dim", c.channels}, {"vocab", c.vocab}, {"context", c.context}};
+  nlohmann::json j = {{"layers", c.layers}, {"heads", c.heads}, {"dim", c.channels}, {"vocab", c.vocab},
+                      {"context", c.context}};
+  if (c.gpt2()) return j;  // GPT-2's manifests stay as they were
+  j["kv_heads"] = c.kv();
+  j["head_dim"] = c.hs();
+  j["mlp_hidden"] = c.ffn();
+  j["norm"] = norm_name(c.norm);
+  j["norm_eps"] = c.norm_eps;
+  j["positions"] = positions_name(c.positions);
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = {{"type", scaling_name(c.rope_scaling.kind)},
+                       {"factor", c.rope_scaling.factor},
+                       {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                       {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                       {"original_context", c.rope_scaling.original_context}};
+  j["mlp"] = mlp_name(c.mlp);
+  j["qkv_bias"] = c.qkv_bias;
+  j["bias"] = c.bias;
+  j["tied_head"] = c.tied_head;
+  return j;
 }
 
 Result<GPTConfig> model_config_from_json(const nlohmann::json& j) {
@@ -21,9 +49,37 @@ Result<GPTConfig> model_config_from_json(const nlohmann::json& j) {
     c.channels = j.at("dim").get<int>();
     c.vocab = j.at("vocab").get<int>();
     c.context = j.at("context").get<int>();
+    // Absent: GPT-2's (manifests written before the Llama family).
+    c.kv_heads = j.value("kv_heads", 0);
+    c.head_dim = j.value("head_dim", 0);
+    c.mlp_hidden = j.value("mlp_hidden", 0);
+    c.norm = j.value("norm", std::string("layernorm")) == "rmsnorm" ? Norm::kRMSNorm : Norm::kLayerNorm;
+    c.norm_eps = j.value("norm_eps", 1e-5f);
+    c.positions = j.value("positions", std::string("learned")) == "rope" ? Positions::kRope : Positions::kLearned;
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    if (j.contains("rope_scaling")) {
+      const nlohmann::json& r = j["rope_scaling"];
+      const std::string type = r.value("type", std::string("none"));
+      c.rope_scaling.kind = type == "linear"   ? RopeScaling::Kind::kLinear
+                            : type == "llama3" ? RopeScaling::Kind::kLlama3
+                                               : RopeScaling::Kind::kNone;
+      c.rope_scaling.factor = r.value("factor", 1.0);
+      c.rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = r.value("high_freq_factor", 4.0);
+      c.rope_scaling.original_context = r.value("original_context", 8192);
+    }
+    c.mlp = j.value("mlp", std::string("gelu")) == "swiglu" ? Mlp::kSwiGLU : Mlp::kGelu;
+    c.qkv_bias = j.value("qkv_bias", true);
+    c.bias = j.value("bias", true);
+    c.tied_head = j.value("tied_head", true);
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(fmt::format("the manifest's model config is incomplete: {}", e.what()));
   }
+  // Explicit defaults equal to the derived ones compare equal to a config
+  // that left them 0.
+  if (c.kv_heads == c.heads) c.kv_heads = 0;
+  if (c.head_dim * c.heads == c.channels) c.head_dim = 0;
+  if (c.mlp_hidden == 4 * c.channels) c.mlp_hidden = 0;
   RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -99,13 +155,23 @@ Result<std::vector<ckpt::SavePiece>> checkpoint_pieces(GPT& model, const Sharded
   return pieces;
 }
 
+namespace {
+// kv_heads, head_dim and mlp_hidden spelled out or left 0 (derived) are the
+// same model.
+GPTConfig canonical(GPTConfig c) {
+  if (c.kv_heads == c.heads) c.kv_heads = 0;
+  if (c.head_dim > 0 && c.head_dim * c.heads == c.channels) c.head_dim = 0;
+  if (c.mlp_hidden == 4 * c.channels) c.mlp_hidden = 0;
+  return c;
+}
+}  // namespace
+
 Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, ShardedAdamW& opt) {
   if (!ck.config().contains("model"))
     return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
   ASSIGN_OR_RETURN(GPTConfig saved, model_config_from_json(ck.config()["model"]));
   const GPTConfig& want = model.config();
-  if (saved.layers != want.layers || saved.heads != want.heads || saved.channels != want.channels ||
-      saved.vocab != want.vocab || saved.context != want.context)
+  if (!(canonical(saved) == canonical(want)))
     return Status::InvalidArgument(fmt::format("{} holds a model {} but the config asks for {}", ck.dir(),
                                                saved.str(), want.str()));
   const Arena& arena = model.params();

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/json_guard.h"
+#include "nn/hf_decoder.h"
 
 namespace tessera {
 
@@ -296,6 +297,20 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
 
 Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback, Backend backend,
                                        ModelUse use) {
+  // The Llama family's folders (config.json names the architecture).
+  if (is_hf_decoder(path)) return load_hf_decoder(path, backend, use);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    ASSIGN_OR_RETURN(HfFolder folder, resolve_hf_folder(path));
+    if (folder.architecture != "GPT2LMHeadModel" && !folder.architecture.empty())
+      return Status::InvalidArgument(fmt::format(
+          "{}: architecture '{}' is not one Tessera builds (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+          "GPT2LMHeadModel)",
+          folder.config, folder.architecture));
+    if (folder.files.size() != 1)
+      return Status::InvalidArgument(fmt::format("{}: a GPT-2 folder holds one model.safetensors", path));
+    return load_gpt2(folder.files[0], fallback, backend, use);
+  }
   ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(path));
   GPTConfig c;
   std::string cfg_path = hf_config_path(path);
@@ -322,6 +337,7 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
 }
 
 Result<std::vector<HfTensor>> to_hf_tensors(const GPT& model, const Arena& arena) {
+  if (!model.config().gpt2()) return hf_decoder_tensors(model, arena);
   // A device arena is read through one host copy.
   Arena host;
   if (arena.device() != Device::kCPU) {
@@ -348,6 +364,8 @@ Result<std::vector<HfTensor>> to_hf_tensors(const GPT& model, const Arena& arena
 
 Status save_int8(const GPT& model, const std::string& path) {
   if (!model.int8()) return Status::InvalidArgument("save_int8: the model is not quantized (GPT::quantize_int8)");
+  if (!model.config().gpt2())
+    return Status::InvalidArgument(fmt::format("INT8 files are written for GPT-2 only so far, not {}", model.config().str()));
   ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, to_hf_tensors(model, model.params()));
   const GPTConfig& c = model.config();
   std::vector<std::string> names(4 * c.layers + 1);
@@ -372,6 +390,7 @@ Status save_int8(const GPT& model, const std::string& path) {
 }
 
 Status save_hf(const GPT& model, const std::string& path) {
+  if (!model.config().gpt2()) return save_hf_decoder(model, path);
   ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, to_hf_tensors(model, model.params()));
   io::SafetensorsWriter w;
   for (const HfTensor& t : tensors) w.add(t.name, io::StDType::kF32, t.shape, t.data.data());

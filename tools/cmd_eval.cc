@@ -42,9 +42,9 @@ int run_eval(const EvalArgs& a) {
 void add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd = app.add_subcommand("eval", "Mean cross-entropy of a model over a token file");
-  cmd->add_option("--weights", a->weights, "HF-layout GPT-2 safetensors (config.json beside it)")
+  cmd->add_option("--weights", a->weights, "a Hugging Face model: its folder, or model.safetensors with config.json beside it (GPT-2, Llama, Mistral, Qwen2)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--tokens", a->tokens, "token shard (llm.c format)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--batch", a->batch, "sequences per batch (B)")->check(CLI::PositiveNumber);
   cmd->add_option("--seq", a->seq, "tokens per sequence (T); default: the model's context, at most 1024")

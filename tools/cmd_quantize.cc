@@ -39,9 +39,9 @@ int run_quantize(const QuantizeArgs& a) {
 void add_quantize_command(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "Write a model's INT8 form (the CPU tier's weights)");
-  cmd->add_option("--weights", a->weights, "GPT-2 safetensors (config.json beside it)")
+  cmd->add_option("--weights", a->weights, "a Hugging Face model: its folder, or model.safetensors with config.json beside it (GPT-2, Llama, Mistral, Qwen2)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--out", a->out, "the INT8 safetensors file to write (config.json beside it)")->required();
   cmd->callback([a] { exit_code() = run_quantize(*a); });
 }

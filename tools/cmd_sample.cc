@@ -110,9 +110,9 @@ void add_sample_command(CLI::App& app) {
       "NONNEGATIVE");
   auto a = std::make_shared<SampleArgs>();
   CLI::App* cmd = app.add_subcommand("sample", "Generate text from a model, streaming tokens to stdout");
-  cmd->add_option("--weights", a->weights, "HF-layout GPT-2 safetensors (config.json beside it)")
+  cmd->add_option("--weights", a->weights, "a Hugging Face model: its folder, or model.safetensors with config.json beside it (GPT-2, Llama, Mistral, Qwen2)")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   cmd->add_option("--prompt", a->prompt, "text to continue (default: empty, start from end-of-text)");
   cmd->add_option("--tokens", a->tokens, "tokens to generate (fewer if the context fills up)")
       ->capture_default_str()

@@ -223,6 +223,7 @@ Result<std::unique_ptr<GPT>> load_whole_model(const ckpt::Checkpoint& ck) {
   ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference));
   for (int id = 0; id < kNumParams; id++) {
     Tensor p = model->params().tensor(id);
+    if (p.numel() == 0) continue;  // a tensor this configuration lacks
     RETURN_IF_ERROR(ck.read(std::string("param/") + param_name(id), param_slice(c, ModelShard{}, id),
                             std::span<float>(p.f32(), static_cast<size_t>(p.numel()))));
   }

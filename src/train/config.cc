@@ -20,7 +20,8 @@ struct Key {
   const char* name;  // "section.key"
   std::variant<int TrainConfig::*, float TrainConfig::*, std::string TrainConfig::*,
                std::function<int&(TrainConfig&)>, std::function<float&(TrainConfig&)>,
-               std::function<std::string&(TrainConfig&)>, std::function<std::vector<int>&(TrainConfig&)>>
+               std::function<std::string&(TrainConfig&)>, std::function<std::vector<int>&(TrainConfig&)>,
+               std::function<bool&(TrainConfig&)>>
       field;
   const char* help;
   double min = -1e300;  // numeric bounds (inclusive)
@@ -41,7 +42,10 @@ const std::vector<std::string_view> kGptOnlyKeys = {
     "model.init_from",  "train.micro_batch", "train.seq",        "train.grad_accum", "train.min_lr",
     "train.warmup",     "train.grad_clip",  "train.dtype",       "train.device",    "train.eval_batches",
     "parallel.tp",      "parallel.pp",      "parallel.schedule", "parallel.stages", "parallel.zero",
-    "parallel.bucket_mb"};
+    "parallel.bucket_mb", "model.arch", "model.kv_heads", "model.head_dim", "model.mlp_hidden", "model.norm",
+    "model.norm_eps", "model.positions", "model.rope_theta", "model.rope_scaling", "model.rope_factor",
+    "model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_context", "model.mlp",
+    "model.bias", "model.qkv_bias", "model.tied_head"};
 const std::vector<std::string_view> kDlrmOnlyKeys = {
     "model.embedding_dim", "model.bottom",          "model.top",         "model.table_rows",
     "model.pooling",       "train.batch",           "train.table_lr",    "train.table_optimizer",
@@ -58,8 +62,50 @@ const std::vector<Key>& keys() {
        "vocabulary size (V); must match the tokenizer", 1},
       {"model.context", at<int>([](TrainConfig& c) -> int& { return c.model.context; }),
        "maximum sequence length (positions)", 1},
+      {"model.arch", at<std::string>([](TrainConfig& c) -> std::string& { return c.model_keys.arch; }),
+       "the decoder family whose defaults the keys below start from: \"gpt2\" (layernorm, learned positions, GELU, "
+       "biases, tied head), \"llama\" (RMSNorm 1e-5, rotary 10000, SwiGLU, no biases, untied head) or \"qwen2\" "
+       "(RMSNorm 1e-6, rotary 1e6, SwiGLU, qkv biases, tied head)"},
+      {"model.kv_heads", at<int>([](TrainConfig& c) -> int& { return c.model.kv_heads; }),
+       "key/value heads (grouped-query attention; divides model.heads; 0: model.heads)", 0},
+      {"model.head_dim", at<int>([](TrainConfig& c) -> int& { return c.model.head_dim; }),
+       "channels per head (0: model.dim / model.heads)", 0},
+      {"model.mlp_hidden", at<int>([](TrainConfig& c) -> int& { return c.model.mlp_hidden; }),
+       "the MLP's hidden width (0: 4 x model.dim)", 0},
+      {"model.norm", at<std::string>([](TrainConfig& c) -> std::string& { return c.model_keys.norm; }),
+       "\"layernorm\" or \"rmsnorm\" (empty: model.arch's)"},
+      {"model.norm_eps", at<float>([](TrainConfig& c) -> float& { return c.model_keys.norm_eps; }),
+       "the norm's epsilon (layernorm: 1e-5 only)", 0},
+      {"model.positions", at<std::string>([](TrainConfig& c) -> std::string& { return c.model_keys.positions; }),
+       "\"learned\" (GPT-2's table) or \"rope\" (rotary, Hugging Face's rotate_half layout); empty: model.arch's"},
+      {"model.rope_theta", at<float>([](TrainConfig& c) -> float& { return c.model_keys.rope_theta; }),
+       "the rotary base", 0},
+      {"model.rope_scaling", at<std::string>([](TrainConfig& c) -> std::string& { return c.model_keys.rope_scaling; }),
+       "\"none\", \"linear\" or \"llama3\" (with the rope_factor keys)"},
+      {"model.rope_factor", at<float>([](TrainConfig& c) -> float& { return c.model_keys.rope_factor; }),
+       "rope_scaling's factor", 1},
+      {"model.rope_low_freq_factor",
+       at<float>([](TrainConfig& c) -> float& { return c.model_keys.rope_low_freq_factor; }),
+       "llama3 rope_scaling's low_freq_factor", 0},
+      {"model.rope_high_freq_factor",
+       at<float>([](TrainConfig& c) -> float& { return c.model_keys.rope_high_freq_factor; }),
+       "llama3 rope_scaling's high_freq_factor", 0},
+      {"model.rope_original_context",
+       at<int>([](TrainConfig& c) -> int& { return c.model_keys.rope_original_context; }),
+       "llama3 rope_scaling's original_max_position_embeddings", 1},
+      {"model.mlp", at<std::string>([](TrainConfig& c) -> std::string& { return c.model_keys.mlp; }),
+       "\"gelu\" (tanh GELU) or \"swiglu\" (gate, up, down); empty: model.arch's"},
+      {"model.bias", std::function<bool&(TrainConfig&)>([](TrainConfig& c) -> bool& { return c.model_keys.bias; }),
+       "biases on the attention output and the MLP (given: overrides model.arch)"},
+      {"model.qkv_bias",
+       std::function<bool&(TrainConfig&)>([](TrainConfig& c) -> bool& { return c.model_keys.qkv_bias; }),
+       "biases on q, k and v (given: overrides model.arch)"},
+      {"model.tied_head",
+       std::function<bool&(TrainConfig&)>([](TrainConfig& c) -> bool& { return c.model_keys.tied_head; }),
+       "the output layer is the token embedding; false: its own lm_head (given: overrides model.arch)"},
       {"model.init_from", &TrainConfig::init_from,
-       "HF-layout safetensors to start from; its config.json replaces the shape keys"},
+       "a Hugging Face model to start from (a folder or its model.safetensors: GPT-2, Llama, Mistral, Qwen2); its "
+       "config.json replaces the model keys"},
       {"data.train", &TrainConfig::train_data, "training shards: a path or a glob"},
       {"data.val", &TrainConfig::val_data, "validation shards: a path or a glob"},
       {"train.micro_batch", &TrainConfig::micro_batch, "sequences per micro-step per rank (B)", 1},
@@ -217,6 +263,12 @@ Status assign(TrainConfig& c, const Key& k, const toml::node& v, const std::stri
           else f(c) = *s;
           return Status::OK();
         }
+        if constexpr (std::is_same_v<F, std::function<bool&(TrainConfig&)>>) {
+          auto b = v.value_exact<bool>();
+          if (!b) return type_error("true or false");
+          f(c) = *b;
+          return Status::OK();
+        }
         if constexpr (std::is_same_v<F, std::function<std::vector<int>&(TrainConfig&)>>) {
           const toml::array* a = v.as_array();
           if (!a) return type_error("an array of integers, e.g. [64, 16]");
@@ -306,9 +358,11 @@ Status validate(const TrainConfig& c, const std::string& where) {
     return bad(fmt::format("checkpoint.on_busy must be \"wait\" or \"skip\", got \"{}\"", c.checkpoint_on_busy));
   if (c.schedule != "1f1b" && c.schedule != "gpipe")
     return bad(fmt::format("parallel.schedule must be \"1f1b\" or \"gpipe\", got \"{}\"", c.schedule));
-  if (c.init_from.empty() && c.model.heads % c.tp != 0)
-    return bad(fmt::format("model.heads ({}) must be divisible by parallel.tp ({}): tensor parallelism splits whole "
-                           "heads", c.model.heads, c.tp));
+  if (c.init_from.empty()) {
+    ModelShard shard;
+    shard.tp = c.tp;
+    if (Status st = shard.validate(c.model); !st.ok()) return bad(st.message());
+  }
   if (c.init_from.empty() && c.pp > c.model.layers)
     return bad(fmt::format("parallel.pp ({}) exceeds model.layers ({}): every stage needs a layer", c.pp,
                            c.model.layers));
@@ -336,6 +390,77 @@ Status validate(const TrainConfig& c, const std::string& where) {
   if (c.checkpoint_dir.empty())
     return bad("checkpoint.dir is empty; it names the folder for the checkpoints and the final weights");
   if (c.metrics_port > 65535) return bad(fmt::format("log.metrics_port must be at most 65535, got {}", c.metrics_port));
+  return Status::OK();
+}
+
+}  // namespace
+
+namespace {
+
+// model.arch's defaults, then the keys given, into c.model.
+template <typename Given>
+Status apply_model_keys(TrainConfig& c, const Given& is_given, const std::string& where) {
+  const TrainConfig::ModelKeys& k = c.model_keys;
+  auto bad = [&](std::string msg) { return Status::InvalidArgument(where + ": " + msg); };
+  GPTConfig& m = c.model;
+  if (k.arch == "llama" || k.arch == "qwen2") {
+    const bool qwen = k.arch == "qwen2";
+    m.norm = Norm::kRMSNorm;
+    m.norm_eps = qwen ? 1e-6f : 1e-5f;
+    m.positions = Positions::kRope;
+    m.rope_theta = qwen ? 1e6 : 1e4;
+    m.mlp = Mlp::kSwiGLU;
+    m.bias = false;
+    m.qkv_bias = qwen;
+    m.tied_head = qwen;
+  } else if (k.arch != "gpt2") {  // GPT-2's defaults are DecoderConfig's
+    return bad(fmt::format("model.arch must be \"gpt2\", \"llama\" or \"qwen2\", got \"{}\"", k.arch));
+  }
+  if (!k.norm.empty()) {
+    if (k.norm != "layernorm" && k.norm != "rmsnorm")
+      return bad(fmt::format("model.norm must be \"layernorm\" or \"rmsnorm\", got \"{}\"", k.norm));
+    m.norm = k.norm == "rmsnorm" ? Norm::kRMSNorm : Norm::kLayerNorm;
+    if (!is_given("model.norm_eps")) m.norm_eps = 1e-5f;
+  }
+  if (is_given("model.norm_eps")) m.norm_eps = k.norm_eps;
+  if (!k.positions.empty()) {
+    if (k.positions != "learned" && k.positions != "rope")
+      return bad(fmt::format("model.positions must be \"learned\" or \"rope\", got \"{}\"", k.positions));
+    m.positions = k.positions == "rope" ? Positions::kRope : Positions::kLearned;
+  }
+  if (is_given("model.rope_theta")) m.rope_theta = k.rope_theta;
+  if (!k.rope_scaling.empty()) {
+    if (k.rope_scaling == "none") m.rope_scaling.kind = RopeScaling::Kind::kNone;
+    else if (k.rope_scaling == "linear") m.rope_scaling.kind = RopeScaling::Kind::kLinear;
+    else if (k.rope_scaling == "llama3") m.rope_scaling.kind = RopeScaling::Kind::kLlama3;
+    else
+      return bad(fmt::format("model.rope_scaling must be \"none\", \"linear\" or \"llama3\", got \"{}\"",
+                             k.rope_scaling));
+  }
+  if (m.rope_scaling.kind != RopeScaling::Kind::kNone) {
+    m.rope_scaling.factor = k.rope_factor;
+    m.rope_scaling.low_freq_factor = k.rope_low_freq_factor;
+    m.rope_scaling.high_freq_factor = k.rope_high_freq_factor;
+    m.rope_scaling.original_context = k.rope_original_context;
+  }
+  if (!k.mlp.empty()) {
+    if (k.mlp != "gelu" && k.mlp != "swiglu")
+      return bad(fmt::format("model.mlp must be \"gelu\" or \"swiglu\", got \"{}\"", k.mlp));
+    m.mlp = k.mlp == "swiglu" ? Mlp::kSwiGLU : Mlp::kGelu;
+  }
+  if (is_given("model.bias")) m.bias = k.bias;
+  if (is_given("model.qkv_bias")) m.qkv_bias = k.qkv_bias;
+  if (is_given("model.tied_head")) m.tied_head = k.tied_head;
+  if (!c.init_from.empty()) return Status::OK();  // the folder's config.json decides
+  // The two families Hugging Face folders hold (nn/hf_decoder.h).
+  const bool gpt2_like = m.norm == Norm::kLayerNorm && m.positions == Positions::kLearned && m.mlp == Mlp::kGelu;
+  const bool llama_like = m.norm == Norm::kRMSNorm && m.positions == Positions::kRope && m.mlp == Mlp::kSwiGLU;
+  if (!gpt2_like && !llama_like)
+    return bad("model.norm, model.positions and model.mlp are GPT-2's (layernorm, learned, gelu) or the Llama "
+               "family's (rmsnorm, rope, swiglu): other mixes have no Hugging Face layout to export");
+  if (gpt2_like && !m.gpt2())
+    return bad("a GPT-2 model (layernorm, learned positions, gelu) keeps GPT-2's heads, widths, biases and tied "
+               "head; model.arch = \"llama\" builds the other shapes");
   return Status::OK();
 }
 
@@ -410,6 +535,12 @@ Result<TrainConfig> load_train_config(const std::string& path, const std::vector
     if (!is_given("train.beta2")) c.opt.beta2 = 0.999f;
     if (!is_given("train.weight_decay")) c.opt.weight_decay = 0.0f;
   }
+  if (c.model_kind == "gpt") {
+    auto is_given = [&](std::string_view name) {
+      return std::any_of(given.begin(), given.end(), [&](const auto& g) { return g.first == name; });
+    };
+    RETURN_IF_ERROR(apply_model_keys(c, is_given, path));
+  }
   c.opt.steps = c.steps;
   if (c.job.empty()) c.job = std::filesystem::path(path).stem().string();
   RETURN_IF_ERROR(validate(c, path));
@@ -430,6 +561,8 @@ std::vector<ConfigKeyDoc> config_key_docs() {
           if constexpr (std::is_same_v<F, std::function<float&(TrainConfig&)>>) d.type = "float", d.default_value = fmt::format("{}", f(defaults));
           if constexpr (std::is_same_v<F, std::string TrainConfig::*>) d.type = "string", d.default_value = "\"" + defaults.*f + "\"";
           if constexpr (std::is_same_v<F, std::function<std::string&(TrainConfig&)>>) d.type = "string", d.default_value = "\"" + f(defaults) + "\"";
+          if constexpr (std::is_same_v<F, std::function<bool&(TrainConfig&)>>)
+            d.type = "bool", d.default_value = f(defaults) ? "true" : "false";
           if constexpr (std::is_same_v<F, std::function<std::vector<int>&(TrainConfig&)>>) {
             d.type = "int array";
             d.default_value = "[";

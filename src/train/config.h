@@ -39,6 +39,17 @@ struct TrainConfig {
   std::string model_kind = "gpt";  // "gpt" or "dlrm" (dlrm: the keys of DlrmSettings)
   DlrmSettings dlrm;
   GPTConfig model{4, 4, 128, 256, 128};
+  // The decoder's family keys as written (docs/config.md): model.arch picks
+  // the defaults ("gpt2", "llama", "qwen2"), the others override them; turned
+  // into `model` by load_train_config.
+  struct ModelKeys {
+    std::string arch = "gpt2";
+    std::string norm, positions, mlp, rope_scaling;  // empty: the arch's
+    float norm_eps = 0.0f, rope_theta = 0.0f;        // 0: the arch's
+    float rope_factor = 1.0f, rope_low_freq_factor = 1.0f, rope_high_freq_factor = 4.0f;
+    int rope_original_context = 8192;
+    bool bias = true, qkv_bias = true, tied_head = true;  // used when given
+  } model_keys;
   std::string init_from;  // safetensors to start from (overrides the shape)
   std::string train_data, val_data;  // paths or globs of token shards
   int micro_batch = 8;

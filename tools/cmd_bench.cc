@@ -53,6 +53,7 @@ int run_gemm(const GemmArgs& a) {
 
 struct TrainArgs {
   GPTConfig model{12, 12, 768, 50257, 0};
+  std::string arch = "gpt2";  // or "llama": RMSNorm, rotary, SwiGLU, no biases, untied head
   int batch = 8, seq = 256, steps = 5, warmup = 1;
   std::string dtype = "fp32";
   std::string profile;  // --profile (else $TESSERA_PROFILE)
@@ -64,6 +65,14 @@ struct TrainArgs {
 int run_train_bench(TrainArgs a) {
   const bool cuda = a.backend == "cuda";
   if (a.model.context <= 0) a.model.context = a.seq;
+  if (a.arch == "llama") {
+    a.model.norm = Norm::kRMSNorm;
+    a.model.positions = Positions::kRope;
+    a.model.mlp = Mlp::kSwiGLU;
+    a.model.bias = a.model.qkv_bias = a.model.tied_head = false;
+  } else if (a.model.kv_heads > 0 || a.model.mlp_hidden > 0) {
+    return fail(Status::InvalidArgument("--kv-heads and --mlp-hidden are for --arch llama"));
+  }
   if (Status st = a.model.validate(); !st.ok()) return fail(st);
   if (a.seq > a.model.context)
     return fail(Status::InvalidArgument(fmt::format("--seq {} exceeds --context {}", a.seq, a.model.context)));
@@ -109,10 +118,10 @@ int run_train_bench(TrainArgs a) {
   std::string out = fmt::format(
       "{{\"backend\": \"{}\", \"step_ms\": {:.2f}, \"tokens_per_s\": {:.1f}, \"mfu\": {:.4f}, "
       "\"gemm_efficiency\": {}, \"peak_gflops\": {:.1f}, \"peak_source\": \"{}\", \"gemm_peak_gflops\": {}, "
-      "\"achieved_gflops\": {:.1f}, \"dtype\": \"{}\", \"params\": {}, \"batch\": {}, \"seq\": {}, "
+      "\"achieved_gflops\": {:.1f}, \"dtype\": \"{}\", \"model\": \"{}\", \"params\": {}, \"batch\": {}, \"seq\": {}, "
       "\"forward_ms\": {:.2f}, \"backward_ms\": {:.2f}, \"optimizer_ms\": {:.2f}, \"last_loss\": {:.4f}",
       a.backend, ms(r->step_s), r->tokens_per_step / r->step_s, achieved / ref.peak_gflops, gemm_eff,
-      ref.peak_gflops, ref.source, gemm_peak, achieved, a.dtype, a.model.num_parameters(), a.batch, a.seq,
+      ref.peak_gflops, ref.source, gemm_peak, achieved, a.dtype, a.model.str(), a.model.num_parameters(), a.batch, a.seq,
       ms(r->forward_s), ms(r->backward_s), ms(r->optimizer_s), r->last_loss);
   if (cuda) {
     Result<cuda::MemoryInfo> mem = cuda::memory_info();
@@ -153,6 +162,12 @@ void add_bench_command(CLI::App& app) {
   train->add_option("--dim", t->model.channels)->check(CLI::PositiveNumber);
   train->add_option("--vocab", t->model.vocab)->check(CLI::PositiveNumber);
   train->add_option("--context", t->model.context, "default: --seq")->check(CLI::PositiveNumber);
+  train->add_option("--arch", t->arch, "gpt2, or llama (RMSNorm, rotary positions, SwiGLU, untied head)")
+      ->check(CLI::IsMember({"gpt2", "llama"}));
+  train->add_option("--kv-heads", t->model.kv_heads, "llama: key/value heads (default: --heads)")
+      ->check(CLI::PositiveNumber);
+  train->add_option("--mlp-hidden", t->model.mlp_hidden, "llama: SwiGLU width (default: 4 x --dim)")
+      ->check(CLI::PositiveNumber);
   train->add_option("--batch", t->batch)->check(CLI::PositiveNumber);
   train->add_option("--seq", t->seq)->check(CLI::PositiveNumber);
   train->add_option("--steps", t->steps, "timed steps (the median is reported)")->check(CLI::PositiveNumber);

@@ -13,6 +13,7 @@
 #include "plan/dlrm.h"
 #include "plan/estimate.h"
 #include "plan/model.h"
+#include "nn/hf_decoder.h"
 #include "tools/cmd_plan_dlrm.h"
 #include "tools/commands.h"
 
@@ -22,7 +23,8 @@ namespace {
 
 struct PlanArgs {
   std::string attention = "flash";
-  std::string model, dtype = "bf16", objective = "time", tokens, layout;
+  std::string model, dtype = "bf16", objective = "time", tokens, layout, hf_config;
+  int kv_heads = 0, mlp_hidden = 0;
   int ranks_per_node = 0, threads_per_rank = 0;
   int layers = 0, heads = 0, dim = 0, vocab = 0, seq = 0, context = 0, top = 3, checkpoint_every = 0;
   int64_t global_batch = 0;
@@ -115,7 +117,20 @@ void print_breakdown(const plan::Estimate& e) {
 
 int run_plan(const PlanArgs& a) {
   plan::ModelSpec m;
-  if (!a.model.empty()) {
+  if (!a.hf_config.empty()) {
+    if (!a.model.empty()) return fail(Status::InvalidArgument("--hf-config and --model name the model twice"));
+    auto c = read_hf_model_config(a.hf_config);
+    if (!c.ok()) return fail(c.status());
+    m.name = "hf:" + a.hf_config;
+    m.family = *c;
+    m.layers = c->layers;
+    m.heads = c->heads;
+    m.dim = c->channels;
+    m.vocab = c->vocab;
+    m.context = c->context;
+    m.seq = std::min(c->context, 4096);
+    m.global_batch = 512;
+  } else if (!a.model.empty()) {
     auto p = plan::model_preset(a.model);
     if (!p.ok()) return fail(p.status());
     m = *p;
@@ -130,6 +145,8 @@ int run_plan(const PlanArgs& a) {
   if (a.seq) m.seq = a.seq;
   if (a.context) m.context = a.context;
   if (a.global_batch) m.global_batch = a.global_batch;
+  if (a.kv_heads) m.family.kv_heads = a.kv_heads;
+  if (a.mlp_hidden) m.family.mlp_hidden = a.mlp_hidden;
   if (Status st = m.validate(); !st.ok()) return fail(st);
   auto tokens = parse_count(a.tokens);
   if (!tokens.ok()) return fail(tokens.status());
@@ -162,7 +179,9 @@ int run_plan(const PlanArgs& a) {
       const int have = c->shared_host ? c->ranks() : l.nodes * c->ranks_per_node;
       if (ranks != have)
         return fail(Status::InvalidArgument(fmt::format("--layout {} uses {} ranks, but {} nodes of {} have {}", l.str(), ranks, l.nodes, c->name, have)));
-      if (m.heads % l.tp) return fail(Status::InvalidArgument(fmt::format("--layout: tp={} does not divide the {} heads", l.tp, m.heads)));
+      ModelShard shard;
+      shard.tp = l.tp;
+      if (Status st = shard.validate(m.shape()); !st.ok()) return fail(Status::InvalidArgument("--layout: " + st.message()));
       if (l.pp > m.layers) return fail(Status::InvalidArgument(fmt::format("--layout: pp={} exceeds the {} layers", l.pp, m.layers)));
       if (l.grad_accum == 0) {
         const int64_t per = static_cast<int64_t>(l.dp) * l.micro_batch;
@@ -187,6 +206,7 @@ int run_plan(const PlanArgs& a) {
     nlohmann::json j = {{"schema", "tessera.plan"}, {"version", 1}, {"objective", a.objective}, {"dtype", a.dtype},
                         {"model", {{"name", job.model.name}, {"layers", m.layers}, {"heads", m.heads}, {"dim", m.dim},
                                    {"vocab", m.vocab}, {"seq", m.seq}, {"global_batch", job.model.global_batch},
+                                   {"shape", m.shape().str()}, {"kv_heads", m.shape().kv()}, {"mlp_hidden", m.shape().ffn()},
                                    {"parameters", m.parameters()}, {"flops_per_token", m.flops_per_token()}}},
                         {"tokens", *tokens}};
     j["clusters"] = nlohmann::json::array();
@@ -279,7 +299,14 @@ void add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand("plan", "Time, memory and cost of a training job on CPU/GPU clusters (docs/planner.md)");
   cmd->add_option("--model", a->model, "a preset: " + plan::model_preset_names() + "; DLRM: " + plan::dlrm_preset_names());
+  cmd->add_option("--hf-config", a->hf_config,
+                  "a Hugging Face config.json (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) "
+                  "to price instead of a preset; --seq defaults to its context, at most 4096")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--layers", a->layers, "L (overrides the preset)")->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-heads", a->kv_heads, "key/value heads (a Llama-family preset's GQA)")->check(CLI::PositiveNumber);
+  cmd->add_option("--mlp-hidden", a->mlp_hidden, "the MLP's hidden width (default 4C, or the preset's)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--heads", a->heads, "NH")->check(CLI::PositiveNumber);
   cmd->add_option("--dim", a->dim, "C")->check(CLI::PositiveNumber);
   cmd->add_option("--vocab", a->vocab, "V")->check(CLI::PositiveNumber);
@@ -326,6 +353,7 @@ void add_plan_command(CLI::App& app) {
       return;
     }
     for (const char* gpt : {"--layers", "--heads", "--dim", "--vocab", "--seq", "--context", "--tokens", "--layout",
+                            "--hf-config", "--kv-heads", "--mlp-hidden",
                             "--recompute", "--attention", "--checkpoint-every", "--bucket-mb"})
       if (cmd->count(gpt) > 0) {
         exit_code() = fail(Status::InvalidArgument(fmt::format("{} is a GPT flag; this is a DLRM plan (docs/planner.md, \"DLRM\")", gpt)));

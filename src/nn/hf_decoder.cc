@@ -194,6 +194,13 @@ bool is_hf_decoder(const std::string& path) {
   return j.ok() && llama_family(architecture_of(*j));
 }
 
+Result<DecoderConfig> read_hf_model_config(const std::string& path) {
+  ASSIGN_OR_RETURN(nlohmann::json j, read_json(path));
+  const std::string arch = architecture_of(j);
+  if (arch == "GPT2LMHeadModel" || (arch.empty() && j.contains("n_embd"))) return read_hf_config(path);
+  return read_hf_decoder_config(path);
+}
+
 Result<DecoderConfig> read_hf_decoder_config(const std::string& path) {
   ASSIGN_OR_RETURN(nlohmann::json j, read_json(path));
   const std::string arch = architecture_of(j);

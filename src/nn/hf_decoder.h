@@ -43,6 +43,9 @@ Result<HfFolder> resolve_hf_folder(const std::string& path);
 // Llama family's architectures (a cheap check: config.json only).
 bool is_hf_decoder(const std::string& path);
 
+// Any supported config.json (GPT-2's or the Llama family's) as a
+// DecoderConfig, by its architectures (the planner's --hf-config).
+Result<DecoderConfig> read_hf_model_config(const std::string& config_path);
 // config.json of a Llama-family model as a DecoderConfig.
 Result<DecoderConfig> read_hf_decoder_config(const std::string& config_path);
 Status write_hf_decoder_config(const DecoderConfig& c, const std::string& path);

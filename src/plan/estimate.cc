@@ -92,9 +92,14 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   Estimate e;
   e.layout = lay;
   const ModelSpec& md = job.model;
+  const DecoderConfig shape = md.shape();  // the widths below are the shape layer's
   const NodeType& node = c.node;
   const double C = md.dim, T = md.seq, tp = lay.tp, R = static_cast<double>(lay.micro_batch) * T;
-  const double Vp = md.padded_vocab(lay.tp), hd = C / md.heads;
+  const double Vp = md.padded_vocab(lay.tp), hd = shape.hs();
+  // Per layer: the fused qkv's rows (GQA: fewer key/value rows), the
+  // attention output's width, the MLP's first projection's rows (SwiGLU:
+  // gate and up) and its hidden width. GPT-2: 3C, C, 4C, 4C.
+  const double QKV = shape.qkv_dim(), Q = shape.q_dim(), FC = shape.fc_rows(), F = shape.ffn();
   const int ranks = lay.dp * lay.tp * lay.pp;
   auto term = [&](std::string name, double s, std::string f) { e.terms.push_back({std::move(name), s, std::move(f)}); };
 
@@ -118,10 +123,10 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   const double ab = node.act_bytes;
 
   // Compute of one micro-batch on one stage: forward, backward.
-  const GemmTime qkv = gemm_time(node, job.dtype, rate, R, 3 * C / tp, C);
-  const GemmTime proj = gemm_time(node, job.dtype, rate, R, C, C / tp);
-  const GemmTime fc = gemm_time(node, job.dtype, rate, R, 4 * C / tp, C);
-  const GemmTime fcproj = gemm_time(node, job.dtype, rate, R, C, 4 * C / tp);
+  const GemmTime qkv = gemm_time(node, job.dtype, rate, R, QKV / tp, C);
+  const GemmTime proj = gemm_time(node, job.dtype, rate, R, C, Q / tp);
+  const GemmTime fc = gemm_time(node, job.dtype, rate, R, FC / tp, C);
+  const GemmTime fcproj = gemm_time(node, job.dtype, rate, R, C, F / tp);
   const GemmTime head = gemm_time(node, job.dtype, rate, R, Vp / tp, C);
   // Causal attention, llm.c's count: 2*T*C FLOPs per token and layer forward,
   // twice that backward, at the efficiency of a (T, T, C/NH) GEMM times the
@@ -134,15 +139,16 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
     // the scores (fwd: write, softmax read+write, dropout read+write+mask,
     // AV read; bwd: twice that) in the activation dtype.
     const double scores = R * md.heads / tp * T;
-    attn_fwd = 4 * R * T * C / tp / (rate * node.gemm_efficiency(job.dtype, T, T, hd)) + 16 * scores * ab / 3 / bw;
+    attn_fwd = 4 * R * T * Q / tp / (rate * node.gemm_efficiency(job.dtype, T, T, hd)) + 16 * scores * ab / 3 / bw;
   } else {
-    attn_fwd = 2 * R * T * C / tp / (rate * attn_share * node.gemm_efficiency(job.dtype, T, T, hd));
+    attn_fwd = 2 * R * T * Q / tp / (rate * attn_share * node.gemm_efficiency(job.dtype, T, T, hd));
   }
   const double attn_bwd = 2 * attn_fwd;
-  // Elementwise kernels (layernorms, residuals, GELU, bias): about 16C
-  // replicated and 24C split elements moved per token and layer, forward and
-  // backward; softmax + cross-entropy 4 passes over the logits.
-  const double elem_layer = (16 * C + 24 * C / tp) * R * ab / bw;
+  // Elementwise kernels (norms, residuals, GELU or SwiGLU, bias, rotary):
+  // about 16C replicated and 6 passes over the MLP's hidden width (24C for
+  // GPT-2) split elements moved per token and layer, forward and backward;
+  // softmax + cross-entropy 4 passes over the logits.
+  const double elem_layer = (16 * C + 6 * F / tp) * R * ab / bw;
   const double elem_head = 4 * Vp / tp * R * kFloat / bw;
   const double layer_fwd = qkv.fwd + proj.fwd + fc.fwd + fcproj.fwd + attn_fwd + elem_layer / 3;
   const double layer_bwd = qkv.bwd + proj.bwd + fc.bwd + fcproj.bwd + attn_bwd + 2 * elem_layer / 3;
@@ -195,14 +201,21 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   e.p2p = m * p2p_mb;
   e.compute = pipe - e.bubble - e.tp_comm - e.p2p;
 
-  // Parameters per rank (the largest stage: the first or the last, which hold
-  // the tied embedding).
-  const double per_layer = 12 * C * C / tp + 6 * C + 7 * C / tp;  // matrices and the qkv, fc biases split
-  const double ctx = md.context > 0 ? md.context : md.seq;
+  // Parameters per rank (the largest stage: the first, with the embeddings,
+  // or the last, with the head: its own, or a copy of the tied embedding).
+  // Per layer, from the shape layer: matrices and the qkv and fc biases are
+  // split, the norms and the row-parallel layers' biases replicated.
+  const bool ln = shape.norm == Norm::kLayerNorm;
+  const double split = QKV * C + C * Q + FC * C + C * F + (shape.qkv_bias ? QKV : 0) + (shape.bias ? FC : 0);
+  const double replicated = (ln ? 4 : 2) * C + (shape.bias ? 2 * C : 0);
+  const double per_layer = split / tp + replicated;
+  const double pos_rows = shape.positions == Positions::kLearned ? shape.context : 0;
   double P_local = 0;
   for (int s = 0; s < pp; ++s) {
     const int ls = L / pp + (s < L % pp ? 1 : 0);
-    double p = ls * per_layer + (s == 0 ? Vp / tp * C + ctx * C : 0) + (s == pp - 1 ? 2 * C + (s > 0 ? Vp / tp * C : 0) : 0);
+    const bool head_rows = !shape.tied_head || s > 0;  // the last stage's output layer, unless it is the first's wte
+    double p = ls * per_layer + (s == 0 ? Vp / tp * C + pos_rows * C : 0) +
+               (s == pp - 1 ? (ln ? 2 : 1) * C + (head_rows ? Vp / tp * C : 0) : 0);
     P_local = std::max(P_local, p);
   }
   const double grad_bytes = P_local * kFloat;
@@ -229,7 +242,7 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
     // With pp > 1 the first stage's embeddings and the last's head share wte:
     // their gradients are all-reduced between the two after backward.
   }
-  if (pp > 1) {
+  if (pp > 1 && shape.tied_head) {
     const GroupLink tl = group_link(c, pp, lay.dp * lay.tp);  // the first and the last stage: the pipeline's span
     e.dp_exposed += allreduce_s(Vp / tp * C * kFloat, 2, tl.crosses ? tl.busbw : c.intra.busbw, tl.alpha);
   }
@@ -277,8 +290,11 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   e.mem_optimizer = 2 * owned * kFloat;
   const int ls0 = L / pp + (0 < L % pp ? 1 : 0);
   const double slots = std::min(pp, m);
-  const double act_layer = job.recompute ? C : 4 * C + 13 * C / tp;
-  e.mem_activations = slots * R * (ls0 * act_layer + C) * kFloat + (job.recompute ? R * (4 * C + 13 * C / tp) * kFloat : 0);
+  // Kept per token and layer: 4C replicated (norm outputs, residuals) and
+  // qkv, attention output twice, fc and its activation split (GPT-2: 13C).
+  const double act_split = (QKV + 2 * Q + FC + F) / tp;
+  const double act_layer = job.recompute ? C : 4 * C + act_split;
+  e.mem_activations = slots * R * (ls0 * act_layer + C) * kFloat + (job.recompute ? R * (4 * C + act_split) * kFloat : 0);
   e.mem_activations = std::max(e.mem_activations, R * (ls0 * act_layer + C) * kFloat + 2 * R * Vp / tp * kFloat);
   e.mem_total = e.mem_params + e.mem_grads + e.mem_optimizer + e.mem_activations;
   // Usable: a GPU's memory less 8% and 1 GB (CUDA context, allocator slack,
@@ -294,14 +310,14 @@ Estimate estimate(const Job& job, const Cluster& c, const Layout& lay) {
   term("share", share, fmt::format("{} rank(s) on one {}: each {:.0f}% of it, {:.3g} TFLOP/s {} and {:.1f} GB/s",
                                    sharing, node.name, 100 * share, rate / 1e12, job.dtype, bw / 1e9));
   term("gemm.qkv", m * L / pp * (qkv.fwd + qkv.bwd),
-       fmt::format("2*{:g}*{:g}*{:g} FLOP x3 (fwd+bwd) at e={:.2f} fwd", R, 3 * C / tp, C,
-                   node.gemm_efficiency(job.dtype, R, 3 * C / tp, C)));
+       fmt::format("2*{:g}*{:g}*{:g} FLOP x3 (fwd+bwd) at e={:.2f} fwd", R, QKV / tp, C,
+                   node.gemm_efficiency(job.dtype, R, QKV / tp, C)));
   term("gemm.attproj", m * L / pp * (proj.fwd + proj.bwd),
-       fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}", R, C, C / tp, node.gemm_efficiency(job.dtype, R, C, C / tp)));
+       fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}", R, C, Q / tp, node.gemm_efficiency(job.dtype, R, C, Q / tp)));
   term("gemm.fc", m * L / pp * (fc.fwd + fc.bwd),
-       fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}", R, 4 * C / tp, C, node.gemm_efficiency(job.dtype, R, 4 * C / tp, C)));
+       fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}", R, FC / tp, C, node.gemm_efficiency(job.dtype, R, FC / tp, C)));
   term("gemm.fcproj", m * L / pp * (fcproj.fwd + fcproj.bwd),
-       fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}", R, C, 4 * C / tp, node.gemm_efficiency(job.dtype, R, C, 4 * C / tp)));
+       fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}", R, C, F / tp, node.gemm_efficiency(job.dtype, R, C, F / tp)));
   term("gemm.head", m * (head.fwd + head.bwd),
        fmt::format("(R={:g}, N={:g}, K={:g}) at e={:.2f}, last stage", R, Vp / tp, C, node.gemm_efficiency(job.dtype, R, Vp / tp, C)));
   term("attention", m * L / pp * (attn_fwd + attn_bwd),
@@ -346,7 +362,9 @@ std::vector<Estimate> search(const Job& job, const Cluster& c, const std::string
   for (int nodes : node_counts) {
     const int ranks = c.shared_host ? c.ranks() : nodes * c.ranks_per_node;
     for (int tp = 1; tp <= ranks; ++tp) {
-      if (ranks % tp || job.model.heads % tp) continue;
+      ModelShard shard;
+      shard.tp = tp;
+      if (ranks % tp || !shard.validate(job.model.shape()).ok()) continue;  // whole heads, key/value heads, MLP columns
       for (int pp = 1; pp * tp <= ranks; ++pp) {
         if ((ranks / tp) % pp || pp > job.model.layers) continue;
         const int dp = ranks / tp / pp;

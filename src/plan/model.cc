@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <array>
+#include <algorithm>
 
 namespace tessera::plan {
 
@@ -13,19 +13,30 @@ struct Preset {
   int layers, heads, dim, vocab, seq;
   int64_t global_batch;  // sequences
   const char* note;
+  // The Llama family (0 for GPT-2's shape): key/value heads, SwiGLU width,
+  // context, and Qwen2's qkv biases with a tied head.
+  int kv_heads = 0, mlp_hidden = 0, context = 0;
+  bool qwen = false;
 };
 
 // GPT-2 sizes from the GPT-2 paper (Radford et al. 2019, table 2) with
-// llm.c's batch of 0.5M tokens; Llama sizes (Touvron et al. 2023, table 2)
-// as a GPT-2-shaped stand-in (4C MLP, tied head: 6.6B for "7B"), 4M-token
-// batch; the Megatron-LM sizes of Narayanan et al. 2021, table 1.
-constexpr std::array<Preset, 13> kPresets = {{
+// llm.c's batch of 0.5M tokens; the Llama family's from their published
+// config.json files (Llama 2: Touvron et al. 2023, 4M-token batches; Llama
+// 3: Dubey et al. 2024; Qwen2.5; TinyLlama: 2M-token batches); the
+// Megatron-LM sizes of Narayanan et al. 2021, table 1 (GPT-shaped).
+const Preset kPresets[] = {
     {"gpt2-124m", 12, 12, 768, 50257, 1024, 512, "GPT-2 small"},
     {"gpt2-350m", 24, 16, 1024, 50257, 1024, 512, "GPT-2 medium"},
     {"gpt2-774m", 36, 20, 1280, 50257, 1024, 512, "GPT-2 large"},
     {"gpt2-1.5b", 48, 25, 1600, 50257, 1024, 512, "GPT-2 XL"},
-    {"llama-7b", 32, 32, 4096, 32000, 2048, 2048, "Llama 7B sizes"},
-    {"llama-13b", 40, 40, 5120, 32000, 2048, 2048, "Llama 13B sizes"},
+    {"llama2-7b", 32, 32, 4096, 32000, 4096, 1024, "Llama-2-7b", 32, 11008, 4096},
+    {"llama2-13b", 40, 40, 5120, 32000, 4096, 1024, "Llama-2-13b", 40, 13824, 4096},
+    {"llama2-70b", 80, 64, 8192, 32000, 4096, 1024, "Llama-2-70b", 8, 28672, 4096},
+    {"llama3-8b", 32, 32, 4096, 128256, 8192, 512, "Meta-Llama-3-8B", 8, 14336, 8192},
+    {"llama3-70b", 80, 64, 8192, 128256, 8192, 512, "Meta-Llama-3-70B", 8, 28672, 8192},
+    {"llama3-405b", 126, 128, 16384, 128256, 8192, 2048, "Llama-3.1-405B", 8, 53248, 8192},
+    {"qwen2.5-0.5b", 24, 14, 896, 151936, 4096, 1024, "Qwen2.5-0.5B", 2, 4864, 32768, true},
+    {"tinyllama-1.1b", 22, 32, 2048, 32000, 2048, 1024, "TinyLlama-1.1B", 4, 5632, 2048},
     {"megatron-1.7b", 24, 24, 2304, 51200, 2048, 512, "Megatron-LM 2021 table 1"},
     {"megatron-3.6b", 30, 32, 3072, 51200, 2048, 512, ""},
     {"megatron-7.5b", 36, 32, 4096, 51200, 2048, 512, ""},
@@ -33,24 +44,18 @@ constexpr std::array<Preset, 13> kPresets = {{
     {"megatron-39b", 48, 64, 8192, 51200, 2048, 1536, ""},
     {"megatron-76b", 60, 80, 10240, 51200, 2048, 1792, ""},
     {"megatron-145b", 80, 96, 12288, 51200, 2048, 2304, ""},
-}};
+};
 
 }  // namespace
 
-int ModelSpec::padded_vocab(int tp) const {
-  int m = 128;
-  while (m % tp != 0) m += 128;
-  return (vocab + m - 1) / m * m;
-}
-
-int64_t ModelSpec::parameters() const {
-  const int64_t C = dim, L = layers;
-  const int64_t per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
-  return int64_t{vocab} * C + int64_t{context > 0 ? context : seq} * C + L * per_layer + 2 * C;
-}
-
-double ModelSpec::flops_per_token() const {
-  return 6.0 * static_cast<double>(parameters()) + 6.0 * layers * static_cast<double>(dim) * seq;
+DecoderConfig ModelSpec::shape() const {
+  DecoderConfig c = family;
+  c.layers = layers;
+  c.heads = heads;
+  c.channels = dim;
+  c.vocab = vocab;
+  c.context = context > 0 ? context : seq;
+  return c;
 }
 
 Status ModelSpec::validate() const {
@@ -58,16 +63,22 @@ Status ModelSpec::validate() const {
     return Status::InvalidArgument(fmt::format(
         "the model needs positive --layers, --heads, --dim, --vocab and --seq (got {}, {}, {}, {}, {})", layers,
         heads, dim, vocab, seq));
-  if (dim % heads != 0)
+  if (family.head_dim == 0 && dim % heads != 0)
     return Status::InvalidArgument(fmt::format("--dim {} is not divisible by --heads {}", dim, heads));
+  if (Status st = shape().validate(); !st.ok()) return st;
   if (global_batch <= 0)
     return Status::InvalidArgument(fmt::format("--global-batch must be positive, got {}", global_batch));
   return Status::OK();
 }
 
 std::string ModelSpec::str() const {
-  return fmt::format("{}: L={} NH={} C={} V={} T={}, {:.1f}M parameters, global batch {} x {} tokens", name, layers,
-                     heads, dim, vocab, seq, parameters() / 1e6, global_batch, seq);
+  const DecoderConfig c = shape();
+  // The shape's description after its maxT (GPT-2's has none).
+  std::string extra = c.str();
+  extra = extra.substr(std::min(extra.size(), fmt::format("L={} NH={} C={} V={} maxT={}", c.layers, c.heads,
+                                                          c.channels, c.vocab, c.context).size()));
+  return fmt::format("{}: L={} NH={} C={} V={} T={}{}, {:.1f}M parameters, global batch {} x {} tokens", name, layers,
+                     heads, dim, vocab, seq, extra, parameters() / 1e6, global_batch, seq);
 }
 
 std::string model_preset_names() {
@@ -87,6 +98,17 @@ Result<ModelSpec> model_preset(const std::string& name) {
     m.vocab = p.vocab;
     m.seq = p.seq;
     m.global_batch = p.global_batch;
+    if (p.kv_heads > 0) {
+      DecoderConfig& f = m.family;
+      f.kv_heads = p.kv_heads == p.heads ? 0 : p.kv_heads;
+      f.mlp_hidden = p.mlp_hidden;
+      f.norm = Norm::kRMSNorm;
+      f.positions = Positions::kRope;
+      f.mlp = Mlp::kSwiGLU;
+      f.bias = false;
+      f.qkv_bias = f.tied_head = p.qwen;
+      m.context = p.context;
+    }
     return m;
   }
   return Status::NotFound(fmt::format("unknown model '{}' (known: {})", name, model_preset_names()));

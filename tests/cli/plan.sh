@@ -67,12 +67,40 @@ else fail "--json run: $(cat "$tmp/p.err")"; fi
 
 # 3. The seed scenario's order: 16 on InfiniBand < 8 on NVLink <= 16 on
 # Ethernet < 8 on Ethernet < 4 on NVLink (docs/planner.md).
-order=$("$tessera" plan --model llama-7b --global-batch 512 --top 1 --json --cluster "$E/a100x4-nvlink.toml" \
+order=$("$tessera" plan --model llama2-7b --seq 2048 --global-batch 512 --top 1 --json --cluster "$E/a100x4-nvlink.toml" \
   --cluster "$E/a100x8-ethernet.toml" --cluster "$E/a100x8-nvlink.toml" --cluster "$E/a100x16-ethernet.toml" \
   --cluster "$E/a100x16-infiniband.toml" |
   python3 -c 'import json,sys; c=json.load(sys.stdin)["clusters"]; print(" ".join(x["name"] for x in sorted(c, key=lambda x: x["layouts"][0]["step_s"])))')
 want="16xA100-infiniband 8xA100-nvlink 16xA100-ethernet 8xA100-ethernet 4xA100-nvlink"
 [ "$order" = "$want" ] && echo "ok   7B scenario order: $order" || fail "7B scenario order: $order (want $want)"
+
+# 3b. A Hugging Face config.json priced as the model it describes
+# (Meta-Llama-3-8B's published config): the checkpoint's parameter count, GQA
+# and SwiGLU in the shape; the same as the preset; a Llama 2 7B is priced
+# differently from the same size with 8 key/value heads.
+cat >"$tmp/llama3-8b.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+ "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
+ "tie_word_embeddings": false, "attention_bias": false, "model_type": "llama"}
+JSON
+if "$tessera" plan --hf-config "$tmp/llama3-8b.json" --seq 8192 --global-batch 64 --top 1 --json \
+     --cluster "$E/a100x8-nvlink.toml" >"$tmp/hf.json" 2>"$tmp/hf.err" &&
+   "$tessera" plan --model llama3-8b --global-batch 64 --top 1 --json --cluster "$E/a100x8-nvlink.toml" >"$tmp/preset.json" &&
+   python3 - "$tmp/hf.json" "$tmp/preset.json" <<'PY'
+import json, sys
+hf, preset = (json.load(open(f)) for f in sys.argv[1:3])
+m = hf["model"]
+assert m["parameters"] == 8030261248, m["parameters"]
+assert m["kv_heads"] == 8 and m["mlp_hidden"] == 14336, m
+assert "rmsnorm" in m["shape"] and "swiglu" in m["shape"] and "untied" in m["shape"], m["shape"]
+a, b = hf["clusters"][0]["layouts"][0], preset["clusters"][0]["layouts"][0]
+assert abs(a["step_s"] - b["step_s"]) < 1e-9 * b["step_s"], (a["step_s"], b["step_s"])
+PY
+then echo "ok   --hf-config Meta-Llama-3-8B: 8,030,261,248 parameters, priced as the llama3-8b preset"
+else fail "--hf-config: $(cat "$tmp/hf.err")"; fi
+sed 's/"LlamaForCausalLM"/"FalconForCausalLM"/' "$tmp/llama3-8b.json" >"$tmp/falcon.json"
+expect_error "--hf-config unknown architecture" "FalconForCausalLM" x "$tessera" plan --hf-config "$tmp/falcon.json" --cluster "$E/a100x8-nvlink.toml"
 
 # 4. This machine's own runs, predicted from its committed profile.
 if out=$(PLAN_VS=cpu bash "$root/scripts/plan-validate.sh" "$tessera" "$tests/plan/measured-dev-vm.tsv" 15 s1 s1b16 m1 g1 s_dp2 s_dp4 s_tp2 s_dp2pp2 m_tp2 2>&1); then

@@ -43,13 +43,46 @@ Cluster gpus(int nodes, int per_node, const std::string& inter = "infiniband", d
 }
 
 TEST(PlanModel, ParametersAndFlopsMatchTheTrainer) {
-  for (auto name : {"gpt2-124m", "gpt2-1.5b", "llama-7b"}) {
+  for (auto name : {"gpt2-124m", "gpt2-1.5b"}) {
     ModelSpec m = *model_preset(name);
     GPTConfig c{m.layers, m.heads, m.dim, m.vocab, m.seq};
     EXPECT_EQ(m.parameters(), c.num_parameters()) << name;
     EXPECT_DOUBLE_EQ(m.flops_per_token(), flops_per_token(c, m.seq)) << name;
   }
   EXPECT_NEAR(model_preset("gpt2-124m")->parameters() / 1e6, 124.4, 0.1);
+  // The Llama family's presets are the published shapes: their checkpoints' counts.
+  EXPECT_EQ(model_preset("llama2-7b")->parameters(), 6738415616);
+  EXPECT_EQ(model_preset("llama3-8b")->parameters(), 8030261248);
+  EXPECT_EQ(model_preset("tinyllama-1.1b")->parameters(), 1100048384);
+  EXPECT_EQ(model_preset("qwen2.5-0.5b")->parameters(), 494032768);
+  for (auto name : {"llama2-7b", "llama2-70b", "llama3-8b", "llama3-405b", "qwen2.5-0.5b"}) {
+    ModelSpec m = *model_preset(name);
+    EXPECT_TRUE(m.validate().ok()) << name;
+    EXPECT_DOUBLE_EQ(m.flops_per_token(), flops_per_token(m.shape(), m.seq)) << name;
+  }
+}
+
+// GQA, SwiGLU and the untied head change what a rank holds and computes as
+// they do in the model: Llama 3 8B's 8 key/value heads make its qkv weights
+// 1.5C wide instead of 3C, and its untied head adds V x C on the last stage.
+TEST(PlanModel, TheLlamaShapeChangesMemoryAndTime) {
+  ModelSpec llama = *model_preset("llama3-8b");
+  llama.seq = 2048;
+  llama.global_batch = 64;
+  ModelSpec mha = llama;
+  mha.family.kv_heads = 0;  // the same model with 32 key/value heads
+  Cluster c = gpus(1, 8);
+  const Layout l{1, 1, 8, 1, 1, 64, 0};
+  const Estimate g = estimate(Job{llama}, c, l), m = estimate(Job{mha}, c, l);
+  const double C = 4096, L = 32;
+  // Per tp rank (tp = 8): 2 x (32 - 8) x 128 x C fewer qkv weights per layer.
+  EXPECT_NEAR((m.mem_params - g.mem_params) / 4, L * 2 * 24 * 128 * C / 8, 1.0);
+  EXPECT_LT(g.compute, m.compute);
+  // pp = 2: the last stage holds lm_head, with no tied-embedding all-reduce.
+  const Layout p{1, 4, 1, 2, 1, 16, 0};
+  ModelSpec tied = llama;
+  tied.family.tied_head = true;
+  EXPECT_LT(estimate(Job{llama}, c, p).dp_exposed, estimate(Job{tied}, c, p).dp_exposed);
 }
 
 TEST(PlanModel, UnknownPresetNamesTheKnownOnes) {
@@ -62,8 +95,17 @@ TEST(PlanMemory, StatesMatchTheTrainersMemoryPlan) {
   // Parameters, gradients and ZeRO-1 moments are Tessera's own figures
   // (src/train/memory_plan.cc) for dp, tp and pp layouts; activations are
   // that lower bound plus the logits.
+  for (bool llama : {false, true}) {
   ModelSpec m = small();
-  GPTConfig c{m.layers, m.heads, m.dim, m.vocab, m.context};
+  if (llama) {  // GQA, SwiGLU, an untied head
+    m.family.kv_heads = m.heads / 2;
+    m.family.mlp_hidden = 3 * m.dim;
+    m.family.norm = Norm::kRMSNorm;
+    m.family.positions = Positions::kRope;
+    m.family.mlp = Mlp::kSwiGLU;
+    m.family.bias = m.family.qkv_bias = m.family.tied_head = false;
+  }
+  const GPTConfig c = m.shape();
   Cluster cl = gpus(1, 8);
   for (Layout l : {Layout{1, 1, 1, 1, 8, 1, 0}, Layout{1, 2, 1, 1, 4, 1, 1}, Layout{1, 1, 2, 1, 8, 1, 0},
                    Layout{1, 1, 1, 2, 4, 2, 0}}) {
@@ -76,6 +118,7 @@ TEST(PlanMemory, StatesMatchTheTrainersMemoryPlan) {
     EXPECT_NEAR(e.mem_params, want.params, 0.01 * want.params) << l.str();
     EXPECT_NEAR(e.mem_optimizer, want.optimizer, 0.01 * want.optimizer) << l.str();
     EXPECT_GE(e.mem_activations, want.activations) << l.str();
+  }
   }
 }
 
@@ -99,7 +142,7 @@ TEST(PlanEstimate, BubbleShrinksWithMicroBatches) {
 }
 
 TEST(PlanEstimate, SlowerNetworkNeverFaster) {
-  ModelSpec m = *model_preset("llama-7b");
+  ModelSpec m = *model_preset("llama2-7b");
   m.global_batch = 512;
   Layout l{2, 2, 8, 1, 1, 256, 1};
   Estimate ib = estimate(Job{m}, gpus(2, 8, "infiniband", 200, 8), l);
@@ -109,7 +152,7 @@ TEST(PlanEstimate, SlowerNetworkNeverFaster) {
 }
 
 TEST(PlanSearch, SevenBFitsOnFourA100sOnlyWithSharding) {
-  ModelSpec m = *model_preset("llama-7b");
+  ModelSpec m = *model_preset("llama2-7b");
   m.global_batch = 512;
   Cluster c = gpus(1, 4);
   auto best = search(Job{m}, c, "time", 3);

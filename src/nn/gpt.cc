@@ -297,8 +297,8 @@ Status GPT::try_reserve_activations(int B, int T, int slots) {
   const int64_t rope = config_.positions == Positions::kRope ? 1 : 0;
   // Attention floats per (b, h) at capacity T; a shorter batch's layers fit
   // (S(T) is T or 1, never more for a smaller T).
-  const int64_t att_saved = T * ops_.attention_saved_floats(T, hs);
-  const int64_t att_scratch = T * ops_.attention_scratch_floats(T, hs);
+  const int64_t att_saved = T * att_saved_floats(T, hs);
+  const int64_t att_scratch = T * att_scratch_floats(T, hs);
   const int64_t last = shard_.last ? 1 : 0, first = shard_.first ? 1 : 0;
   const int64_t full_head = chunked_head() ? 0 : last, chunked = chunked_head() ? last : 0;
   const int64_t head_rows = std::min<int64_t>(BT, head_chunk_rows_);
@@ -595,7 +595,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   const int NHl = d.NHl, Vl = Vl_;
   const int BT = B * T;
   const int64_t BTC = int64_t{BT} * C;
-  const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, d.hs);
+  const int64_t att_size = int64_t{B} * NHl * T * att_saved_floats(T, d.hs);
   const MatmulPrecision prec = prec_;
   ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
@@ -739,8 +739,8 @@ Status GPT::backward_stage(int slot, float loss_scale) {
   const int64_t BTC = int64_t{BT} * C;
   const int hs = d.hs;
   const bool rope = config_.positions == Positions::kRope, gqa = KVl != NHl;
-  const int64_t att_size = int64_t{B} * NHl * T * ops_.attention_saved_floats(T, hs);
-  const int64_t att_scratch = int64_t{B} * NHl * T * ops_.attention_scratch_floats(T, hs);
+  const int64_t att_size = int64_t{B} * NHl * T * att_saved_floats(T, hs);
+  const int64_t att_scratch = int64_t{B} * NHl * T * att_scratch_floats(T, hs);
   const MatmulPrecision prec = prec_;
   ActView act{&slot_acts_[slot], &scratch_, &acts_idx_};
   ParamPtrs p = param_ptrs();
@@ -942,7 +942,7 @@ Status GPT::quantize_int8() {
       const float* per_layer[4] = {l.qkvw, l.attprojw, l.fcw, l.fcprojw};
       src = per_layer[k % 4];
     }
-    cpu::quantize_weights_int8(w, scale, src, OC, C);
+    ops_.quantize_weights_int8(w, scale, src, OC, C);
     return Status::OK();
   });
 }
@@ -967,7 +967,7 @@ Result<int64_t> GPT::release_fp32_matmul_weights() {
 }
 
 Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill) {
-  if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole())
+  if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole() || !ops_.matmul_int8_forward)
     return Status::InvalidArgument(
         "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
   // The kernel must compute the oracle's products on this CPU before any
@@ -1019,7 +1019,7 @@ void GPT::linear(float* out, const float* inp, const float* w, int q, const floa
                  int OC) const {
   if (int8_) {
     const Int8Weights::Matrix& m = int8_->m[q];
-    cpu::matmul_int8_forward(out, inp, m.w.data(), m.scale.data(), bias, N, C, OC);
+    ops_.matmul_int8_forward(out, inp, m.w.data(), m.scale.data(), bias, N, C, OC);
   } else {
     ops_.matmul_forward(out, inp, w, bias, N, C, OC, prec_);
   }

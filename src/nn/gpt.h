@@ -314,6 +314,15 @@ class GPT {
                     int N) const;
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                      const float* mean, const float* rstd, int N) const;
+  // Floats per (b, h, t) row of the attention buffers: the backend's, or T
+  // for grouped-query attention, whose kernels keep the (T,T) matrices on
+  // every backend.
+  int64_t att_saved_floats(int T, int hs) const {
+    return config_.kv() != config_.heads ? T : ops_.attention_saved_floats(T, hs);
+  }
+  int64_t att_scratch_floats(int T, int hs) const {
+    return config_.kv() != config_.heads ? T : ops_.attention_scratch_floats(T, hs);
+  }
   // The rotary frequencies (hs/2) on the model's device; null without rope.
   const float* rope_freq() const { return rope_.count() > 0 ? rope_.tensor(0).f32() : nullptr; }
   Status reserve_inference(int N, int R, int64_t ints);

@@ -90,9 +90,10 @@ struct OpsTable {
   decltype(&cpu::kv_cache_write) kv_cache_write = nullptr;
   decltype(&cpu::paged_attention_forward) paged_attention_forward = nullptr;
   // The Llama family (ops.inc): grouped-query attention in training and
-  // over the paged cache, RMSNorm, rotary embedding, SwiGLU. ref and cpu;
-  // null on CUDA until its kernels land (GPT::create refuses such models
-  // there in one line).
+  // over the paged cache, RMSNorm, rotary embedding, SwiGLU. Every backend
+  // (CUDA's GQA attention is the plain kernel set, which keeps the (T,T)
+  // matrices: the model sizes its buffers for it). A backend without them
+  // leaves them null and GPT::create refuses such models in one line.
   decltype(&cpu::attention_gqa_forward) attention_gqa_forward = nullptr;
   decltype(&cpu::attention_gqa_backward) attention_gqa_backward = nullptr;
   decltype(&cpu::kv_cache_write_gqa) kv_cache_write_gqa = nullptr;
@@ -103,6 +104,10 @@ struct OpsTable {
   decltype(&cpu::rope_backward) rope_backward = nullptr;
   decltype(&cpu::swiglu_forward) swiglu_forward = nullptr;
   decltype(&cpu::swiglu_backward) swiglu_backward = nullptr;
+  // The INT8 tier (ops.inc; docs/formats/int8.md): ref and cpu, which agree
+  // bit for bit; null on CUDA (GPT::load_int8 refuses off the CPU).
+  decltype(&cpu::quantize_weights_int8) quantize_weights_int8 = nullptr;
+  decltype(&cpu::matmul_int8_forward) matmul_int8_forward = nullptr;
 };
 
 // ops.inc's attention_backward, which needs no `out`, as an AttentionBackwardFn.
@@ -138,6 +143,8 @@ inline int64_t full_attention_row_floats(int T, int /*hs*/) { return T; }
     .rmsnorm_forward = ns::rmsnorm_forward, .rmsnorm_backward = ns::rmsnorm_backward, \
     .rope_forward = ns::rope_forward, .rope_backward = ns::rope_backward,          \
     .swiglu_forward = ns::swiglu_forward, .swiglu_backward = ns::swiglu_backward,  \
+    .quantize_weights_int8 = ns::quantize_weights_int8,                            \
+    .matmul_int8_forward = ns::matmul_int8_forward,                                \
   }
 
 // A thunk with Fn's signature that adds the call's duration to op_times().
@@ -198,6 +205,8 @@ inline const OpsTable& ops_for(Backend b) {
       .rope_backward = Timed<cpu::rope_backward, OpKind::kElementwise>::call,
       .swiglu_forward = Timed<cpu::swiglu_forward, OpKind::kElementwise>::call,
       .swiglu_backward = Timed<cpu::swiglu_backward, OpKind::kElementwise>::call,
+      .quantize_weights_int8 = cpu::quantize_weights_int8,
+      .matmul_int8_forward = Timed<cpu::matmul_int8_forward, OpKind::kMatmul>::call,
   };
 #ifdef TESSERA_HAVE_CUDA
   // Attention through cuda::attention_impl() (flash unless
@@ -226,6 +235,16 @@ inline const OpsTable& ops_for(Backend b) {
       .encoder_forward_positions = cuda::encoder_forward_positions,
       .kv_cache_write = cuda::kv_cache_write,
       .paged_attention_forward = cuda::paged_attention_forward,
+      .attention_gqa_forward = cuda::attention_gqa_forward,
+      .attention_gqa_backward = cuda::attention_gqa_backward,
+      .kv_cache_write_gqa = cuda::kv_cache_write_gqa,
+      .paged_attention_gqa_forward = cuda::paged_attention_gqa_forward,
+      .rmsnorm_forward = cuda::rmsnorm_forward,
+      .rmsnorm_backward = cuda::rmsnorm_backward,
+      .rope_forward = cuda::rope_forward,
+      .rope_backward = cuda::rope_backward,
+      .swiglu_forward = cuda::swiglu_forward,
+      .swiglu_backward = cuda::swiglu_backward,
   };
 #endif
   switch (b) {

@@ -76,8 +76,16 @@ struct Case {
 
 class LlamaParity : public ::testing::TestWithParam<Case> {};
 
+// CUDA rows skip, saying why, without the backend or a device.
+#define SKIP_UNAVAILABLE(backend)                 \
+  do {                                            \
+    const Status _st = backend_available(backend); \
+    if (!_st.ok()) GTEST_SKIP() << _st.message(); \
+  } while (0)
+
 TEST_P(LlamaParity, LogitsLossAndEveryGradient) {
   const Case c = GetParam();
+  SKIP_UNAVAILABLE(c.backend);
   const Batch b = batch();
   auto model = load(kDir + c.model, c.backend);
   ASSERT_TRUE(model);
@@ -112,6 +120,7 @@ TEST_P(LlamaParity, LogitsLossAndEveryGradient) {
 
 TEST_P(LlamaParity, TenAdamWStepsMatchTorch) {
   const Case c = GetParam();
+  SKIP_UNAVAILABLE(c.backend);
   const Batch b = batch();
   auto model = load(kDir + c.model, c.backend);
   ASSERT_TRUE(model);
@@ -146,7 +155,14 @@ INSTANTIATE_TEST_SUITE_P(Models, LlamaParity,
                                            Case{"llama_gqa", Backend::kCPU, MatmulPrecision::kBF16, kTolBF16},
                                            Case{"qwen2_mqa", Backend::kRef, MatmulPrecision::kF32, kTolF32},
                                            Case{"qwen2_mqa", Backend::kCPU, MatmulPrecision::kF32, kTolF32},
-                                           Case{"qwen2_mqa", Backend::kCPU, MatmulPrecision::kBF16, kTolBF16}),
+                                           Case{"qwen2_mqa", Backend::kCPU, MatmulPrecision::kBF16, kTolBF16}
+#ifdef TESSERA_HAVE_CUDA
+                                           ,  // scripts/gpu-check.sh runs these where a GPU is lent
+                                           Case{"llama_gqa", Backend::kCUDA, MatmulPrecision::kF32, kTolF32},
+                                           Case{"llama_gqa", Backend::kCUDA, MatmulPrecision::kBF16, kTolBF16},
+                                           Case{"qwen2_mqa", Backend::kCUDA, MatmulPrecision::kF32, kTolF32}
+#endif
+                                           ),
                          [](const auto& info) {
                            const Case& c = info.param;
                            return c.model + "_" + std::string(backend_name(c.backend)) +

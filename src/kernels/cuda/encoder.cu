@@ -14,7 +14,7 @@ __global__ void encoder_forward_kernel(float* out, const int* inp, const float* 
     const int64_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(bt % T);
-    out[i] = wte[static_cast<int64_t>(inp[bt]) * C + c] + wpe[static_cast<int64_t>(t) * C + c];
+    out[i] = wte[static_cast<int64_t>(inp[bt]) * C + c] + (wpe ? wpe[static_cast<int64_t>(t) * C + c] : 0.0f);
   }
 }
 
@@ -56,8 +56,10 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T, int C) {
   const int64_t n = static_cast<int64_t>(B) * T * C;
   if (n == 0) return;
-  encoder_backward_wpe_kernel<<<grid_for(static_cast<int64_t>(T) * C, kBlock), kBlock>>>(dwpe, dout, B, T, C);
-  CHECK_CUDA_LAUNCH();
+  if (dwpe) {  // null: no learned positions
+    encoder_backward_wpe_kernel<<<grid_for(static_cast<int64_t>(T) * C, kBlock), kBlock>>>(dwpe, dout, B, T, C);
+    CHECK_CUDA_LAUNCH();
+  }
   encoder_backward_wte_kernel<<<grid_for(n, kBlock), kBlock>>>(dwte, dout, inp, C, n);
   CHECK_CUDA_LAUNCH();
 }

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include "ckpt/checkpoint.h"
@@ -28,6 +29,7 @@
 #include "obs/process.h"
 #include "serve/engine.h"
 #include "serve/registry.h"
+#include "serve/model_assets.h"
 #include "serve/registry_catalog.h"
 #include "serve/server.h"
 #include "tools/commands.h"
@@ -39,6 +41,7 @@ namespace {
 
 struct ServeArgs {
   std::string model, registry, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
+  std::string chat_template;  // --chat-template FILE
   serve::TlsOptions tls;
   std::string int8_kernel = "auto";
   int port = 8000;
@@ -54,10 +57,13 @@ struct ServeArgs {
   bool fault_injection = false;
 };
 
-// A safetensors file (config.json beside it) or a checkpoint folder
-// (step-N, or a checkpoint.dir whose latest is followed).
+// A Hugging Face folder (config.json: GPT-2, Llama, Mistral, Qwen2), a
+// safetensors file (config.json beside it) or a checkpoint folder (step-N,
+// or a checkpoint.dir whose latest is followed).
 Result<std::unique_ptr<GPT>> load_model(const std::string& path, Backend backend) {
   std::error_code ec;
+  if (std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "config.json", ec))
+    return load_gpt2(path, nullptr, backend, ModelUse::kInference);
   if (std::filesystem::is_directory(path, ec)) {
     ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
     ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_whole_model(ck));
@@ -113,13 +119,16 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
 
   auto served = std::make_shared<serve::ServedModel>();
   served->id = id;
-  const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
-  ASSIGN_OR_RETURN(served->owned_tokenizer, data::make_tokenizer(tok_name, a.vocab_dir));
+  // The tokenizer, chat template and end ids: the folder's (tokenizer.json,
+  // tokenizer_config.json, generation_config.json) unless the flags say.
+  ASSIGN_OR_RETURN(serve::ModelAssets assets,
+                   serve::load_model_assets(path, a.tokenizer, a.vocab_dir, a.chat_template, cfg.vocab));
+  served->owned_tokenizer = std::move(assets.tokenizer);
   served->tokenizer = served->owned_tokenizer.get();
+  served->chat_template = assets.chat_template;
   const data::Tokenizer& tok = *served->tokenizer;
-  if (tok.vocab_size() > cfg.vocab)
-    return Status::InvalidArgument(fmt::format("tokenizer '{}' has {} tokens but the model's vocabulary has only {}",
-                                               tok_name, tok.vocab_size(), cfg.vocab));
+  std::fprintf(stderr, "serve: %s: %s%s\n", id.c_str(), assets.source.c_str(),
+               assets.stop_tokens.empty() ? "" : fmt::format(", end ids {}", fmt::join(assets.stop_tokens, " ")).c_str());
 
   serve::EngineOptions eo;
   eo.max_seqs = a.max_seqs;
@@ -127,6 +136,7 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   eo.max_batch_tokens = std::max(a.max_batch_tokens, a.max_seqs);
   eo.queue_timeout_s = a.queue_timeout_s;
   eo.eot_token = static_cast<int>(tok.eot());
+  eo.stop_tokens = assets.stop_tokens;
   eo.kv_blocks = a.kv_blocks;
   eo.block_size = block_size;
   if (a.kv_memory_mb > 0) eo.kv_blocks = static_cast<int>(kv_blocks);
@@ -297,8 +307,12 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "OpenMP threads for the model (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--tokenizer", a->tokenizer,
-                  "byte, gpt2, or a Hugging Face tokenizer.json or its folder (default: gpt2 for a vocabulary >= "
-                  "50257, else byte)");
+                  "byte, gpt2, or a Hugging Face tokenizer.json or its folder (default: the model folder's "
+                  "tokenizer.json, else gpt2 for a vocabulary >= 50257, else byte)");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "a Jinja chat template file for /v1/chat/completions (default: the model folder's "
+                  "tokenizer_config.json chat_template, else the plain-text format)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--vocab", a->vocab_dir, "folder with encoder.json and vocab.bpe (default: data/raw/gpt2)");
   add_int8_kernel_option(cmd, &a->int8_kernel);
   cmd->callback([a] { exit_code() = run_serve(*a); });

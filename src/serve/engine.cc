@@ -93,6 +93,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<GPT> model, const
   if (opts.eot_token >= c.vocab)
     return Status::InvalidArgument(
         fmt::format("end-of-text id {} is outside the model's vocabulary of {}", opts.eot_token, c.vocab));
+  for (int t : opts.stop_tokens)
+    if (t < 0 || t >= c.vocab)
+      return Status::InvalidArgument(fmt::format("stop token id {} is outside the model's vocabulary of {}", t, c.vocab));
   EngineOptions o = opts;
   const int per_seq = (c.context + o.block_size - 1) / o.block_size;
   if (o.kv_blocks == 0) o.kv_blocks = o.max_seqs * per_seq;
@@ -345,7 +348,9 @@ void Engine::sample(Seq& s, const float* logits) {
   s.tokens.push_back(token);
   s.generated++;
   metrics_->generation_tokens->add(1);
-  if (token == opts_.eot_token && !p.ignore_eos) {
+  if ((token == opts_.eot_token ||
+       std::find(opts_.stop_tokens.begin(), opts_.stop_tokens.end(), token) != opts_.stop_tokens.end()) &&
+      !p.ignore_eos) {
     finish(s, FinishReason::kStop);
     return;
   }

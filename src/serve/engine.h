@@ -104,6 +104,9 @@ struct EngineOptions {
   int max_batch_tokens = 256;   // tokens per step; >= max_seqs
   double queue_timeout_s = 60;  // a request not admitted by then is refused
   int eot_token = -1;           // end-of-text id; -1: none
+  // More ids that end a generation (a model's generation_config.json
+  // eos_token_id list: Llama 3 has several), besides eot_token.
+  std::vector<int> stop_tokens;
 };
 
 struct EngineStats {

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "data/hf_tokenizer.h"
+
 namespace tessera::serve {
 
 using json = nlohmann::json;
@@ -269,6 +271,34 @@ std::optional<ApiError> parse_completion_request(const json& body, bool chat, co
   }
   if (auto it = body.find("user"); it != body.end() && !it->is_null() && !it->is_string())
     return wrong_type("user", "a string", *it);
+  // Known OpenAI fields that change the answer and are not built: a 400
+  // naming the field, never free text with 200 (unknown fields stay
+  // ignored, as OpenAI ignores them).
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return wrong_type("response_format", "an object", *it);
+    const auto type = it->find("type");
+    if (type == it->end() || !type->is_string())
+      return bad("response_format", "'response_format' needs a string 'type'");
+    if (*type != "text")
+      return bad("response_format", fmt::format("'response_format' of type '{}' is not served (structured output "
+                                                "is not built; only 'text')",
+                                                type->get<std::string>()));
+  }
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong_type("tools", "an array", *it);
+    if (!it->empty()) return bad("tools", "'tools' is not served (tool calling is not built)");
+  }
+  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null() && *it != "none")
+    return bad("tool_choice", "'tool_choice' is not served (tool calling is not built; only 'none')");
+  for (const char* f : {"functions", "function_call", "audio", "prediction", "web_search_options"}) {
+    if (auto it = body.find(f); it != body.end() && !it->is_null())
+      return bad(f, fmt::format("'{}' is not served", f));
+  }
+  if (auto it = body.find("modalities"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) return wrong_type("modalities", "an array", *it);
+    for (const json& m : *it)
+      if (m != "text") return bad("modalities", "'modalities' other than [\"text\"] is not served");
+  }
 
   // logprobs: an integer 0..5 for completions; a boolean plus top_logprobs
   // 0..20 for chat.
@@ -304,7 +334,6 @@ std::optional<ApiError> parse_completion_request(const json& body, bool chat, co
         return bad("stop", fmt::format("a stop string is {} bytes, more than {}", s.size(), limits.max_stop_bytes));
     }
   }
-  if (chat) r.stop.emplace_back(kChatStop);
   *out = std::move(r);
   return std::nullopt;
 }
@@ -321,8 +350,9 @@ std::string chat_prompt(const std::vector<ChatMessage>& messages) {
 }
 
 std::optional<ApiError> resolve_prompt(CompletionRequest* req, const data::Tokenizer& tok, const GPTConfig& model,
-                                       std::vector<int>* ids) {
+                                       std::vector<int>* ids, const data::ChatTemplate* tmpl) {
   ids->clear();
+  if (req->chat && !req->resume && !tmpl) req->stop.emplace_back(kChatStop);
   if (req->resume || !(req->chat || req->prompt_is_text)) {
     *ids = req->resume ? req->resume->token_ids : req->prompt_ids;
     for (size_t i = 0; i < ids->size(); i++) {
@@ -332,8 +362,29 @@ std::optional<ApiError> resolve_prompt(CompletionRequest* req, const data::Token
                                model.vocab));
     }
   } else {
-    const std::string text = req->chat ? chat_prompt(req->messages) : req->prompt_text;
-    for (uint32_t t : tok.encode(text)) ids->push_back(static_cast<int>(t));
+    std::string text;
+    const auto* hf = dynamic_cast<const data::HfTokenizer*>(&tok);
+    if (req->chat && tmpl) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      for (const ChatMessage& m : req->messages) messages.push_back({{"role", m.role}, {"content", m.content}});
+      data::ChatRenderOptions o;
+      o.add_generation_prompt = true;
+      Result<std::string> rendered = tmpl->render(messages, o);
+      if (!rendered.ok()) return bad("messages", "the model's chat template: " + rendered.status().message());
+      text = std::move(rendered).value();
+      // As apply_chat_template(tokenize=True): the template wrote the
+      // special tokens, the tokenizer adds none.
+      const std::vector<uint32_t> enc =
+          hf ? hf->encode(text, data::EncodeOptions{.add_special_tokens = false, .parse_special = true}) : tok.encode(text);
+      for (uint32_t t : enc) ids->push_back(static_cast<int>(t));
+    } else {
+      text = req->chat ? chat_prompt(req->messages) : req->prompt_text;
+      // A completion prompt is text as the model's tokenizer reads it: with
+      // a Hugging Face tokenizer, its BOS (Llama) as transformers adds it.
+      const std::vector<uint32_t> enc =
+          hf && !req->chat ? hf->encode(text, data::EncodeOptions{.add_special_tokens = true}) : tok.encode(text);
+      for (uint32_t t : enc) ids->push_back(static_cast<int>(t));
+    }
     if (ids->empty()) ids->push_back(static_cast<int>(tok.eot()));  // an empty prompt starts a new document
   }
   const int P = static_cast<int>(ids->size());

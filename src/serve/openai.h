@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "serve/engine.h"
 
@@ -82,7 +83,8 @@ std::optional<ApiError> parse_completion_request(const nlohmann::json& body, boo
 // The chat template (GPT-2 is no chat model; docs/serving.md): each message
 // as "System: ...\n", "User: ...\n" or "Assistant: ...\n" in order, then
 // "Assistant:". The stop string "\nUser:" is added to a chat request's stops
-// so the model does not write the user's turn.
+// so the model does not write the user's turn (by resolve_prompt, for models
+// without a chat template).
 std::string chat_prompt(const std::vector<ChatMessage>& messages);
 inline constexpr std::string_view kChatStop = "\nUser:";
 
@@ -90,8 +92,13 @@ inline constexpr std::string_view kChatStop = "\nUser:";
 // end-of-text token), checked against the model: ids in the vocabulary,
 // prompt shorter than the context, prompt + max_tokens within it. Fills
 // req->sampling.max_tokens.
+// A chat request with the model's chat template (tmpl, non-null: a Hugging
+// Face folder's tokenizer_config.json) renders the messages through it with
+// add_generation_prompt and encodes the text as transformers'
+// apply_chat_template does (special-token text parsed, nothing added);
+// without one, chat_prompt() and the "\nUser:" stop.
 std::optional<ApiError> resolve_prompt(CompletionRequest* req, const data::Tokenizer& tok, const GPTConfig& model,
-                                       std::vector<int>* ids);
+                                       std::vector<int>* ids, const data::ChatTemplate* tmpl = nullptr);
 
 // Text a client may be sent, built token by token. Holds back bytes that may
 // still become a stop string or that end in an incomplete UTF-8 character;

@@ -299,7 +299,7 @@ struct Server::Handlers {
     Engine* engine = served->engine;
     const data::Tokenizer& tok = *served->tokenizer;
     std::vector<int> ids;
-    if (auto e = resolve_prompt(&r, tok, engine->model().config(), &ids)) {
+    if (auto e = resolve_prompt(&r, tok, engine->model().config(), &ids, served->chat_template.get())) {
       send_error(res, *e);
       return;
     }

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "serve/http.h"
 #include "obs/metrics.h"
@@ -67,6 +68,9 @@ struct ServedModel {
   std::string id;
   std::unique_ptr<data::Tokenizer> owned_tokenizer;  // may be null: the caller owns it
   const data::Tokenizer* tokenizer = nullptr;
+  // The model's chat template (a Hugging Face folder's); null: the plain-text
+  // chat format (openai.h: chat_prompt).
+  std::shared_ptr<const data::ChatTemplate> chat_template;
   std::unique_ptr<Engine> owned_engine;              // may be null: the caller owns it
   Engine* engine = nullptr;
 };

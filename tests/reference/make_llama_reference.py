@@ -38,6 +38,7 @@ B, T = 4, 16
 MAX_LR, MIN_LR, WARMUP, STEPS = 1e-3, 1e-4, 3, 10
 WEIGHT_DECAY, BETA1, BETA2, ADAM_EPS = 0.1, 0.9, 0.95, 1e-8
 GRAD_CLIP = 1.0
+GREEDY_PROMPT, GREEDY_NEW = 8, 12
 
 # GQA (4 query heads, 2 key/value heads), untied head, theta 500000 with
 # Llama 3 scaling whose original context (16) puts the 8 frequencies of a
@@ -173,7 +174,7 @@ class Decoder(nn.Module):
             self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
         self.register_buffer("inv_freq", inv_freq_of(cfg), persistent=False)
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
         Tt = idx.shape[1]
         pos = torch.arange(Tt, dtype=torch.int64).float()
         freqs = pos[:, None] * self.inv_freq[None, :]
@@ -185,6 +186,8 @@ class Decoder(nn.Module):
         x = self.model.norm(x)
         w = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         logits = x @ w.t()
+        if targets is None:
+            return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
@@ -260,6 +263,15 @@ def build(name, cfg, tokens):
     write_safetensors(os.path.join(folder, "expected.safetensors"), expected)
     init_loss = loss.item()
 
+    # Greedy decoding from the first GREEDY_PROMPT tokens (the serving test's
+    # oracle), with the initial weights: the argmax of each step's logits.
+    seq = list(tokens[:GREEDY_PROMPT])
+    with torch.no_grad():
+        for _ in range(GREEDY_NEW):
+            step_logits, _ = model(torch.tensor([seq], dtype=torch.long))
+            seq.append(int(step_logits[0, -1].argmax()))
+    greedy = {"prompt": seq[:GREEDY_PROMPT], "tokens": seq[GREEDY_PROMPT:]}
+
     with torch.no_grad():
         for (_, p), (_, t) in zip(params, init_state):
             p.copy_(t)
@@ -287,6 +299,7 @@ def build(name, cfg, tokens):
                   "weight_decay": WEIGHT_DECAY, "beta1": BETA1, "beta2": BETA2, "eps": ADAM_EPS,
                   "grad_clip": GRAD_CLIP, "losses": losses, "grad_norms": norms, "lrs": lrs},
         "parameters": sum(p.numel() for _, p in params),
+        "greedy": greedy,
         "torch_version": torch.__version__,
     }
     with open(os.path.join(folder, "reference.json"), "w") as f:

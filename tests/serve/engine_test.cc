@@ -13,8 +13,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <fstream>
 
 #include "nn/gpt.h"
+#include "nn/gpt2_weights.h"
 #include "nn/sampler.h"
 #include "obs/metrics.h"
 #include "serve/engine.h"
@@ -103,6 +106,55 @@ std::vector<int> solo(GPT& oracle, const std::vector<int>& prompt, const Samplin
 // Sixteen prompts of 1 to 100 tokens, all at once, through a batch of 8 with
 // a 48-token step budget (so prompts are read in chunks beside decodes and
 // half the requests queue): each gets exactly its solo greedy tokens.
+// The Llama family through the engine (issue #30): the random-weight folders
+// of tests/reference/llama (GQA with Llama 3 rope scaling and an untied head;
+// Qwen2's qkv biases, multi-query, tied head) decode greedily to PyTorch's
+// tokens (make_llama_reference.py's "greedy"), and 12 concurrent requests
+// of different lengths equal their solo runs.
+TEST(ServeEngine, LlamaFoldersDecodeAsPyTorchAndConcurrentlyAsAlone) {
+  for (const char* name : {"llama_gqa", "qwen2_mqa"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(TESSERA_TEST_DATA_DIR) + "/reference/llama/" + name;
+    auto load = [&] {
+      auto m = load_gpt2(dir, nullptr, Backend::kCPU, ModelUse::kInference);
+      EXPECT_TRUE(m.ok()) << m.status().message();
+      return std::move(m).value();
+    };
+    std::ifstream in(dir + "/reference.json");
+    const nlohmann::json greedy_ref = nlohmann::json::parse(in)["greedy"];
+    const std::vector<int> prompt = greedy_ref["prompt"].get<std::vector<int>>();
+    const std::vector<int> want = greedy_ref["tokens"].get<std::vector<int>>();
+    auto oracle = load();
+    obs::Registry reg;
+    EngineOptions o;
+    o.max_seqs = 4;
+    o.max_batch_tokens = 16;
+    o.block_size = 4;
+    auto engine = Engine::create(load(), o, reg);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
+    Outcome torch_prompt;
+    ASSERT_TRUE((*engine)->submit(prompt, greedy(static_cast<int>(want.size())), torch_prompt.sink()).ok());
+    torch_prompt.wait();
+    EXPECT_EQ(torch_prompt.tokens, want);
+
+    const int n = 12;
+    std::vector<std::vector<int>> prompts;
+    std::vector<std::unique_ptr<Outcome>> outs;
+    for (int i = 0; i < n; i++) {
+      std::vector<int> p(1 + (i * 5) % 17);
+      for (size_t k = 0; k < p.size(); k++) p[k] = static_cast<int>((i * 31 + k * 7) % 99);
+      prompts.push_back(p);
+      outs.push_back(std::make_unique<Outcome>());
+      ASSERT_TRUE((*engine)->submit(prompts[i], greedy(6 + i % 4), outs[i]->sink()).ok());
+    }
+    for (int i = 0; i < n; i++) {
+      outs[i]->wait();
+      EXPECT_EQ(outs[i]->tokens, solo(*oracle, prompts[i], greedy(6 + i % 4))) << "request " << i;
+    }
+    EXPECT_EQ((*engine)->stats().kv_used_blocks, 0);
+  }
+}
+
 TEST(ServeEngine, ConcurrentGreedyRequestsEqualEachAlone) {
   auto oracle = make_model();
   obs::Registry reg;

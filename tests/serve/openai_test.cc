@@ -57,8 +57,27 @@ TEST(ServeOpenAI, ParsesAChatRequest) {
   EXPECT_EQ(r.messages[1].content, "Hi!");
   EXPECT_EQ(*r.max_tokens, 9);
   EXPECT_EQ(r.sampling.logprobs, 3);
-  EXPECT_EQ(r.stop, (std::vector<std::string>{std::string(kChatStop)}));
+  EXPECT_TRUE(r.stop.empty());
   EXPECT_EQ(chat_prompt(r.messages), "System: Be brief.\nUser: Hi!\nAssistant: \nAssistant:");
+  // Without a chat template: the plain-text format and its stop string.
+  data::ByteTokenizer bytes;
+  const GPTConfig model{1, 1, 8, 256, 512};
+  std::vector<int> ids;
+  CompletionRequest plain = r;
+  ASSERT_FALSE(resolve_prompt(&plain, bytes, model, &ids));
+  EXPECT_EQ(plain.stop, (std::vector<std::string>{std::string(kChatStop)}));
+  EXPECT_EQ(ids.size(), chat_prompt(r.messages).size());
+  // With one: the rendered text (add_generation_prompt), no added stop.
+  auto tmpl = data::ChatTemplate::parse(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}",
+      "", "");
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().message();
+  CompletionRequest templated = r;
+  ASSERT_FALSE(resolve_prompt(&templated, bytes, model, &ids, &*tmpl));
+  EXPECT_TRUE(templated.stop.empty());
+  const std::string want = "<system>Be brief.<user>Hi!<assistant><a>";
+  ASSERT_EQ(ids.size(), want.size());
+  for (size_t i = 0; i < want.size(); i++) EXPECT_EQ(ids[i], static_cast<unsigned char>(want[i]));
 }
 
 // Each bad body: a 400 naming the field.
@@ -95,6 +114,18 @@ TEST(ServeOpenAI, RefusesBadFieldsNamingThem) {
       {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
       {R"({"prompt":"x","logit_bias":{"1":5}})", "logit_bias"},
       {R"({"prompt":"x","seed":"s"})", "seed"},
+      // Known fields that change the answer and are not built (issue #30 item 6).
+      {R"({"prompt":"x","response_format":{"type":"json_object"}})", "response_format"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{}}})", "response_format"},
+      {R"({"prompt":"x","response_format":"json"})", "response_format"},
+      {R"({"prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", "tools"},
+      {R"({"prompt":"x","tool_choice":"auto"})", "tool_choice"},
+      {R"({"prompt":"x","tool_choice":{"type":"function","function":{"name":"f"}}})", "tool_choice"},
+      {R"({"prompt":"x","functions":[{"name":"f"}]})", "functions"},
+      {R"({"prompt":"x","function_call":"auto"})", "function_call"},
+      {R"({"prompt":"x","audio":{"voice":"alloy"}})", "audio"},
+      {R"({"prompt":"x","modalities":["text","audio"]})", "modalities"},
+      {R"({"prompt":"x","prediction":{"type":"content","content":"x"}})", "prediction"},
   };
   for (const auto& [body, param] : cases) {
     auto e = parse(body);
@@ -116,6 +147,12 @@ TEST(ServeOpenAI, RefusesBadFieldsNamingThem) {
       {R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "messages[0].content[0].type"},
       {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs"},
   };
+  // What does not change the answer is accepted: text output, no tools, unknown fields.
+  for (const char* ok : {R"({"prompt":"x","response_format":{"type":"text"}})", R"({"prompt":"x","tools":[]})",
+                         R"({"prompt":"x","tool_choice":"none"})", R"({"prompt":"x","modalities":["text"]})",
+                         R"({"prompt":"x","tools":null,"service_tier":"auto","metadata":{"a":"b"}})",
+                         R"({"prompt":"x","some_future_field":1})"})
+    EXPECT_FALSE(parse(ok).has_value()) << ok;
   for (const auto& [body, param] : chat_cases) {
     auto e = parse(body, true);
     ASSERT_TRUE(e.has_value()) << body;

@@ -1,0 +1,119 @@
+#include "serve/model_assets.h"
+
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/try.h"
+#include "data/hf_tokenizer.h"
+#include "io/json_guard.h"
+#include "io/safetensors.h"
+
+namespace tessera::serve {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The folder a model path names (itself, or a file's folder).
+fs::path folder_of(const std::string& model_path) {
+  std::error_code ec;
+  if (fs::is_directory(model_path, ec)) return model_path;
+  fs::path p = fs::path(model_path).parent_path();
+  return p.empty() ? fs::path(".") : p;
+}
+
+Result<nlohmann::json> read_json(const fs::path& path) {
+  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(path.string()));
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (Status st = io::check_json_nesting(text, io::JsonLimits{}); !st.ok()) return st.With(path.string());
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Status::Corruption(fmt::format("{}: not a JSON object", path.string()));
+  return j;
+}
+
+// eos_token_id as an int or a list of ints; anything else is an error.
+Status eos_ids(const nlohmann::json& j, const fs::path& file, std::set<int>* out) {
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return Status::OK();
+  auto one = [&](const nlohmann::json& v) -> Status {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 24))
+      return Status::InvalidArgument(fmt::format("{}: eos_token_id {} is not a token id", file.string(), v.dump()));
+    out->insert(v.get<int>());
+    return Status::OK();
+  };
+  if (it->is_array()) {
+    for (const nlohmann::json& v : *it) RETURN_IF_ERROR(one(v));
+    return Status::OK();
+  }
+  return one(*it);
+}
+
+}  // namespace
+
+Result<ModelAssets> load_model_assets(const std::string& model_path, const std::string& tokenizer,
+                                      const std::string& vocab_dir, const std::string& chat_template, int vocab) {
+  ModelAssets a;
+  const fs::path dir = folder_of(model_path);
+  std::error_code ec;
+  const bool hf_tok = tokenizer.empty() && fs::exists(dir / "tokenizer.json", ec);
+  const std::string name = !tokenizer.empty() ? tokenizer : hf_tok ? dir.string() : vocab >= 50257 ? "gpt2" : "byte";
+  ASSIGN_OR_RETURN(a.tokenizer, data::make_tokenizer(name, vocab_dir));
+  if (a.tokenizer->vocab_size() > vocab)
+    return Status::InvalidArgument(fmt::format("tokenizer '{}' has {} tokens but the model's vocabulary has only {}",
+                                               name, a.tokenizer->vocab_size(), vocab));
+  a.source = fmt::format("tokenizer {}", a.tokenizer->name());
+
+  // The chat template: --chat-template, else the folder's tokenizer_config.json.
+  const auto* hf = dynamic_cast<const data::HfTokenizer*>(a.tokenizer.get());
+  if (!chat_template.empty()) {
+    ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(chat_template));
+    std::string bos, eos;
+    if (fs::exists(dir / "tokenizer_config.json", ec)) {
+      ASSIGN_OR_RETURN(nlohmann::json cfg, read_json(dir / "tokenizer_config.json"));
+      auto token_text = [](const nlohmann::json& v) {
+        if (v.is_string()) return v.get<std::string>();
+        if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+        return std::string();
+      };
+      if (cfg.contains("bos_token")) bos = token_text(cfg["bos_token"]);
+      if (cfg.contains("eos_token")) eos = token_text(cfg["eos_token"]);
+    }
+    ASSIGN_OR_RETURN(data::ChatTemplate t,
+                     data::ChatTemplate::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                                               bos, eos));
+    a.chat_template = std::make_shared<const data::ChatTemplate>(std::move(t));
+    a.source += fmt::format(", chat template {}", chat_template);
+  } else if (fs::exists(dir / "tokenizer_config.json", ec)) {
+    Result<data::ChatTemplate> t = data::ChatTemplate::load((dir / "tokenizer_config.json").string());
+    if (t.ok()) {
+      a.chat_template = std::make_shared<const data::ChatTemplate>(std::move(t).value());
+      a.source += ", the folder's chat template";
+    } else if (t.status().code() != StatusCode::kNotFound) {
+      return t.status();  // a template that is there but unreadable is an error, not a silent plain format
+    }
+  }
+
+  // The ids that end a generation.
+  std::set<int> stops;
+  if (fs::exists(dir / "generation_config.json", ec)) {
+    ASSIGN_OR_RETURN(nlohmann::json g, read_json(dir / "generation_config.json"));
+    RETURN_IF_ERROR(eos_ids(g, dir / "generation_config.json", &stops));
+  }
+  if (stops.empty() && hf && a.chat_template && !a.chat_template->eos_token().empty()) {
+    const int64_t id = hf->token_id(a.chat_template->eos_token());
+    if (id >= 0) stops.insert(static_cast<int>(id));
+  }
+  for (int t : stops) {
+    if (t >= vocab)
+      return Status::InvalidArgument(
+          fmt::format("{}: eos_token_id {} is outside the model's vocabulary of {}", dir.string(), t, vocab));
+  }
+  a.stop_tokens.assign(stops.begin(), stops.end());
+  return a;
+}
+
+}  // namespace tessera::serve

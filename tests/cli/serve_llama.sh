@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `tessera serve --model DIR` of a Hugging Face Llama folder (issue #30): a
+# random-weight Llama (GQA, untied head) with the real Llama 3.1
+# tokenizer.json, tokenizer_config.json (its chat template) and a
+# generation_config.json with Llama 3's three end ids. The server renders chat
+# messages through the template; the prompt ids it reports equal the
+# oracle's: python3-jinja2 rendering as transformers' apply_chat_template
+# (trim_blocks, lstrip_blocks) and Hugging Face's own tokenizer
+# (@huggingface/tokenizers) encoding without added tokens. Streaming
+# concatenates to the plain text; tools and response_format get their 400.
+set -euo pipefail
+tessera=$1; tests=$2
+clients="$tests/clients"
+root=$(cd "$tests/.." && pwd)
+export OMP_NUM_THREADS=1
+tok="$root/data/raw/tokenizers/llama3_1"
+[ -f "$tok/tokenizer.json" ] || { echo "FAIL $tok is missing: run scripts/setup.sh (scripts/fetch-data.sh)"; exit 1; }
+[ -f "$clients/node_modules/openai/package.json" ] || { echo "FAIL tests/clients is not installed: run scripts/setup.sh"; exit 1; }
+tmp=$(mktemp -d)
+source "$tests/cli/serve_common.inc"
+
+# The folder: one training step of a Llama config with Llama 3's vocabulary.
+"$tessera" prepare --input /usr/share/common-licenses/{GPL-3,GPL-2,LGPL-2.1,Apache-2.0} --tokenizer byte --out "$tmp/data" \
+  --val-fraction 0.25 >/dev/null
+cat >"$tmp/cfg.toml" <<TOML
+[model]
+arch = "llama"
+layers = 2
+heads = 4
+kv_heads = 2
+dim = 64
+mlp_hidden = 96
+vocab = 128256
+context = 256
+[data]
+train = "$tmp/data/train_*.bin"
+val = "$tmp/data/val_*.bin"
+[train]
+micro_batch = 1
+seq = 32
+steps = 1
+warmup = 0
+eval_every = 0
+eval_batches = 1
+[checkpoint]
+dir = "$tmp/llama"
+TOML
+"$tessera" train --config "$tmp/cfg.toml" >"$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; exit 1; }
+cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$tmp/llama/"
+echo '{"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}' >"$tmp/llama/generation_config.json"
+
+cat >"$tmp/messages.json" <<'JSON'
+[{"role": "system", "content": "You are terse.  "},
+ {"role": "user", "content": "Grüße aus Zürich — 日本語も。 What's 2+2?\n"}]
+JSON
+# The oracle: render as transformers does, encode with Hugging Face's tokenizer.
+python3 - "$tok/tokenizer_config.json" "$tmp/messages.json" >"$tmp/rendered.json" <<'PY'
+import json, sys
+import jinja2
+cfg = json.load(open(sys.argv[1]))
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+text = env.from_string(cfg["chat_template"]).render(messages=json.load(open(sys.argv[2])), add_generation_prompt=True,
+                                                   bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
+print(json.dumps(text))
+PY
+(cd "$clients" && node tokenizer_oracle.mjs "$tok" <"$tmp/rendered.json") \
+  | python3 -c 'import json,sys; print(json.dumps(json.loads(sys.stdin.readline())["plain"]))' >"$tmp/oracle.json"
+
+serve_start srv --model "$tmp/llama" --served-model-name llama-tiny --threads 1
+status=0
+if grep -q "the folder's chat template, end ids 128001 128008 128009" "$tmp/srv.log"; then
+  echo "ok   the server took the folder's tokenizer, template and end ids: $(grep -m1 'chat template' "$tmp/srv.log")"
+else echo "FAIL the server's assets:"; cat "$tmp/srv.log"; status=1; fi
+grep -q "KV=2" "$tmp/srv.log" || { echo "FAIL the ready line does not describe a GQA model:"; cat "$tmp/srv.log"; status=1; }
+node "$clients/openai_chat_template.mjs" "${srv_url##*:}" llama-tiny "$tmp/oracle.json" "$tmp/messages.json" || status=1
+# Still serving after the refusals.
+code=$(curl -s -o /dev/null -w '%{http_code}' "$srv_url/v1/completions" -H 'Content-Type: application/json' \
+  -d '{"prompt": "Hello", "max_tokens": 2}')
+[ "$code" = 200 ] && echo "ok   still serving after the refusals" || { echo "FAIL a completion after the refusals: $code"; status=1; }
+serve_stop srv
+exit $status

@@ -55,6 +55,7 @@ struct ServeArgs {
   double drain_timeout_s = 30;
   size_t max_body_bytes = 1 << 20;
   bool fault_injection = false;
+  bool no_prefix_cache = false;
 };
 
 // A Hugging Face folder (config.json: GPT-2, Llama, Mistral, Qwen2), a
@@ -137,6 +138,7 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   eo.queue_timeout_s = a.queue_timeout_s;
   eo.eot_token = static_cast<int>(tok.eot());
   eo.stop_tokens = assets.stop_tokens;
+  eo.prefix_cache = !a.no_prefix_cache;
   eo.kv_blocks = a.kv_blocks;
   eo.block_size = block_size;
   if (a.kv_memory_mb > 0) eo.kv_blocks = static_cast<int>(kv_blocks);
@@ -309,6 +311,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer,
                   "byte, gpt2, or a Hugging Face tokenizer.json or its folder (default: the model folder's "
                   "tokenizer.json, else gpt2 for a vocabulary >= 50257, else byte)");
+  cmd->add_flag("--no-prefix-cache", a->no_prefix_cache,
+                "turn automatic prefix caching off (on by default: a prompt reuses the KV blocks of its longest "
+                "cached prefix)");
   cmd->add_option("--chat-template", a->chat_template,
                   "a Jinja chat template file for /v1/chat/completions (default: the model folder's "
                   "tokenizer_config.json chat_template, else the plain-text format)")

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <xxhash.h>
+
 #include <fmt/format.h>
 
 #include "core/check.h"
@@ -56,6 +58,12 @@ Status PagedKVCache::init(Device device) {
   live_.assign(max_seqs_, false);
   length_.assign(max_seqs_, 0);
   table_.assign(max_seqs_, {});
+  seq_committed_.assign(max_seqs_, 0);
+  seq_stopped_.assign(max_seqs_, 0);
+  ref_.assign(num_blocks_, 0);
+  key_.assign(num_blocks_, BlockKey{});
+  lru_pos_.assign(num_blocks_, lru_.end());
+  in_lru_.assign(num_blocks_, 0);
   clear();
   return Status::OK();
 }
@@ -67,6 +75,104 @@ void PagedKVCache::clear() {
   std::fill(live_.begin(), live_.end(), false);
   std::fill(length_.begin(), length_.end(), 0);
   for (auto& t : table_) t.clear();
+  std::fill(seq_committed_.begin(), seq_committed_.end(), 0);
+  std::fill(seq_stopped_.begin(), seq_stopped_.end(), 0);
+  std::fill(ref_.begin(), ref_.end(), 0);
+  for (BlockKey& k : key_) k = BlockKey{};
+  by_hash_.clear();
+  lru_.clear();
+  std::fill(lru_pos_.begin(), lru_pos_.end(), lru_.end());
+  std::fill(in_lru_.begin(), in_lru_.end(), 0);
+  cached_ = 0;
+}
+
+void PagedKVCache::uncommit(int b) {
+  BlockKey& k = key_[b];
+  if (!k.committed) return;
+  auto it = by_hash_.find(k.hash);
+  if (it != by_hash_.end() && it->second == b) by_hash_.erase(it);
+  k = BlockKey{};
+  cached_--;
+}
+
+int PagedKVCache::take_block() {
+  if (!free_.empty()) {
+    const int b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  CHECK(!lru_.empty());
+  const int b = lru_.front();
+  lru_.pop_front();
+  in_lru_[b] = 0;
+  uncommit(b);
+  return b;
+}
+
+namespace {
+// The key of a block: the previous block's key and this block's tokens.
+uint64_t block_hash(uint64_t parent, std::span<const int> tokens) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0x7e55e7a);
+  XXH64_update(st, &parent, sizeof parent);
+  XXH64_update(st, tokens.data(), tokens.size_bytes());
+  const uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+}  // namespace
+
+int PagedKVCache::match_prefix(int seq, std::span<const int> tokens) {
+  CHECK(live(seq) && length_[seq] == 0 && table_[seq].empty());
+  if (tokens.empty()) return 0;
+  const int full = static_cast<int>((tokens.size() - 1) / block_size_);
+  uint64_t h = 0;
+  int parent = -1, matched = 0;
+  for (int i = 0; i < full; i++) {
+    const std::span<const int> part = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
+    h = block_hash(h, part);
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    const int b = it->second;
+    const BlockKey& k = key_[b];
+    if (k.parent != parent || !std::equal(part.begin(), part.end(), k.tokens.begin(), k.tokens.end())) break;
+    if (ref_[b]++ == 0 && in_lru_[b]) {
+      lru_.erase(lru_pos_[b]);
+      in_lru_[b] = 0;
+    }
+    table_[seq].push_back(b);
+    parent = b;
+    matched++;
+  }
+  length_[seq] = matched * block_size_;
+  seq_committed_[seq] = matched;
+  seq_stopped_[seq] = 0;
+  return matched * block_size_;
+}
+
+void PagedKVCache::commit(int seq, std::span<const int> tokens, int computed) {
+  CHECK(live(seq) && computed <= length_[seq] && computed <= static_cast<int>(tokens.size()));
+  if (seq_stopped_[seq]) return;
+  const int full = computed / block_size_;
+  for (int i = seq_committed_[seq]; i < full; i++) {
+    const int b = table_[seq][i];
+    const int parent = i > 0 ? table_[seq][i - 1] : -1;
+    const uint64_t ph = parent >= 0 ? key_[parent].hash : 0;
+    const std::span<const int> part = tokens.subspan(static_cast<size_t>(i) * block_size_, block_size_);
+    const uint64_t h = block_hash(ph, part);
+    if (by_hash_.count(h) || (parent >= 0 && !key_[parent].committed)) {
+      seq_stopped_[seq] = 1;  // another block holds this prefix (computed twice at once)
+      return;
+    }
+    BlockKey& k = key_[b];
+    k.committed = true;
+    k.hash = h;
+    k.parent = parent;
+    k.tokens.assign(part.begin(), part.end());
+    by_hash_[h] = b;
+    cached_++;
+    seq_committed_[seq] = i + 1;
+  }
 }
 
 Result<int> PagedKVCache::add_sequence() {
@@ -93,8 +199,9 @@ Status PagedKVCache::extend(int seq, int n) {
     return Status::ResourceExhausted(fmt::format("the KV cache needs {} more blocks and has {} free of {}", more,
                                                  free_blocks(), num_blocks_));
   for (int i = 0; i < more; i++) {
-    table_[seq].push_back(free_.back());
-    free_.pop_back();
+    const int b = take_block();
+    ref_[b] = 1;
+    table_[seq].push_back(b);
   }
   length_[seq] = want;
   return Status::OK();
@@ -102,9 +209,22 @@ Status PagedKVCache::extend(int seq, int n) {
 
 void PagedKVCache::release(int seq) {
   if (!live(seq)) return;
-  // Back in reverse, so a sequence that is re-added gets the same blocks.
-  for (auto it = table_[seq].rbegin(); it != table_[seq].rend(); ++it) free_.push_back(*it);
+  // Back in reverse, so a sequence that is re-added gets the same blocks; a
+  // committed block nobody holds stays cached (most recently used last).
+  for (auto it = table_[seq].rbegin(); it != table_[seq].rend(); ++it) {
+    const int b = *it;
+    if (--ref_[b] > 0) continue;
+    if (key_[b].committed) {
+      lru_.push_back(b);
+      lru_pos_[b] = std::prev(lru_.end());
+      in_lru_[b] = 1;
+    } else {
+      free_.push_back(b);
+    }
+  }
   table_[seq].clear();
+  seq_committed_[seq] = 0;
+  seq_stopped_[seq] = 0;
   length_[seq] = 0;
   live_[seq] = false;
 }

@@ -18,10 +18,23 @@
 // made for) and its bookkeeping (host). It remembers the model's shape and
 // GPT::forward_tokens refuses a cache made for another. Not thread-safe:
 // one scheduler thread drives the cache and the forward.
+//
+// Prefix caching (vLLM's automatic prefix caching): commit() keys each full
+// block of a sequence by its tokens and the block before it (a hash chain of
+// every token up to the block's end, xxh64, with the tokens kept to check a
+// match). A committed block outlives its sequence: release() leaves it
+// cached (evictable, least recently released first) instead of free, and
+// match_prefix() hands a new sequence the committed blocks of its longest
+// cached prefix. A block is only allocated anew when no free one is left,
+// evicting the least recently used cached block. Committed blocks are full
+// and never written again, so sequences share them read-only.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "core/status.h"
@@ -65,8 +78,25 @@ class PagedKVCache {
   const std::vector<int>& blocks(int seq) const;
   int blocks_needed(int positions) const { return (positions + block_size_ - 1) / block_size_; }
   int num_blocks() const { return num_blocks_; }
-  int free_blocks() const { return static_cast<int>(free_.size()); }
+  // Blocks a sequence can get: free, or cached and held by none (evictable).
+  int free_blocks() const { return static_cast<int>(free_.size() + lru_.size()); }
+  // Blocks held by live sequences.
   int used_blocks() const { return num_blocks_ - free_blocks(); }
+
+  // ---- Prefix caching (see above).
+  // For a new sequence (live, no positions yet): takes the committed blocks
+  // of the longest cached prefix of tokens, leaving at least one token to
+  // compute (its logits are the next token's), and returns the positions
+  // they hold (a multiple of block_size(); 0 for none). The sequence's
+  // length becomes that.
+  int match_prefix(int seq, std::span<const int> tokens);
+  // Keys seq's full blocks whose positions [0, computed) hold tokens'
+  // keys and values (computed <= length(seq)); blocks already committed are
+  // skipped. A block whose key another block already holds stays
+  // uncommitted (it is freed with the sequence), as do the ones after it.
+  void commit(int seq, std::span<const int> tokens, int computed);
+  // Committed blocks, held by sequences or evictable.
+  int cached_blocks() const { return cached_; }
   int block_size() const { return block_size_; }
   int max_seqs() const { return max_seqs_; }
   int live_sequences() const;
@@ -95,6 +125,27 @@ class PagedKVCache {
   int num_blocks_ = 0, block_size_ = 0, max_seqs_ = 0;
   Arena pool_;                     // [0] keys, [1] values: (L, num_blocks*bs, KV*hs/tp)
   std::vector<int> free_;          // free block ids, popped from the back
+  // Prefix caching, per block: sequences holding it, its key and the block
+  // before it when committed (parent -1: the first), its tokens; the key
+  // index; evictable blocks (committed, held by none), least recent first;
+  // per sequence, its leading blocks already committed (or matched).
+  struct BlockKey {
+    bool committed = false;
+    uint64_t hash = 0;
+    int parent = -1;
+    std::vector<int> tokens;
+  };
+  std::vector<int> ref_;
+  std::vector<BlockKey> key_;
+  std::unordered_map<uint64_t, int> by_hash_;
+  std::list<int> lru_;
+  std::vector<std::list<int>::iterator> lru_pos_;
+  std::vector<char> in_lru_;
+  std::vector<int> seq_committed_;
+  std::vector<char> seq_stopped_;  // a duplicate key ended this sequence's commits
+  int cached_ = 0;
+  int take_block();   // a free block, else the least recently used evictable one
+  void uncommit(int block);
   std::vector<bool> live_;
   std::vector<int> length_;
   std::vector<std::vector<int>> table_;

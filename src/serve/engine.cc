@@ -44,6 +44,9 @@ struct Engine::Metrics {
   obs::Counter* prompt_tokens;
   obs::Counter* generation_tokens;
   obs::Counter* preemptions;
+  obs::Counter* prefix_queries;
+  obs::Counter* prefix_hits;
+  obs::Gauge* prefix_blocks;
   obs::Histogram* ttft;
   obs::Histogram* itl;
   obs::Histogram* e2e;
@@ -62,6 +65,9 @@ Engine::Engine(std::unique_ptr<GPT> model, const EngineOptions& opts, obs::Regis
   m.prompt_tokens = &r.counter("tessera_prompt_tokens_total", "Prompt tokens prefilled (recomputation included)");
   m.generation_tokens = &r.counter("tessera_generation_tokens_total", "Tokens generated");
   m.preemptions = &r.counter("tessera_preemptions_total", "Sequences preempted for lack of KV-cache blocks");
+  m.prefix_queries = &r.counter("tessera_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache");
+  m.prefix_hits = &r.counter("tessera_prefix_cache_hits_total", "Prompt tokens found in the prefix cache");
+  m.prefix_blocks = &r.gauge("tessera_prefix_cache_blocks", "KV-cache blocks holding a cached prefix");
   const std::vector<double> latency = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
                                        0.5,   0.75,   1.0,   2.5,  5.0,  7.5,  10,   20,   40,  80};
   m.ttft = &r.histogram("tessera_time_to_first_token_seconds", "Time from arrival to the first token", latency);
@@ -213,11 +219,13 @@ EngineStats Engine::stats() const {
 void Engine::update_gauges() {
   const int used = cache_->used_blocks();
   metrics_->running->set(static_cast<double>(running_.size()));
+  metrics_->prefix_blocks->set(cache_->cached_blocks());
   metrics_->kv_usage->set(static_cast<double>(used) / opts_.kv_blocks);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.running = running_count_;
   stats_.waiting = queued_;
   stats_.kv_used_blocks = used;
+  stats_.kv_cached_blocks = cache_->cached_blocks();
   metrics_->waiting->set(queued_);
 }
 
@@ -297,16 +305,27 @@ void Engine::finish(Seq& s, FinishReason reason, Status status) {
 bool Engine::admit(Seq& s) {
   // Blocks for every token not yet computed, and one for the next.
   const int L = static_cast<int>(s.tokens.size());
-  if (cache_->free_blocks() < cache_->blocks_needed(L)) return false;
   Result<int> seq = cache_->add_sequence();
   if (!seq.ok()) return false;
-  Status st = cache_->extend(*seq, L);
+  const int cached = opts_.prefix_cache ? cache_->match_prefix(*seq, s.tokens) : 0;
+  if (cache_->free_blocks() < cache_->blocks_needed(L) - cached / opts_.block_size) {
+    cache_->release(*seq);  // the matched blocks go back to the cache
+    return false;
+  }
+  Status st = cache_->extend(*seq, L - cached);
   if (!st.ok()) {
     cache_->release(*seq);
     return false;
   }
   s.cache_seq = *seq;
-  s.computed = 0;
+  s.computed = cached;
+  if (opts_.prefix_cache) {
+    metrics_->prefix_queries->add(L);
+    metrics_->prefix_hits->add(cached);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.prefix_queries += L;
+    stats_.prefix_hits += cached;
+  }
   if (!s.admitted_once) {
     s.admitted_once = true;
     metrics_->queue->observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
@@ -500,6 +519,11 @@ void Engine::step() {
     running_.clear();
     update_gauges();
     return;
+  }
+  // The full blocks just computed become cached prefixes (before sampling,
+  // which may finish a sequence and release its blocks).
+  if (opts_.prefix_cache) {
+    for (auto& s : running_) cache_->commit(s->cache_seq, s->tokens, s->computed);
   }
   const int64_t Vp = model_->config().padded_vocab();
   for (size_t r = 0; r < logit_seqs_.size(); r++) sample(*logit_seqs_[r], logits_.data() + r * Vp);

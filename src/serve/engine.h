@@ -9,7 +9,11 @@
 //      longer than queue_timeout_s (Unavailable);
 //   2. admits waiting requests in arrival order while fewer than max_seqs run
 //      and the pool has the blocks for the whole prompt (reserved at once, so
-//      an admitted prompt never waits for blocks mid-prefill);
+//      an admitted prompt never waits for blocks mid-prefill); with prefix
+//      caching, the prompt's longest cached prefix comes from the cache
+//      (full blocks keyed by their tokens and all before them, as vLLM) and
+//      only the rest is prefilled; every full block computed is committed
+//      for later requests;
 //   3. builds one ragged batch (TokenBatch): one token for every sequence
 //      that is decoding, then prefill chunks of the others in admission order
 //      up to max_batch_tokens, so running sequences keep getting tokens while
@@ -107,11 +111,16 @@ struct EngineOptions {
   // More ids that end a generation (a model's generation_config.json
   // eos_token_id list: Llama 3 has several), besides eot_token.
   std::vector<int> stop_tokens;
+  // Automatic prefix caching (nn/kv_cache.h): a request's prompt reuses the
+  // cached blocks of its longest cached prefix and prefills the rest.
+  bool prefix_cache = true;
 };
 
 struct EngineStats {
   int running = 0, waiting = 0;
   int kv_used_blocks = 0, kv_blocks = 0;
+  int kv_cached_blocks = 0;                            // prefix-cache blocks, held or evictable
+  int64_t prefix_queries = 0, prefix_hits = 0;         // prompt tokens looked up, and found cached
   int64_t steps = 0, preemptions = 0;
 };
 

@@ -387,3 +387,104 @@ TEST(SampleToken, SameSeedSameDrawsAndHighTemperatureFlattens) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Prefix caching in the pool (nn/kv_cache.h): committed blocks outlive their
+// sequence, a new sequence gets the longest cached prefix (never its last
+// token), a mismatch anywhere in the chain stops the match, blocks are
+// shared read-only, and eviction takes the least recently released first.
+TEST(PrefixCache, CommitMatchReleaseEvict) {
+  GPT model(GPTConfig{1, 2, 16, 50, 64}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  PagedKVCache cache(model, 6, 4);
+  std::vector<int> a(11);
+  for (int i = 0; i < 11; i++) a[i] = i + 1;
+  const int s = cache.add_sequence().value();
+  EXPECT_EQ(cache.match_prefix(s, a), 0);  // nothing cached yet
+  ASSERT_TRUE(cache.extend(s, 11).ok());
+  cache.commit(s, a, 11);  // blocks 0-3 and 4-7 are full; 8-10 is not
+  EXPECT_EQ(cache.cached_blocks(), 2);
+  const std::vector<int> blocks = cache.blocks(s);
+  cache.release(s);
+  EXPECT_EQ(cache.used_blocks(), 0);
+  EXPECT_EQ(cache.free_blocks(), 6);  // the cached ones count as available
+  EXPECT_EQ(cache.cached_blocks(), 2);
+
+  // The same prompt: both full blocks again, the rest to compute.
+  const int t = cache.add_sequence().value();
+  EXPECT_EQ(cache.match_prefix(t, a), 8);
+  EXPECT_EQ(cache.length(t), 8);
+  EXPECT_EQ(cache.blocks(t)[0], blocks[0]);
+  EXPECT_EQ(cache.blocks(t)[1], blocks[1]);
+  // A second sequence shares them while the first holds them.
+  const int u = cache.add_sequence().value();
+  std::vector<int> b = a;
+  b[5] = 99;  // differs in the second block: only the first matches
+  EXPECT_EQ(cache.match_prefix(u, b), 4);
+  EXPECT_EQ(cache.blocks(u)[0], blocks[0]);
+  EXPECT_EQ(cache.used_blocks(), 2);
+  // An 8-token prompt gets one block: its last token must be computed.
+  const int w = cache.add_sequence().value();
+  EXPECT_EQ(cache.match_prefix(w, std::span<const int>(a.data(), 8)), 4);
+  cache.release(w);
+  cache.release(u);
+  cache.release(t);
+  EXPECT_EQ(cache.used_blocks(), 0);
+
+  // A different first block matches nothing.
+  std::vector<int> c = a;
+  c[0] = 42;
+  const int x = cache.add_sequence().value();
+  EXPECT_EQ(cache.match_prefix(x, c), 0);
+  // Filling the pool evicts the cached blocks, least recently released first.
+  ASSERT_TRUE(cache.extend(x, 4 * 5).ok());  // 5 blocks: 4 free + 1 evicted
+  EXPECT_EQ(cache.cached_blocks(), 1);
+  ASSERT_TRUE(cache.extend(x, 4).ok());  // the 6th: the other cached block
+  EXPECT_EQ(cache.cached_blocks(), 0);
+  EXPECT_EQ(cache.free_blocks(), 0);
+  cache.release(x);
+  EXPECT_EQ(cache.free_blocks(), 6);
+  const int y = cache.add_sequence().value();
+  EXPECT_EQ(cache.match_prefix(y, a), 0);  // evicted: nothing to reuse
+}
+
+// The forward through cached blocks gives the logits of computing them.
+TEST(PrefixCache, CachedPrefixGivesTheSameLogits) {
+  GPT model(GPTConfig{2, 4, 32, 50, 64}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  model.init_weights(5);
+  const int Vp = model.config().padded_vocab();
+  PagedKVCache cache(model, 16, 4);
+  std::vector<int> prompt(23);
+  for (int i = 0; i < 23; i++) prompt[i] = (i * 7) % 50;
+  auto run = [&](int seq, int from) {
+    const int n = static_cast<int>(prompt.size()) - from;
+    std::vector<int> ids(n, seq), pos(n);
+    for (int i = 0; i < n; i++) pos[i] = from + i;
+    const int last = n - 1;
+    std::vector<float> logits(Vp);
+    EXPECT_TRUE(model
+                    .forward_tokens(TokenBatch{{prompt.data() + from, static_cast<size_t>(n)}, ids, pos}, cache,
+                                    std::span<const int>(&last, 1), logits.data())
+                    .ok());
+    return logits;
+  };
+  const int s = cache.add_sequence().value();
+  ASSERT_TRUE(cache.extend(s, 23).ok());
+  const std::vector<float> want = run(s, 0);
+  cache.commit(s, prompt, 23);
+  cache.release(s);
+  const int t = cache.add_sequence().value();
+  const int cached = cache.match_prefix(t, prompt);
+  EXPECT_EQ(cached, 20);
+  ASSERT_TRUE(cache.extend(t, 3).ok());
+  const std::vector<float> got = run(t, cached);
+  // The same keys and values; the 3-row matmuls may round differently from
+  // the 23-row ones.
+  double worst = 0;
+  for (int v = 0; v < Vp; v++) worst = std::max(worst, std::fabs(static_cast<double>(got[v]) - want[v]));
+  EXPECT_LE(worst, 1e-5);
+}
+
+}  // namespace
+}  // namespace tessera

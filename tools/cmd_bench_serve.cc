@@ -89,6 +89,7 @@ struct ServeBenchArgs {
   int max_in_flight = 256;
   int requests = 64, warmup = 0;
   int prompt_tokens = 32, max_tokens = 32;
+  int shared_prefix = 0;  // leading prompt tokens every request has in common (a system prompt)
   double temperature = 0;
   uint64_t seed = 0;
   bool stream = false, json = false;
@@ -98,13 +99,18 @@ struct ServeBenchArgs {
 constexpr int kMaxCount = 1 << 30;  // bound of the count flags
 constexpr int kPromptVocab = 256;   // ids every model accepts (the byte-level ones have 256)
 
-// Request i's prompt: a function of (seed, i) alone, whichever thread sends it.
-std::vector<int> prompt_of(uint64_t seed, int i, int length) {
+// Request i's prompt: a function of (seed, i) alone, whichever thread sends
+// it; its first `shared` tokens are every request's (those of index -1).
+std::vector<int> prompt_of(uint64_t seed, int i, int length, int shared = 0) {
   std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(i)};
   std::mt19937 rng(seq);
   std::uniform_int_distribution<int> id(0, kPromptVocab - 1);
   std::vector<int> ids(length);
   for (int& t : ids) t = id(rng);
+  if (shared > 0 && i != -1) {
+    const std::vector<int> common = prompt_of(seed, -1, std::min(shared, length));
+    std::copy(common.begin(), common.end(), ids.begin());
+  }
   return ids;
 }
 
@@ -137,7 +143,7 @@ std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const Sender
     threads.emplace_back([&] {
       Sender send = make_sender();
       for (int i; (i = next.fetch_add(1)) < count;) {
-        const CompletionRequest req{model, prompt_of(a.seed, first + i, a.prompt_tokens), a.max_tokens, a.temperature,
+        const CompletionRequest req{model, prompt_of(a.seed, first + i, a.prompt_tokens, a.shared_prefix), a.max_tokens, a.temperature,
                                     a.stream};
         if (!arrival_s.empty())
           std::this_thread::sleep_until(
@@ -230,6 +236,7 @@ void print_json(const ServeBenchArgs& a, const std::string& model, const Report&
   j["max_in_flight"] = rate ? ordered_json(a.max_in_flight) : ordered_json(nullptr);
   j["requests"] = a.requests;
   j["prompt_tokens"] = a.prompt_tokens;
+  j["shared_prefix"] = a.shared_prefix;
   j["max_tokens"] = a.max_tokens;
   j["warmup"] = a.warmup;
   j["seed"] = a.seed;
@@ -388,6 +395,9 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--warmup", a->warmup, "untimed requests first")
       ->check(CLI::Range(0, kMaxCount))
       ->capture_default_str();
+  cmd->add_option("--shared-prefix", a->shared_prefix,
+                  "leading prompt tokens every request shares (a system prompt: what prefix caching reuses)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt length, token ids")
       ->check(CLI::Range(1, kMaxCount))
       ->capture_default_str();

@@ -11,9 +11,11 @@
 
 #include <fmt/format.h>
 
+#include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "nn/gpt2_weights.h"
 #include "nn/sampler.h"
+#include "serve/model_assets.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -51,18 +53,17 @@ int run_sample(const SampleArgs& a) {
   GPT& m = *model.value();
   const GPTConfig& cfg = m.config();
 
-  // Default: GPT-2 BPE for a GPT-2-sized vocabulary, bytes otherwise.
-  const std::string tok_name = !a.tokenizer.empty() ? a.tokenizer : cfg.vocab >= 50257 ? "gpt2" : "byte";
-  auto made = data::make_tokenizer(tok_name, a.vocab_dir);
-  if (!made.ok()) return fail(made.status());
-  const data::Tokenizer& tok = *made.value();
-  if (tok.vocab_size() > cfg.vocab)
-    return fail(Status::InvalidArgument(
-        fmt::format("tokenizer '{}' has {} tokens but the model's vocabulary has only {} ({})", tok_name,
-                    tok.vocab_size(), cfg.vocab, a.weights)));
+  // The model folder's tokenizer.json, else GPT-2 BPE for a GPT-2-sized
+  // vocabulary, else bytes (as tessera serve).
+  auto assets = serve::load_model_assets(a.weights, a.tokenizer, a.vocab_dir, "", cfg.vocab);
+  if (!assets.ok()) return fail(assets.status().With(a.weights));
+  const data::Tokenizer& tok = *assets->tokenizer;
 
   std::vector<int> prompt;
-  for (uint32_t t : tok.encode(a.prompt)) prompt.push_back(static_cast<int>(t));
+  // A Hugging Face tokenizer adds what transformers adds (Llama's BOS).
+  const auto* hf = dynamic_cast<const data::HfTokenizer*>(&tok);
+  for (uint32_t t : hf ? hf->encode(a.prompt, data::EncodeOptions{.add_special_tokens = true}) : tok.encode(a.prompt))
+    prompt.push_back(static_cast<int>(t));
   if (prompt.empty()) prompt.push_back(static_cast<int>(tok.eot()));  // unconditional: start a new document
   if (static_cast<int>(prompt.size()) > cfg.context)
     return fail(Status::InvalidArgument(fmt::format("the prompt is {} tokens, longer than the model's context of {}",

@@ -349,3 +349,42 @@ TEST(LlamaDecode, PagedCacheMatchesDenseForward) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The INT8 tier runs the family too: every matmul (the fused qkv with GQA's
+// narrower key/value rows, the output projection, SwiGLU's gate and up, the
+// untied head) quantized, the fp32 matmul weights released, and the logits
+// of a paged prefill within INT8's error of the fp32 ones.
+TEST(LlamaInt8, QuantizedFamilyTracksFp32) {
+  for (const char* name : {"llama_gqa", "qwen2_mqa"}) {
+    SCOPED_TRACE(name);
+    auto m = load_gpt2(std::string(TESSERA_TEST_DATA_DIR) + "/reference/llama/" + name, nullptr, Backend::kCPU,
+                       ModelUse::kInference);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    GPT& model = **m;
+    const int T = 16, Vp = model.config().padded_vocab();
+    std::vector<int> tokens(T), seq(T), pos(T), rows(T);
+    for (int i = 0; i < T; i++) tokens[i] = (i * 11) % 99, pos[i] = i, rows[i] = i;
+    auto logits = [&] {
+      auto cache = PagedKVCache::create(model, 4, 16);
+      EXPECT_TRUE(cache.ok());
+      const int s = (*cache)->add_sequence().value();
+      std::fill(seq.begin(), seq.end(), s);
+      EXPECT_TRUE((*cache)->extend(s, T).ok());
+      std::vector<float> out(static_cast<size_t>(T) * Vp);
+      EXPECT_TRUE(model.forward_tokens(TokenBatch{tokens, seq, pos}, **cache, rows, out.data()).ok());
+      return out;
+    };
+    const std::vector<float> fp32 = logits();
+    ASSERT_TRUE(model.quantize_int8().ok());
+    ASSERT_TRUE(model.release_fp32_matmul_weights().ok());
+    const std::vector<float> int8 = logits();
+    EXPECT_LE(testing_util::normalised_error(int8.data(), fp32.data(), static_cast<int64_t>(fp32.size())), 5e-2);
+    EXPECT_GT(model.int8_bytes(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -51,24 +52,6 @@ __global__ void scores_kernel(float* preatt, const float* inp, int B, int T, int
     }
     preatt[i] = v;
   }
-}
-
-// One warp per row (b,h,t): att = softmax over t2 <= t of preatt, 0 above.
-__global__ void causal_softmax_kernel(float* att, const float* preatt, int rows, int T) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= rows) return;  // whole warp
-  const int t = static_cast<int>(row % T);
-  const float* pre = preatt + row * T;
-  float* a = att + row * T;
-  float maxval = -INFINITY;
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) maxval = fmaxf(maxval, pre[t2]);
-  maxval = warp_max(maxval);
-  float sum = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) sum += expf(pre[t2] - maxval);
-  sum = warp_sum(sum);
-  const float inv = 1.0f / sum;
-  for (int t2 = lane; t2 < T; t2 += kWarpSize) a[t2] = t2 <= t ? expf(pre[t2] - maxval) * inv : 0.0f;
 }
 
 // out[b,t,h*hs+j] = sum over t2 <= t of att[b,h,t,t2] * v(b,t2,h)[j].
@@ -119,21 +102,6 @@ __global__ void dv_kernel(float* dinp, const float* dout, const float* att, int 
       acc += att[att_row(b, h, t, NH, T) + t2] * dout[(static_cast<int64_t>(b) * T + t) * C + c];
     dinp[qkv_at(b, t2, 2, h, T, C, hs) + c % hs] += acc;
   }
-}
-
-// One warp per row: dpreatt[t2] += att[t2] * (datt[t2] - sum_i att[i] datt[i]),
-// t2 <= t, with datt as accumulated (including what the caller left in it).
-__global__ void softmax_backward_kernel(float* dpreatt, const float* datt, const float* att, int rows, int T) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= rows) return;  // whole warp
-  const int t = static_cast<int>(row % T);
-  const float* a = att + row * T;
-  const float* da = datt + row * T;
-  float dot = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) dot += a[t2] * da[t2];
-  dot = warp_sum(dot);
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) dpreatt[row * T + t2] += a[t2] * (da[t2] - dot);
 }
 
 // dq(b,t,h)[j] += scale * sum over t2 <= t of dpreatt[b,h,t,t2] * k(b,t2,h)[j].

@@ -5,6 +5,7 @@
 // Dimension letters as in ops.inc; W = (NH + 2KV) * hs is a qkv row.
 #include <cmath>
 
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -144,24 +145,6 @@ __global__ void gqa_scores_kernel(float* preatt, const float* inp, Gqa d, float 
   }
 }
 
-// One warp per row (b,h,t), as attention.cu.
-__global__ void gqa_softmax_kernel(float* att, const float* preatt, int rows, int T) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= rows) return;
-  const int t = static_cast<int>(row % T);
-  const float* pre = preatt + row * T;
-  float* a = att + row * T;
-  float maxval = -INFINITY;
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) maxval = fmaxf(maxval, pre[t2]);
-  maxval = warp_max(maxval);
-  float sum = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) sum += expf(pre[t2] - maxval);
-  sum = warp_sum(sum);
-  const float inv = 1.0f / sum;
-  for (int t2 = lane; t2 < T; t2 += kWarpSize) a[t2] = t2 <= t ? expf(pre[t2] - maxval) * inv : 0.0f;
-}
-
 __global__ void gqa_values_kernel(float* out, const float* att, const float* inp, Gqa d) {
   const int64_t Q = static_cast<int64_t>(d.NH) * d.hs;
   const int64_t n = static_cast<int64_t>(d.B) * d.T * Q;
@@ -190,19 +173,6 @@ __global__ void gqa_datt_kernel(float* datt, const float* dout, const float* inp
     for (int j = 0; j < d.hs; j++) acc += v[j] * dy[j];
     datt[i] += acc;
   }
-}
-
-__global__ void gqa_softmax_backward_kernel(float* dpreatt, const float* datt, const float* att, int rows, int T) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= rows) return;
-  const int t = static_cast<int>(row % T);
-  const float* a = att + row * T;
-  const float* da = datt + row * T;
-  float dot = 0.0f;
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) dot += a[t2] * da[t2];
-  dot = warp_sum(dot);
-  for (int t2 = lane; t2 <= t; t2 += kWarpSize) dpreatt[row * T + t2] += a[t2] * (da[t2] - dot);
 }
 
 // dq(b,t,h)[j] += scale * sum over t2 <= t of dpreatt[b,h,t,t2] * k(b,t2,h%KV)[j].
@@ -302,7 +272,7 @@ void attention_gqa_forward(float* out, float* preatt, float* att, const float* i
   const int rows = B * NH * T;
   gqa_scores_kernel<<<grid_for(n_att, kBlock), kBlock>>>(preatt, inp, d, scale);
   CHECK_CUDA_LAUNCH();
-  gqa_softmax_kernel<<<ceil_div(rows, kBlock / kWarpSize), kBlock>>>(att, preatt, rows, T);
+  causal_softmax_kernel<<<ceil_div(rows, kBlock / kWarpSize), kBlock>>>(att, preatt, rows, T);
   CHECK_CUDA_LAUNCH();
   gqa_values_kernel<<<grid_for(static_cast<int64_t>(B) * T * NH * hs, kBlock), kBlock>>>(out, att, inp, d);
   CHECK_CUDA_LAUNCH();
@@ -319,7 +289,7 @@ void attention_gqa_backward(float* dinp, float* dpreatt, float* datt, const floa
   // dq and dk the finished dpreatt.
   gqa_datt_kernel<<<grid_for(n_att, kBlock), kBlock>>>(datt, dout, inp, d);
   CHECK_CUDA_LAUNCH();
-  gqa_softmax_backward_kernel<<<ceil_div(rows, kBlock / kWarpSize), kBlock>>>(dpreatt, datt, att, rows, T);
+  softmax_backward_kernel<<<ceil_div(rows, kBlock / kWarpSize), kBlock>>>(dpreatt, datt, att, rows, T);
   CHECK_CUDA_LAUNCH();
   gqa_dq_kernel<<<grid_for(static_cast<int64_t>(B) * T * NH * hs, kBlock), kBlock>>>(dinp, dpreatt, inp, d, scale);
   CHECK_CUDA_LAUNCH();

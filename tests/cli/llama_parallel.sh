@@ -51,6 +51,27 @@ if cmp -s "$tmp/base/model.safetensors" "$tmp/s/model.safetensors"; then
   echo "ok   stopped at 5 and resumed: final weights bitwise equal to the uninterrupted run's"
 else echo "FAIL resumed run's final weights differ"; status=1; fi
 
+# kill -9 mid-step (the run stalls before step S's backward, S in 3..7,
+# checkpoints every 2), then --resume latest: the final weights equal the
+# uninterrupted run's, bit for bit.
+RANDOM=11
+steps=$(( RANDOM % 5 + 3 ))
+TESSERA_FAULT="stall@0:$steps" "$tessera" train --config "$tmp/cfg.toml" --set train.micro_batch=8 \
+  --set checkpoint.every=2 --set "checkpoint.dir=$tmp/k" --set "log.metrics=$tmp/k.jsonl" >"$tmp/k.log" 2>&1 &
+pid=$!
+for _ in $(seq 3000); do
+  [ "$(grep -c '"loss"' "$tmp/k.jsonl" 2>/dev/null)" -ge $steps ] 2>/dev/null && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.01
+done
+kill -9 $pid 2>/dev/null || true
+wait $pid 2>/dev/null || true
+if grep -q "^saved" "$tmp/k.log"; then echo "FAIL the run to kill finished first"; status=1; fi
+layout k 1 1 1 --set checkpoint.every=2 --resume latest
+if cmp -s "$tmp/base/model.safetensors" "$tmp/k/model.safetensors"; then
+  echo "ok   kill -9 in step $((steps + 1)) and resumed: final weights bitwise equal to the uninterrupted run's"
+else echo "FAIL kill -9 after $steps steps: the resumed run's final weights differ"; status=1; fi
+
 # The gathered 2x2x2 weights: a Llama folder; eval gives the trainer's last loss.
 python3 - "$tmp/l2_2_2_/config.json" <<'PY' || status=1
 import json, sys

@@ -54,10 +54,12 @@ Result<serve::ModelRef> model_ref(const RegistryArgs& a) {
   return r;
 }
 
-// The checkpoint folder or safetensors file `add --from` names, loaded for
-// inference on the CPU (the loaders of serve and export).
+// The Hugging Face folder, checkpoint folder or safetensors file `add --from`
+// names, loaded for inference on the CPU (the loaders of serve and export).
 Result<std::unique_ptr<GPT>> load_source(const std::string& from) {
   std::error_code ec;
+  if (fs::is_directory(from, ec) && fs::exists(fs::path(from) / "config.json", ec))
+    return load_gpt2(from, nullptr, Backend::kCPU, ModelUse::kInference);
   if (fs::is_directory(from, ec)) {
     ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(from));
     return load_whole_model(ck);
@@ -94,12 +96,27 @@ int run_add(const RegistryArgs& a) {
   const GPTConfig c = m.config();
   man.model = {{"n_layer", c.layers}, {"n_head", c.heads}, {"n_embd", c.channels},
                {"vocab_size", c.vocab}, {"n_positions", c.context}};
+  if (!c.gpt2()) man.model["shape"] = c.str();  // the Llama family: the rest of the shape
   // An fp32 model is stored as fp32; an INT8 file (tessera quantize) as it is.
   bar.update(++step, "writing the fp32 weights");
   if (!m.int8()) {
     if (Status st = save_hf(m, staged->dir() + "/" + serve::kRegistryFp32File); !st.ok())
       return bar.interrupt(), fail(st);
     man.dtypes.push_back("fp32");
+  }
+  // The model's own tokenizer, chat template and end ids travel with its
+  // weights (checksummed with them by publish), so a served version reads
+  // them as `tessera serve --model DIR` does.
+  {
+    const fs::path src = fs::is_directory(a.from, ec) ? fs::path(a.from) : fs::path(a.from).parent_path();
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+      if (!fs::exists(src / f, ec)) continue;
+      if (Status st = io::check_regular_file((src / f).string()); !st.ok()) return bar.interrupt(), fail(st);
+      fs::copy_file(src / f, fs::path(staged->dir()) / f, fs::copy_options::overwrite_existing, ec);
+      if (ec)
+        return bar.interrupt(), fail(Status::IOError(fmt::format("copying {} into the registry: {}", (src / f).string(),
+                                                                 ec.message())));
+    }
   }
   bar.update(++step, "quantizing");
   if (a.quantize == "int8" || m.int8()) {

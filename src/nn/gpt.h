@@ -105,12 +105,13 @@ struct TokenBatch {
 
 // Told during GPT::backward() as parameter gradients become final, so data
 // parallelism can start reducing them while backward goes on. Events, in
-// order: kFinalNorm (lnfw, lnfb), each layer L-1 ... 0 (its 12 per-layer
-// tensors), then kEmbeddings (wte, which also holds the tied output layer's
-// gradient, and wpe). A pipeline stage raises only its own: kFinalNorm on the
-// last stage, its layers, and kEmbeddings on the first and (for its copy of
-// the tied wte) the last stage, at the end of its backward. Called on the
-// backward thread; keep it short.
+// order: kFinalNorm (lnfw, lnfb and an untied head's lmhead), each layer
+// L-1 ... 0 (its 12 per-layer tensors, some empty for the Llama family),
+// then kEmbeddings (wte, which also holds a tied output layer's gradient, and
+// wpe). A pipeline stage raises only its own: kFinalNorm on the last stage,
+// its layers, and kEmbeddings on the first and (for its copy of a tied wte)
+// the last stage, at the end of its backward. Called on the backward thread;
+// keep it short.
 class GradListener {
  public:
   static constexpr int kFinalNorm = -1;
@@ -144,10 +145,10 @@ class GPT {
   void set_precision(MatmulPrecision p) { prec_ = p; }
   MatmulPrecision precision() const { return prec_; }
   // The INT8 CPU tier (kernels/ops.inc, matmul_int8_forward): quantizes the
-  // weights of every matmul (qkv, attention projection, MLP, the tied
-  // output layer) once, symmetric per output channel, and from then on the
-  // forward runs those matmuls in int8 with activations quantized per row;
-  // embeddings, layernorms and attention stay fp32. The fp32 parameters are
+  // weights of every matmul (qkv, attention projection, MLP, the output
+  // layer: wte or lm_head) once, symmetric per output channel, and from then
+  // on the forward runs those matmuls in int8 with activations quantized per
+  // row; embeddings, norms and attention stay fp32. The fp32 parameters are
   // kept (export, eval). Inference models on the CPU, whole (tp 1) only:
   // InvalidArgument otherwise. Adds about a quarter of the fp32 weights.
   Status quantize_int8();
@@ -155,8 +156,8 @@ class GPT {
   // After quantize_int8 or load_int8: gives the pages of the fp32 weights of
   // the per-layer matmuls (qkv, attention projection, MLP: about 70% of
   // GPT-2's fp32 weights) back to the system (madvise MADV_DONTNEED), for a
-  // server that only runs the INT8 forward. Biases, layernorms and the
-  // embeddings (the tied output layer's fp32 copy) stay. From then on the
+  // server that only runs the INT8 forward. Biases, norms, the embeddings
+  // and the output layer's fp32 copy stay. From then on the
   // fp32 matmul weights read as zeros: no export, eval or fp32 forward.
   // Returns the bytes given back; InvalidArgument before quantizing.
   Result<int64_t> release_fp32_matmul_weights();

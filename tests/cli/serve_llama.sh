@@ -78,4 +78,16 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$srv_url/v1/completions" -H 'Cont
   -d '{"prompt": "Hello", "max_tokens": 2}')
 [ "$code" = 200 ] && echo "ok   still serving after the refusals" || { echo "FAIL a completion after the refusals: $code"; status=1; }
 serve_stop srv
+
+# Through the registry: the tokenizer, template and end ids travel with the
+# weights (checksummed), and the promoted version serves the same prompt ids.
+"$tessera" registry add llama-tiny --from "$tmp/llama" --registry "$tmp/reg" >"$tmp/reg.out" 2>&1 \
+  || { echo "FAIL registry add:"; cat "$tmp/reg.out"; exit 1; }
+for f in tokenizer.json tokenizer_config.json generation_config.json; do
+  grep -q "\"$f\"" "$tmp/reg/llama-tiny/1/manifest.json" || { echo "FAIL $f is not in the version's manifest"; status=1; }
+done
+serve_start reg --registry "$tmp/reg" --model llama-tiny --threads 1
+node "$clients/openai_chat_template.mjs" "${reg_url##*:}" llama-tiny "$tmp/oracle.json" "$tmp/messages.json" \
+  | sed 's/^/registry: /' || status=1
+serve_stop reg
 exit $status

@@ -9,6 +9,14 @@
 
 namespace tessera {
 
+bool DecoderConfig::operator==(const DecoderConfig& o) const {
+  return layers == o.layers && heads == o.heads && channels == o.channels && vocab == o.vocab &&
+         context == o.context && kv() == o.kv() && hs() == o.hs() && ffn() == o.ffn() && norm == o.norm &&
+         norm_eps == o.norm_eps && positions == o.positions && rope_theta == o.rope_theta &&
+         rope_scaling == o.rope_scaling && mlp == o.mlp && qkv_bias == o.qkv_bias && bias == o.bias &&
+         tied_head == o.tied_head;
+}
+
 bool DecoderConfig::gpt2() const {
   DecoderConfig g;
   g.layers = layers;

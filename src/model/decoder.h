@@ -108,7 +108,10 @@ struct DecoderConfig {
   // "L=12 NH=12 C=768 V=50257 maxT=1024" for GPT-2; other instances add what
   // differs ("KV=4 hs=64 F=2048 rmsnorm rope(500000) swiglu untied").
   std::string str() const;
-  bool operator==(const DecoderConfig&) const = default;
+  // The same model: equal shapes, widths compared as derived (kv_heads = 0
+  // and kv_heads = heads are one model, as are head_dim and mlp_hidden left 0
+  // or spelled out), so a config read back from a file compares equal.
+  bool operator==(const DecoderConfig& o) const;
 };
 
 // The part of the model a rank holds. Layers [layer_begin, layer_end) of the

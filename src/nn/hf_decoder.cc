@@ -280,8 +280,6 @@ Result<DecoderConfig> read_hf_decoder_config(const std::string& path) {
   const bool sliding = arch == "MistralForCausalLM" || j.value("use_sliding_window", false);
   if (sliding) RETURN_IF_ERROR(integer("sliding_window", &window, false));
   if (window > 0 && window < c.context) c.context = window;
-  if (c.kv_heads == c.heads) c.kv_heads = 0;
-  if (c.head_dim > 0 && c.head_dim * c.heads == c.channels) c.head_dim = 0;
   if (Status st = c.validate(); !st.ok()) return st.With(path);
   return c;
 }

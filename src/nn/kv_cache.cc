@@ -110,15 +110,10 @@ int PagedKVCache::take_block() {
 }
 
 namespace {
-// The key of a block: the previous block's key and this block's tokens.
+// The key of a block: its tokens hashed with the previous block's key as the
+// seed (0 for the first block).
 uint64_t block_hash(uint64_t parent, std::span<const int> tokens) {
-  XXH64_state_t* st = XXH64_createState();
-  XXH64_reset(st, 0x7e55e7a);
-  XXH64_update(st, &parent, sizeof parent);
-  XXH64_update(st, tokens.data(), tokens.size_bytes());
-  const uint64_t h = XXH64_digest(st);
-  XXH64_freeState(st);
-  return h;
+  return XXH64(tokens.data(), tokens.size_bytes(), parent);
 }
 }  // namespace
 

@@ -75,11 +75,6 @@ Result<GPTConfig> model_config_from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(fmt::format("the manifest's model config is incomplete: {}", e.what()));
   }
-  // Explicit defaults equal to the derived ones compare equal to a config
-  // that left them 0.
-  if (c.kv_heads == c.heads) c.kv_heads = 0;
-  if (c.head_dim * c.heads == c.channels) c.head_dim = 0;
-  if (c.mlp_hidden == 4 * c.channels) c.mlp_hidden = 0;
   RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -155,23 +150,12 @@ Result<std::vector<ckpt::SavePiece>> checkpoint_pieces(GPT& model, const Sharded
   return pieces;
 }
 
-namespace {
-// kv_heads, head_dim and mlp_hidden spelled out or left 0 (derived) are the
-// same model.
-GPTConfig canonical(GPTConfig c) {
-  if (c.kv_heads == c.heads) c.kv_heads = 0;
-  if (c.head_dim > 0 && c.head_dim * c.heads == c.channels) c.head_dim = 0;
-  if (c.mlp_hidden == 4 * c.channels) c.mlp_hidden = 0;
-  return c;
-}
-}  // namespace
-
 Result<ResumeState> load_checkpoint(const ckpt::Checkpoint& ck, GPT& model, ShardedAdamW& opt) {
   if (!ck.config().contains("model"))
     return Status::Corruption(fmt::format("{}: the manifest has no model config", ck.dir()));
   ASSIGN_OR_RETURN(GPTConfig saved, model_config_from_json(ck.config()["model"]));
   const GPTConfig& want = model.config();
-  if (!(canonical(saved) == canonical(want)))
+  if (!(saved == want))
     return Status::InvalidArgument(fmt::format("{} holds a model {} but the config asks for {}", ck.dir(),
                                                saved.str(), want.str()));
   const Arena& arena = model.params();

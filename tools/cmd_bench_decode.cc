@@ -25,8 +25,10 @@
 #include "core/try.h"
 #include "kernels/cpu/int8_kernel.h"
 #include "nn/gpt.h"
+#include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
 #include "perf/cpu_checks.h"
+#include "plan/model.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -37,6 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 struct DecodeArgs {
   GPTConfig model{12, 12, 768, 50257, 1024};
+  std::string preset;      // a planner preset's shape instead of the flags
+  std::string model_dir;   // a Hugging Face folder's weights and shape
+  int kv_heads = 0, mlp_hidden = 0;  // overrides of a preset
   std::vector<int> batches{1, 8, 32};
   int prompt = 128;
   int tokens = 32;
@@ -63,7 +68,27 @@ int64_t rss_bytes() {
 // STREAM triad bandwidth, bytes/s (perf/cpu_checks.h).
 double triad_bandwidth() { return perf::triad_gb_per_s() * 1e9; }
 
-int run_decode_bench(const DecodeArgs& a) {
+int run_decode_bench(const DecodeArgs& args) {
+  DecodeArgs a = args;
+  if (!a.preset.empty()) {
+    if (!a.model_dir.empty()) return fail(Status::InvalidArgument("give --preset or --model, not both"));
+    auto p = plan::model_preset(a.preset);
+    if (!p.ok()) return fail(p.status());
+    const int context = a.model.context;
+    a.model = p->shape();
+    a.model.context = std::min(a.model.context, std::max(context, a.prompt + a.tokens));
+  }
+  if (a.kv_heads) a.model.kv_heads = a.kv_heads;
+  if (a.mlp_hidden) a.model.mlp_hidden = a.mlp_hidden;
+  std::unique_ptr<GPT> loaded;
+  if (!a.model_dir.empty()) {
+    // The folder's weights: int8 quantized tensor by tensor as they are read.
+    auto m = load_gpt2(a.model_dir, nullptr, Backend::kCPU,
+                       a.dtype == "int8" ? ModelUse::kInt8Inference : ModelUse::kInference);
+    if (!m.ok()) return fail(m.status());
+    loaded = std::move(m).value();
+    a.model = loaded->config();
+  }
   if (Status st = a.model.validate(); !st.ok()) return fail(st);
   if (a.prompt < 1 || a.tokens < 1 || a.prompt + a.tokens > a.model.context)
     return fail(Status::InvalidArgument(fmt::format("--prompt {} + --tokens {} must fit in --context {}", a.prompt,
@@ -71,21 +96,29 @@ int run_decode_bench(const DecodeArgs& a) {
   if (Status st = apply_int8_kernel(a.int8_kernel); !st.ok()) return fail(st);
   const double bandwidth = triad_bandwidth();
   const int64_t rss0 = rss_bytes();
-  Result<std::unique_ptr<GPT>> made = GPT::create(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  if (!made.ok()) return fail(made.status());
-  GPT& model = **made;
+  if (!loaded) {
+    Result<std::unique_ptr<GPT>> made =
+        GPT::create(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+    if (!made.ok()) return fail(made.status());
+    loaded = std::move(made).value();
+    if (Status st = loaded->init_weights(1234); !st.ok()) return fail(st);
+  }
+  GPT& model = *loaded;
   model.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
-  if (Status st = model.init_weights(1234); !st.ok()) return fail(st);
-  if (a.dtype == "int8") {
-    // As tessera serve --dtype int8: the fp32 matmul weights are given back.
+  if (a.dtype == "int8" && !model.int8()) {
+    // As tessera serve --dtype int8 does with a checkpoint: the fp32 matmul
+    // weights are given back.
     if (Status st = model.quantize_int8(); !st.ok()) return fail(st);
     if (Status st = model.release_fp32_matmul_weights().status(); !st.ok()) return fail(st);
     std::fprintf(stderr, "int8 matmul: %s\n", cpu::int8_kernel_info().summary.c_str());
   }
   const int64_t rss_model = rss_bytes();
-  // Bytes a decode step reads: the matmul weights (int8 when quantized).
-  const int64_t weight_bytes =
-      a.dtype == "int8" ? model.int8_bytes() : static_cast<int64_t>(model.params().bytes());
+  // Bytes a decode step reads: the matmul weights (int8 when quantized) and
+  // the norms; an untied model reads only B rows of its embedding table.
+  const int64_t embed_bytes =
+      a.model.tied_head ? 0 : static_cast<int64_t>(model.params().tensor(kWte).nbytes());
+  const int64_t weight_bytes = a.dtype == "int8" ? model.int8_bytes()
+                                                 : static_cast<int64_t>(model.params().bytes()) - embed_bytes;
   const int Vp = a.model.padded_vocab();
   std::fprintf(stderr, "model %s: weights %.1f MB, resident %.1f MB after loading; triad bandwidth %.1f GB/s\n",
                a.model.str().c_str(), weight_bytes / 1e6, (rss_model - rss0) / 1e6, bandwidth / 1e9);
@@ -161,6 +194,10 @@ void add_bench_decode_command(CLI::App& bench) {
   auto d = std::make_shared<DecodeArgs>();
   CLI::App* cmd = bench.add_subcommand(
       "decode", "Decode tokens/s of the serving forward (paged KV cache) against the memory-bandwidth limit");
+  cmd->add_option("--preset", d->preset, "a planner preset's shape (tinyllama-1.1b, llama3-8b, ...), random weights");
+  cmd->add_option("--model", d->model_dir, "a Hugging Face folder (its weights and shape)")->check(CLI::ExistingPath);
+  cmd->add_option("--kv-heads", d->kv_heads, "key/value heads (grouped-query attention)")->check(CLI::PositiveNumber);
+  cmd->add_option("--mlp-hidden", d->mlp_hidden, "SwiGLU width of a Llama-family preset")->check(CLI::PositiveNumber);
   cmd->add_option("--layers", d->model.layers)->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--heads", d->model.heads)->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--dim", d->model.channels)->check(CLI::PositiveNumber)->capture_default_str();

@@ -22,7 +22,7 @@ namespace tessera::tools {
 
 namespace {
 struct SampleArgs {
-  std::string weights, prompt, tokenizer, vocab_dir, backend = "cpu", int8_kernel = "auto";
+  std::string weights, prompt, tokenizer, vocab_dir, backend = "cpu", int8_kernel = "auto", dtype = "fp32";
   int tokens = 64;
   float temperature = 1.0f;
   int top_k = 40;
@@ -48,9 +48,15 @@ int run_sample(const SampleArgs& a) {
   // the chunked CUDA output layer does not keep.
   if (a.no_cache && backend != Backend::kCPU)
     return fail(Status::InvalidArgument("--no-cache runs on the CPU only (--backend cpu)"));
-  auto model = load_gpt2(a.weights, nullptr, backend, ModelUse::kInference);
+  if (a.dtype == "int8" && backend != Backend::kCPU)
+    return fail(Status::InvalidArgument("--dtype int8 is the CPU's INT8 tier (--backend cpu)"));
+  // int8: quantized tensor by tensor as the weights are read (an INT8 file
+  // loads as one whatever --dtype says).
+  auto model = load_gpt2(a.weights, nullptr, backend,
+                         a.dtype == "int8" ? ModelUse::kInt8Inference : ModelUse::kInference);
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
+  m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
   const GPTConfig& cfg = m.config();
 
   // The model folder's tokenizer.json, else GPT-2 BPE for a GPT-2-sized
@@ -133,6 +139,9 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present (device 0)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--dtype", a->dtype, "matmul precision: fp32, bf16, or int8 (the CPU's INT8 tier)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
   add_int8_kernel_option(cmd, &a->int8_kernel);
   cmd->callback([a] { exit_code() = run_sample(*a); });
 }

@@ -61,10 +61,12 @@ struct ServeArgs {
 // A Hugging Face folder (config.json: GPT-2, Llama, Mistral, Qwen2), a
 // safetensors file (config.json beside it) or a checkpoint folder (step-N,
 // or a checkpoint.dir whose latest is followed).
-Result<std::unique_ptr<GPT>> load_model(const std::string& path, Backend backend) {
+// use kInt8Inference quantizes the weights of a file or folder tensor by
+// tensor as they are read; a checkpoint is read whole (fp32).
+Result<std::unique_ptr<GPT>> load_model(const std::string& path, Backend backend, ModelUse use) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec) && std::filesystem::exists(std::filesystem::path(path) / "config.json", ec))
-    return load_gpt2(path, nullptr, backend, ModelUse::kInference);
+    return load_gpt2(path, nullptr, backend, use);
   if (std::filesystem::is_directory(path, ec)) {
     ASSIGN_OR_RETURN(ckpt::Checkpoint ck, ckpt::Checkpoint::open(path));
     ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_whole_model(ck));
@@ -78,14 +80,18 @@ Result<std::unique_ptr<GPT>> load_model(const std::string& path, Backend backend
   if (!std::filesystem::is_regular_file(path, ec))
     return Status::NotFound(
         fmt::format("--model {}: no such file or folder (a GPT-2 safetensors file or a checkpoint folder)", path));
-  return load_gpt2(path, nullptr, backend, ModelUse::kInference);
+  return load_gpt2(path, nullptr, backend, use);
 }
 
 // A model ready to serve under `id`: loaded, at the precision --dtype asks,
 // with its tokenizer and engine; logs its "ready" line.
 Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Backend backend, obs::Registry& registry,
                                                         const std::string& path, const std::string& id) {
-  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_model(path, backend));
+  // --dtype int8 on the CPU: the INT8 tier's model, which never holds the
+  // fp32 matmul weights (issue #30 item 3).
+  const bool int8_tier = a.dtype == "int8" && backend == Backend::kCPU;
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model,
+                   load_model(path, backend, int8_tier ? ModelUse::kInt8Inference : ModelUse::kInference));
   GPT& m = *model;
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
   // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
@@ -96,6 +102,10 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   // The INT8 forward reads none of the fp32 matmul weights: their memory
   // goes back to the system.
   if (m.int8()) RETURN_IF_ERROR(m.release_fp32_matmul_weights().status());
+  // What loading cost (issue #30 item 3): the resident set now, and its peak.
+  if (Result<obs::ProcessStats> ps = obs::read_process_stats(); ps.ok())
+    std::fprintf(stderr, "serve: %s: weights loaded; resident %.0f MB, peak %.0f MB while loading\n", id.c_str(),
+                 ps->resident_bytes / 1e6, ps->peak_resident_bytes / 1e6);
   const GPTConfig cfg = m.config();
   const int block_size = serve::EngineOptions{}.block_size;
   const int64_t block_bytes = PagedKVCache::bytes_per_block(m, block_size);
@@ -106,7 +116,10 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   const double kv_blocks = a.kv_memory_mb > 0 ? std::max(1.0, std::floor(a.kv_memory_mb * (1 << 20) / block_bytes))
                            : a.kv_blocks > 0  ? a.kv_blocks
                                               : a.max_seqs * per_seq;
-  const double weights = static_cast<double>(m.params().bytes()), kv = kv_blocks * block_bytes;
+  // What stays resident: the fp32 tensors (their released pages aside) and
+  // the INT8 matrices.
+  const double weights = static_cast<double>(m.params().bytes() - m.released_bytes() + m.int8_bytes()),
+               kv = kv_blocks * block_bytes;
   const obs::MemoryLimit limit = obs::host_memory_limit();
   if (limit.bytes > 0 && weights + kv > limit.bytes)
     return Status::InvalidArgument(fmt::format(

@@ -54,7 +54,11 @@ template <typename T>
 class Result {
  public:
   Result(T value) : v_(std::move(value)) {}
-  Result(Status status) : v_(std::move(status)) {}
+  // An OK status carries no value: a bug in the caller, made an error that
+  // says so rather than a Result that is neither value nor message.
+  Result(Status status)
+      : v_(status.ok() ? Status::Internal("a Result was made from an OK status and no value (a bug)")
+                       : std::move(status)) {}
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;

@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/try.h"
 #include "io/file.h"
 #include "io/json_guard.h"
 #include "tensor/dtype.h"
@@ -183,14 +185,35 @@ int64_t TensorInfo::numel() const {
 // ---- SafetensorsFile ----
 
 Result<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  ASSIGN_OR_RETURN(std::vector<std::byte> bytes, read_file(path));
-  return parse(path, std::move(bytes));
+  ASSIGN_OR_RETURN(UniqueFd fd, open_regular_file(path));
+  struct stat info;
+  if (::fstat(fd.get(), &info) != 0) return errno_status(path, "cannot stat");
+  const size_t size = static_cast<size_t>(info.st_size);
+  // An empty file cannot be mapped; validate() names it as too short.
+  if (size == 0) return parse(path, {});
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (p == MAP_FAILED && errno == ENOMEM)
+    return Status::ResourceExhausted(
+        fmt::format("{}: cannot map its {:.1f} GB: out of memory (address space: ulimit -v?)", path, size / 1e9));
+  if (p == MAP_FAILED) return errno_status(path, "cannot map");
+  // Read in order, once: the kernel may read ahead and drop behind.
+  ::madvise(p, size, MADV_SEQUENTIAL);
+  SafetensorsFile f;
+  f.path_ = path;
+  f.mapping_ = std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
+  f.bytes_ = std::span<const std::byte>(static_cast<const std::byte*>(p), size);
+  return finish(std::move(f));
 }
 
 Result<SafetensorsFile> SafetensorsFile::parse(std::string name, std::vector<std::byte> bytes) {
   SafetensorsFile f;
   f.path_ = std::move(name);
-  f.bytes_ = std::move(bytes);
+  f.owned_ = std::move(bytes);
+  f.bytes_ = std::span<const std::byte>(f.owned_);
+  return finish(std::move(f));
+}
+
+Result<SafetensorsFile> SafetensorsFile::finish(SafetensorsFile f) {
   Status st;
   try {
     st = f.validate();
@@ -260,47 +283,112 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 std::span<const std::byte> SafetensorsFile::raw(const TensorInfo& t) const {
   // validate() guarantees this for every tensor it produced.
   CHECK(t.begin <= t.end && t.end <= bytes_.size() - data_start_);
-  return std::span<const std::byte>(bytes_).subspan(data_start_ + t.begin, t.end - t.begin);
+  return bytes_.subspan(data_start_ + t.begin, t.end - t.begin);
+}
+
+void SafetensorsFile::drop_pages(const TensorInfo& t) const {
+  const std::span<const std::byte> r = raw(t);
+  drop_range(r.data(), r.size());
+}
+
+void SafetensorsFile::drop_range(const std::byte* p, size_t n) const {
+  if (!mapping_ || n == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + n) / page * page;
+  // Advice only: a failure leaves the pages resident, nothing else.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+Status SafetensorsFile::read_raw(std::string_view name, std::span<std::byte> dst, uint64_t first) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named '{}'", path_, name));
+  const std::span<const std::byte> r = raw(*t);
+  if (first > r.size() || dst.size() > r.size() - first)
+    return Status::InvalidArgument(fmt::format("{}: tensor '{}' holds {} bytes, not [{}, {})", path_, name, r.size(),
+                                               first, first + dst.size()));
+  constexpr size_t kBlock = size_t{16} << 20;
+  for (size_t i = 0; i < dst.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, dst.size() - i);
+    std::memcpy(dst.data() + i, r.data() + first + i, n);
+    drop_range(r.data() + first + i, n);
+  }
+  return Status::OK();
 }
 
 Status SafetensorsFile::read_f32(std::string_view name, std::span<float> dst) const {
   const TensorInfo* t = find(name);
   if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named '{}'", path_, name));
-  if (t->dtype != StDType::kF32 && t->dtype != StDType::kBF16 && t->dtype != StDType::kF16)
-    return Status::InvalidArgument(fmt::format("{}: tensor '{}' has dtype {}, not a float type (F32, BF16, F16)",
-                                               path_, name, st_dtype_name(t->dtype)));
   const size_t n = static_cast<size_t>(t->numel());
   if (dst.size() != n)
     return Status::InvalidArgument(
         fmt::format("{}: tensor '{}' of shape {} has {} elements but the destination holds {}",
                     path_, name, shape_str(t->shape), n, dst.size()));
+  return read_f32(name, 0, dst);
+}
+
+Status SafetensorsFile::read_f32(std::string_view name, uint64_t first, std::span<float> dst) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named '{}'", path_, name));
+  if (t->dtype != StDType::kF32 && t->dtype != StDType::kBF16 && t->dtype != StDType::kF16)
+    return Status::InvalidArgument(fmt::format("{}: tensor '{}' has dtype {}, not a float type (F32, BF16, F16)",
+                                               path_, name, st_dtype_name(t->dtype)));
+  const size_t numel = static_cast<size_t>(t->numel());
+  if (first > numel || dst.size() > numel - first)
+    return Status::InvalidArgument(fmt::format("{}: tensor '{}' of shape {} has {} elements, not [{}, {})", path_,
+                                               name, shape_str(t->shape), numel, first, first + dst.size()));
+  const size_t n = dst.size();
   if (n == 0) return Status::OK();
-  const std::byte* src = raw(*t).data();
-  if (t->dtype == StDType::kF32) {
-    std::memcpy(dst.data(), src, n * sizeof(float));
-    return Status::OK();
-  }
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, 2);  // the data region need not be aligned
-    dst[i] = t->dtype == StDType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+  const size_t elem = st_dtype_size(t->dtype);
+  const std::byte* src = raw(*t).data() + elem * first;
+  // In blocks, each block's pages given back once converted: a mapped
+  // tensor is resident one block at a time, not whole.
+  constexpr size_t kBlock = size_t{4} << 20;  // elements
+  for (size_t i0 = 0; i0 < n; i0 += kBlock) {
+    const size_t i1 = std::min(n, i0 + kBlock);
+    if (t->dtype == StDType::kF32) {
+      std::memcpy(dst.data() + i0, src + 4 * i0, (i1 - i0) * sizeof(float));
+    } else {
+      for (size_t i = i0; i < i1; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);  // the data region need not be aligned
+        dst[i] = t->dtype == StDType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+    drop_range(src + elem * i0, elem * (i1 - i0));
   }
   return Status::OK();
 }
 
 // ---- SafetensorsWriter ----
 
-void SafetensorsWriter::add(std::string name, StDType dtype, std::vector<int64_t> shape, const void* data) {
+namespace {
+
+// numel of a writer's shape; duplicate names and negative dims are bugs.
+int64_t checked_numel(const std::string& name, const std::vector<int64_t>& shape) {
   CHECK(name != "__metadata__");
-  for (const Entry& e : entries_) CHECK(e.name != name);
   int64_t numel = 1;
   for (int64_t d : shape) {
     CHECK(d >= 0);
     const bool overflow = __builtin_mul_overflow(numel, d, &numel);
     CHECK(!overflow);
   }
-  CHECK(data != nullptr || numel == 0);
-  entries_.push_back({std::move(name), dtype, std::move(shape), data});
+  return numel;
+}
+
+}  // namespace
+
+void SafetensorsWriter::add(std::string name, StDType dtype, std::vector<int64_t> shape, const void* data) {
+  for (const Entry& e : entries_) CHECK(e.name != name);
+  CHECK(data != nullptr || checked_numel(name, shape) == 0);
+  entries_.push_back({std::move(name), dtype, std::move(shape), data, nullptr});
+}
+
+void SafetensorsWriter::add(std::string name, StDType dtype, std::vector<int64_t> shape, Fill fill) {
+  for (const Entry& e : entries_) CHECK(e.name != name);
+  checked_numel(name, shape);
+  CHECK(fill != nullptr);
+  entries_.push_back({std::move(name), dtype, std::move(shape), nullptr, std::move(fill)});
 }
 
 void SafetensorsWriter::set_metadata(std::string key, std::string value) {
@@ -310,16 +398,15 @@ void SafetensorsWriter::set_metadata(std::string key, std::string value) {
 Status SafetensorsWriter::write(const std::string& path) const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  std::vector<std::span<const std::byte>> data;
-  uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
+  uint64_t offset = 0, largest_fill = 0;
   for (const Entry& e : entries_) {
-    int64_t numel = 1;
-    for (int64_t d : e.shape) numel *= d;  // checked in add()
-    const uint64_t nbytes = static_cast<uint64_t>(numel) * st_dtype_size(e.dtype);
+    const uint64_t nbytes = static_cast<uint64_t>(checked_numel(e.name, e.shape)) * st_dtype_size(e.dtype);
     header[e.name] = {{"dtype", std::string(st_dtype_name(e.dtype))},
                       {"shape", e.shape},
                       {"data_offsets", nlohmann::ordered_json::array({offset, offset + nbytes})}};
-    data.emplace_back(static_cast<const std::byte*>(e.data), nbytes);
+    sizes.push_back(nbytes);
+    if (e.fill) largest_fill = std::max(largest_fill, nbytes);
     offset += nbytes;
   }
   std::string text;
@@ -330,26 +417,45 @@ Status SafetensorsWriter::write(const std::string& path) const {
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned, as the reference writer does
   const uint64_t header_len = text.size();
-
-  std::vector<std::span<const std::byte>> pieces;
-  pieces.push_back(std::as_bytes(std::span(&header_len, 1)));
-  pieces.push_back(std::as_bytes(std::span(text)));
-  pieces.insert(pieces.end(), data.begin(), data.end());
-  return write_file_atomic(path, pieces);
+  std::vector<std::byte> buf;
+  try {
+    buf.resize(largest_fill);
+  } catch (const std::bad_alloc&) {
+    return Status::ResourceExhausted(fmt::format("{}: no memory for a {} byte tensor", path, largest_fill));
+  }
+  return write_file_atomic_stream(path, [&](const AppendFn& append) -> Status {
+    RETURN_IF_ERROR(append(std::as_bytes(std::span(&header_len, 1))));
+    RETURN_IF_ERROR(append(std::as_bytes(std::span(text))));
+    for (size_t i = 0; i < entries_.size(); i++) {
+      const Entry& e = entries_[i];
+      if (!e.fill) {
+        RETURN_IF_ERROR(append(std::span<const std::byte>(static_cast<const std::byte*>(e.data), sizes[i])));
+        continue;
+      }
+      const std::span<std::byte> out(buf.data(), sizes[i]);
+      RETURN_IF_ERROR(e.fill(out).With(fmt::format("{}: tensor '{}'", path, e.name)));
+      RETURN_IF_ERROR(append(out));
+    }
+    return Status::OK();
+  });
 }
 
 // ---- file helpers ----
 
 Status write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
+  return write_file_atomic_stream(path, [&](const AppendFn& append) -> Status {
+    for (std::span<const std::byte> piece : pieces) RETURN_IF_ERROR(append(piece));
+    return Status::OK();
+  });
+}
+
+Status write_file_atomic_stream(const std::string& path, const std::function<Status(const AppendFn& append)>& body) {
   const std::string tmp = path + ".tmp";
   Status st;
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (fd.get() < 0) return errno_status(tmp, "cannot create");
-    for (std::span<const std::byte> piece : pieces) {
-      st = write_all(fd.get(), piece, tmp);
-      if (!st.ok()) break;
-    }
+    st = body([&](std::span<const std::byte> piece) { return write_all(fd.get(), piece, tmp); });
     if (st.ok() && ::fsync(fd.get()) != 0) st = errno_status(tmp, "fsync failed");
     if (fd.close() != 0 && st.ok()) st = errno_status(tmp, "close failed");
   }

@@ -4,15 +4,22 @@
 // Each header entry names a tensor with its dtype, shape and the byte range
 // [begin, end) of its data, relative to the first byte after the header.
 //
-// SafetensorsFile holds the whole file in memory and validates every entry at
-// open(), so later reads never leave the buffer. It is immutable after open()
-// and safe to read from many threads at once.
+// SafetensorsFile maps the file read-only (open()) or holds bytes given to
+// it (parse()), and validates every entry first, so later reads never leave
+// the buffer. A mapped file costs resident memory only for the pages being
+// read: read_f32() gives a tensor's pages back to the system after copying it
+// out (they stay in the page cache), so a loader that goes tensor by tensor
+// holds at most one tensor of the file at a time (issue #30 item 3). The
+// file must not be truncated while it is open (a read past the new end would
+// be SIGBUS, as for every reader that maps: llama.cpp, safetensors' own).
+// Immutable after open() and safe to read from many threads at once.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -45,14 +52,14 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Move-only: it holds the whole file.
+  // Move-only: it holds the mapping (or the bytes).
   SafetensorsFile(SafetensorsFile&&) = default;
   SafetensorsFile& operator=(SafetensorsFile&&) = default;
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
-  // Reads the whole file into memory and validates it. Every error is one line
-  // that starts with the path.
+  // Maps the file and validates it. Every error is one line that starts with
+  // the path (a FIFO, a folder or a device is refused without blocking).
   static Result<SafetensorsFile> open(const std::string& path);
   // The same validation over bytes already in memory; `name` stands in for the
   // path in messages.
@@ -63,19 +70,35 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   // Copies tensor `name` into dst (numel floats), converting F32/BF16/F16 to
-  // float32. Error if absent, not a float type, or dst.size() != numel.
+  // float32, and drops the pages of each block of it as it goes (so the
+  // mapped tensor is never resident whole). Error if absent, not a float type, or
+  // dst.size() != numel.
   Status read_f32(std::string_view name, std::span<float> dst) const;
+  // Elements [first, first + dst.size()) of the tensor, in its row-major
+  // order (a block of rows, for loaders that go a few rows at a time).
+  Status read_f32(std::string_view name, uint64_t first, std::span<float> dst) const;
+  // Bytes [first, first + dst.size()) of tensor `name` as stored, dropping
+  // pages as read_f32() does. Error if absent or out of its range.
+  Status read_raw(std::string_view name, std::span<std::byte> dst, uint64_t first = 0) const;
   // Raw bytes of a tensor from tensors() or find(); valid while this object lives.
   std::span<const std::byte> raw(const TensorInfo& t) const;
+  // Gives the whole pages of t's bytes back to the system (madvise
+  // MADV_DONTNEED on the mapping; nothing for parse()'s bytes). A later read
+  // faults them in again from the file.
+  void drop_pages(const TensorInfo& t) const;
   const std::string& path() const { return path_; }
 
  private:
   SafetensorsFile() = default;
+  static Result<SafetensorsFile> finish(SafetensorsFile f);  // validate(), errors prefixed with the path
+  void drop_range(const std::byte* p, size_t n) const;       // drop_pages() of bytes inside the mapping
   Status validate();  // fills tensors_, index_, metadata_ from bytes_
 
   std::string path_;
-  std::vector<std::byte> bytes_;  // the whole file
-  size_t data_start_ = 0;         // 8 + header length
+  std::vector<std::byte> owned_;      // parse()'s bytes
+  std::shared_ptr<void> mapping_;     // open()'s mapping (munmap on release)
+  std::span<const std::byte> bytes_;  // the whole file: owned_ or the mapping
+  size_t data_start_ = 0;             // 8 + header length
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;
@@ -89,6 +112,11 @@ class SafetensorsWriter {
   // data holds numel(shape) elements of dtype (BF16 as raw uint16 bits); it may
   // be null only when numel is 0. Duplicate names and negative dims are bugs.
   void add(std::string name, StDType dtype, std::vector<int64_t> shape, const void* data);
+  // A tensor whose bytes `fill` writes when write() reaches it, into a
+  // buffer of exactly its size (reused across such tensors): a file larger
+  // than memory is written one tensor at a time.
+  using Fill = std::function<Status(std::span<std::byte> out)>;
+  void add(std::string name, StDType dtype, std::vector<int64_t> shape, Fill fill);
   void set_metadata(std::string key, std::string value);
   // Atomic (see write_file_atomic). The header is padded with spaces to a
   // multiple of 8 bytes; tensors are laid out in the order added.
@@ -100,6 +128,7 @@ class SafetensorsWriter {
     StDType dtype;
     std::vector<int64_t> shape;
     const void* data;
+    Fill fill;  // set instead of data
   };
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
@@ -112,6 +141,10 @@ class SafetensorsWriter {
 // one, never a torn one. On error the .tmp file is removed and the Status
 // names the file and strerror.
 Status write_file_atomic(const std::string& path, std::span<const std::span<const std::byte>> pieces);
+// The same, for a file written piece by piece: body calls append() with each
+// piece in order; an error from body or append() removes the .tmp file.
+using AppendFn = std::function<Status(std::span<const std::byte>)>;
+Status write_file_atomic_stream(const std::string& path, const std::function<Status(const AppendFn& append)>& body);
 // The whole file. NotFound if it does not exist; InvalidArgument if it is not
 // a regular file (a FIFO, a folder, a device: see io/file.h), without
 // blocking; IOError otherwise.

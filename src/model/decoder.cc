@@ -1,5 +1,6 @@
 #include "model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -245,7 +246,7 @@ TensorSlice param_slice(const DecoderConfig& c, const ModelShard& s, int id) {
   return t;
 }
 
-Arena param_layout(const DecoderConfig& c, const ModelShard& shard) {
+Arena param_layout(const DecoderConfig& c, const ModelShard& shard, std::span<const int> omit) {
   // Local tensors are the blocks of param_slice(), merged back to the
   // canonical number of dimensions: views that split a dimension (qkv's
   // slabs, SwiGLU's gate and up, the projection's groups) join it again.
@@ -265,6 +266,7 @@ Arena param_layout(const DecoderConfig& c, const ModelShard& shard) {
         local.dims[d] = d < k ? t.size[d] : d == k ? t.size[d] * t.size[d + 1] : t.size[d + 1];
     }
     CHECK(local.numel() == t.block_numel());
+    if (std::find(omit.begin(), omit.end(), id) != omit.end()) local.dims[0] = 0;
     a.reserve(param_name(id), DType::kF32, local);
   }
   return a;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -161,7 +162,9 @@ enum ParamId {
 TensorSlice param_slice(const DecoderConfig& c, const ModelShard& s, int param_id);
 // The parameter arena of a shard, laid out (offsets, bytes) but not
 // allocated: what the model allocates, for reading another rank's arena.
-Arena param_layout(const DecoderConfig& c, const ModelShard& s);
+// Tensors listed in `omit` are laid out with no elements (the INT8 tier's
+// model holds its matmul weights elsewhere: nn/gpt.h).
+Arena param_layout(const DecoderConfig& c, const ModelShard& s, std::span<const int> omit = {});
 // Name of a parameter tensor ("wte", "qkvw", ..., "lmhead"), as in the arena
 // and in checkpoints.
 const char* param_name(int param_id);

@@ -168,10 +168,18 @@ Status GPT::init() {
   local_layers_ = shard_.layer_end - shard_.layer_begin;
   Vl_ = config_.padded_vocab(shard_.tp) / shard_.tp;
   v0_ = shard_.tp_rank * Vl_;
-  Arena params = param_layout(config_, shard_);
+  if (use_ == ModelUse::kInt8Inference && (device_ != Device::kCPU || !whole()))
+    return Status::InvalidArgument("an INT8 model is whole and on the CPU (the INT8 tier)");
+  // The INT8 tier's model holds its matmul weights only as INT8 matrices.
+  const int int8_omit[] = {kQkvW, kAttProjW, kFcW, kFcProjW, kLmHead};
+  Arena params = param_layout(config_, shard_,
+                              use_ == ModelUse::kInt8Inference ? std::span<const int>(int8_omit) : std::span<const int>());
+  fp32_released_ = use_ == ModelUse::kInt8Inference;
   CHECK(params.count() == kNumParams);
   params.set_device(device_);
-  const char* what = use_ == ModelUse::kTraining ? "the parameters of" : "the weights of";
+  const char* what = use_ == ModelUse::kTraining        ? "the parameters of"
+                     : use_ == ModelUse::kInt8Inference ? "the fp32 weights (embeddings, norms, biases) of"
+                                                        : "the weights of";
   RETURN_IF_ERROR(params.try_allocate().With(fmt::format("{} {}", what, config_.str())));
   if (use_ == ModelUse::kTraining) {
     Result<Arena> grads = params.try_clone_layout(device_);
@@ -186,20 +194,32 @@ LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard&
   const LocalDims d = local_dims(c, s);
   const int64_t C = d.C;
   const bool ln = c.norm == Norm::kLayerNorm;
+  // Layer l's block of tensor id, null where the tensor has no elements.
+  auto at = [&](int id, int64_t per_layer, bool present = true) -> float* {
+    return present && p[id] != nullptr ? p[id] + l * per_layer : nullptr;
+  };
   LayerParams v;
-  v.ln1w = p[kLn1W] + l * C;
-  v.ln1b = ln ? p[kLn1B] + l * C : nullptr;
-  v.qkvw = p[kQkvW] + l * int64_t{d.QKVl} * C;
-  v.qkvb = c.qkv_bias ? p[kQkvB] + l * int64_t{d.QKVl} : nullptr;
-  v.attprojw = p[kAttProjW] + l * C * d.Ql;
-  v.attprojb = c.bias ? p[kAttProjB] + l * C : nullptr;
-  v.ln2w = p[kLn2W] + l * C;
-  v.ln2b = ln ? p[kLn2B] + l * C : nullptr;
-  v.fcw = p[kFcW] + l * int64_t{d.FCl} * C;
-  v.fcb = c.bias ? p[kFcB] + l * int64_t{d.FCl} : nullptr;
-  v.fcprojw = p[kFcProjW] + l * C * d.Fl;
-  v.fcprojb = c.bias ? p[kFcProjB] + l * C : nullptr;
+  v.ln1w = at(kLn1W, C);
+  v.ln1b = at(kLn1B, C, ln);
+  v.qkvw = at(kQkvW, int64_t{d.QKVl} * C);
+  v.qkvb = at(kQkvB, d.QKVl, c.qkv_bias);
+  v.attprojw = at(kAttProjW, C * d.Ql);
+  v.attprojb = at(kAttProjB, C, c.bias);
+  v.ln2w = at(kLn2W, C);
+  v.ln2b = at(kLn2B, C, ln);
+  v.fcw = at(kFcW, int64_t{d.FCl} * C);
+  v.fcb = at(kFcB, d.FCl, c.bias);
+  v.fcprojw = at(kFcProjW, C * d.Fl);
+  v.fcprojb = at(kFcProjB, C, c.bias);
   return v;
+}
+
+LayerParams GPT::layer_params(int l) const {
+  ParamPtrs p = param_ptrs();
+  // The INT8 tier's model has no fp32 matmul weights (ModelUse).
+  if (use_ == ModelUse::kInt8Inference)
+    for (int id : {kQkvW, kAttProjW, kFcW, kFcProjW}) p.p[id] = nullptr;
+  return layer_view(p, config_, shard_, l);
 }
 
 ParamPtrs GPT::ptrs(const Arena& a) {
@@ -586,6 +606,7 @@ void GPT::backward(float loss_scale) {
 
 Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss) {
   CHECK(slot >= 0 && slot < activation_slots() && B <= act_B_ && T <= act_T_);
+  if (fp32_released_ && !int8_) return Status::InvalidArgument("an INT8 model's matrices were never loaded");
   SlotState& state = slot_state_[slot];
   state.B = B;
   state.T = T;
@@ -932,7 +953,13 @@ struct GPT::Int8Weights {
   std::vector<Matrix> m;  // 4 per layer, then the head
 };
 
+void GPT::quantize_matrix_int8(const float* src, int OC, int C, int8_t* w, float* scale) const {
+  ops_.quantize_weights_int8(w, scale, src, OC, C);
+}
+
 Status GPT::quantize_int8() {
+  if (fp32_released_)
+    return Status::InvalidArgument("quantize_int8: the fp32 matmul weights were released or never loaded");
   const ParamPtrs p = param_ptrs();
   // The fp32 source of each INT8 matrix, in load_int8's order.
   return load_int8([&](int k, int OC, int C, int8_t* w, float* scale) {
@@ -949,6 +976,7 @@ Status GPT::quantize_int8() {
 
 Result<int64_t> GPT::release_fp32_matmul_weights() {
   if (!int8_) return Status::InvalidArgument("the fp32 matmul weights are needed until the model is INT8");
+  if (fp32_released_) return int64_t{0};  // already given back, or never allocated (kInt8Inference)
   const long page = sysconf(_SC_PAGESIZE);
   int64_t released = 0;
   for (int id : {kQkvW, kAttProjW, kFcW, kFcProjW}) {
@@ -963,11 +991,12 @@ Result<int64_t> GPT::release_fp32_matmul_weights() {
     released += static_cast<int64_t>(last - first);
   }
   fp32_released_ = true;
+  released_bytes_ += released;
   return released;
 }
 
 Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill) {
-  if (device_ != Device::kCPU || use_ != ModelUse::kInference || !whole() || !ops_.matmul_int8_forward)
+  if (device_ != Device::kCPU || use_ == ModelUse::kTraining || !whole() || !ops_.matmul_int8_forward)
     return Status::InvalidArgument(
         "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
   // The kernel must compute the oracle's products on this CPU before any
@@ -1030,6 +1059,7 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   if (!shard_.first || !shard_.last || shard_.tp != 1)
     return Status::Unavailable(
         "forward_tokens runs the whole model on one rank (tensor and pipeline parallel inference are not built)");
+  if (fp32_released_ && !int8_) return Status::InvalidArgument("an INT8 model's matrices were never loaded");
   if (!cache.fits(*this))
     return Status::InvalidArgument(fmt::format("the KV cache was made for another model than {}", config_.str()));
   const int N = static_cast<int>(batch.tokens.size());

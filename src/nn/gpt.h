@@ -78,7 +78,8 @@ struct ParamPtrs {
 // One layer's tensors inside the stacked (L, ...) parameter (or gradient)
 // tensors, for local layer l of a shard: QKVl = (NH+2KV)*hs/tp, Ql =
 // NH*hs/tp, Fl = F/tp, FCl = Fl or SwiGLU's 2Fl. A tensor the configuration
-// lacks (a bias, a layernorm bias under RMSNorm) is null.
+// lacks (a bias, a layernorm bias under RMSNorm), or whose p[id] is null, is
+// null.
 struct LayerParams {
   float *ln1w, *ln1b;          // (C)
   float *qkvw, *qkvb;          // (QKVl, C), (QKVl)
@@ -90,8 +91,13 @@ struct LayerParams {
 LayerParams layer_view(const ParamPtrs& p, const GPTConfig& c, const ModelShard& s, int l);
 
 // What a GPT is for. kInference allocates the weights and what the forward
-// needs, no gradients (backward is then a bug).
-enum class ModelUse { kTraining, kInference };
+// needs, no gradients (backward is then a bug). kInt8Inference is the INT8
+// tier's model: the fp32 tensors of the per-layer matmuls and of an untied
+// head are not allocated at all (they are laid out with no elements); the
+// matrices come in through load_int8() (the loaders quantize each tensor as
+// they read it, or read a quantized file), so fp32 copies of all the
+// weights never exist (issue #30 item 3). CPU, whole models only.
+enum class ModelUse { kTraining, kInference, kInt8Inference };
 
 // A ragged batch for GPT::forward_tokens, N tokens in host memory: token i
 // is at position pos[i] of the PagedKVCache sequence seq[i]. Tokens of one
@@ -160,8 +166,16 @@ class GPT {
   // and the output layer's fp32 copy stay. From then on the
   // fp32 matmul weights read as zeros: no export, eval or fp32 forward.
   // Returns the bytes given back; InvalidArgument before quantizing.
+  // An kInt8Inference model has none to give: 0.
   Result<int64_t> release_fp32_matmul_weights();
+  // Released, or never held (kInt8Inference): the fp32 matmul weights are
+  // not there to read (export and quantize_int8 refuse).
   bool fp32_matmul_weights_released() const { return fp32_released_; }
+  // Bytes release_fp32_matmul_weights() gave back (0 before).
+  int64_t released_bytes() const { return released_bytes_; }
+  // Quantizes one (OC, C) fp32 matrix as quantize_int8() does (symmetric
+  // per output row): the fill of a load_int8() that reads fp32 tensors.
+  void quantize_matrix_int8(const float* src, int OC, int C, int8_t* w, float* scale) const;
   // Bytes of the INT8 weights and their scales (0 before quantize_int8()).
   int64_t int8_bytes() const;
   // The INT8 matrices by index: 4*l + {qkv, attproj, fc, fcproj} for layer
@@ -182,7 +196,8 @@ class GPT {
   ParamPtrs grad_ptrs() const { return ptrs(grads_); }
   bool training() const { return use_ == ModelUse::kTraining; }
   // Local layer l's parameters (gradients) as views into the stacked tensors.
-  LayerParams layer_params(int l) const { return layer_view(param_ptrs(), config_, shard_, l); }
+  // (null for the matmul weights of a kInt8Inference model).
+  LayerParams layer_params(int l) const;
   LayerParams layer_grads(int l) const { return layer_view(grad_ptrs(), config_, shard_, l); }
   // Whether AdamW decays this tensor (2-D weights only).
   static bool decays(int param_id);
@@ -346,6 +361,7 @@ class GPT {
   struct Int8Weights;
   std::shared_ptr<const Int8Weights> int8_;
   bool fp32_released_ = false;
+  int64_t released_bytes_ = 0;
   // out (N,OC) = inp @ W^T + bias, in int8 when quantized (index: 4*l + k
   // for layer l's k-th matmul, 4*L for the head), else ops_.matmul_forward.
   void linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C, int OC) const;

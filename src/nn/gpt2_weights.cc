@@ -225,8 +225,14 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
   // Names, shapes and dtypes: the same check load_gpt2 runs before it allocates.
   RETURN_IF_ERROR(check_hf_tensors(c, f));
   const bool int8 = f.metadata().count(kInt8Key) > 0;
+  // An INT8 model (ModelUse::kInt8Inference) has no fp32 matmul weights: an
+  // fp32 file's are quantized one tensor at a time below.
+  const bool quantize = !int8 && model.fp32_matmul_weights_released();
+  if (int8 && !model.fp32_matmul_weights_released())
+    return Status::InvalidArgument(
+        fmt::format("{}: an INT8 file loads into an INT8 model (ModelUse::kInt8Inference)", f.path()));
   std::vector<Slot> all = slots(c);
-  if (int8) std::erase_if(all, [](const Slot& s) { return int8_index(s) >= 0; });
+  if (int8 || quantize) std::erase_if(all, [](const Slot& s) { return int8_index(s) >= 0; });
   std::map<std::string, const io::TensorInfo*> by_name;
   for (const io::TensorInfo& t : f.tensors()) by_name[std::string(bare_name(t.name))] = &t;
   RETURN_IF_ERROR(model.params().try_zero());
@@ -245,17 +251,40 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
     if (t.shape != want)
       return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {}, the model ({}) needs {}", f.path(),
                                                  t.name, shape_str(t.shape), c.str(), shape_str(want)));
+    float* dst = slot_ptr(dst_arena, s);
+    if (!s.transpose) {  // straight into the arena: no copy of the largest tensor (wte)
+      RETURN_IF_ERROR(f.read_f32(t.name, std::span<float>(dst, static_cast<size_t>(t.numel()))));
+      continue;
+    }
     buf.resize(t.numel());
     RETURN_IF_ERROR(f.read_f32(t.name, buf));
-    float* dst = slot_ptr(dst_arena, s);
-    if (s.transpose) {  // file (cols=in, rows=out) -> arena (rows, cols)
-      for (int64_t i = 0; i < s.cols; i++)
-        for (int64_t o = 0; o < s.rows; o++) dst[o * s.cols + i] = buf[i * s.rows + o];
-    } else {
-      std::copy(buf.begin(), buf.end(), dst);
-    }
+    for (int64_t i = 0; i < s.cols; i++)  // file (cols=in, rows=out) -> arena (rows, cols)
+      for (int64_t o = 0; o < s.rows; o++) dst[o * s.cols + i] = buf[i * s.rows + o];
   }
   if (model.params().device() != Device::kCPU) RETURN_IF_ERROR(model.params().try_copy_from(staging));
+  if (quantize) {
+    // Conv1D weights are stored (in, out): each is read, transposed to (out,
+    // in) and quantized per output row; the head is the tied wte.
+    std::vector<const Slot*> by_index(4 * c.layers + 1, nullptr);
+    std::vector<Slot> every = slots(c);
+    for (const Slot& s : every)
+      if (int8_index(s) >= 0) by_index[int8_index(s)] = &s;
+    std::vector<float> rows;
+    return model.load_int8([&](int k, int OC, int C, int8_t* w, float* scale) -> Status {
+      const float* src = model.param_ptrs()[kWte];
+      if (k < 4 * c.layers) {
+        const Slot& s = *by_index[k];
+        buf.resize(static_cast<size_t>(s.rows * s.cols));
+        RETURN_IF_ERROR(f.read_f32(by_name[s.name]->name, buf));
+        rows.resize(buf.size());
+        for (int64_t i = 0; i < s.cols; i++)
+          for (int64_t o = 0; o < s.rows; o++) rows[o * s.cols + i] = buf[i * s.rows + o];
+        src = rows.data();
+      }
+      model.quantize_matrix_int8(src, OC, C, w, scale);
+      return Status::OK();
+    });
+  }
   if (!int8) return Status::OK();
   // The INT8 matrices: NAME_int8 (OC, C) I8 and NAME_scale (OC) F32.
   std::vector<std::string> names(4 * c.layers + 1);
@@ -278,8 +307,7 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
     if (st.shape != want_s)
       return Status::InvalidArgument(fmt::format("{}: tensor '{}' must have shape {} for {}", f.path(), st.name,
                                                  shape_str(want_s), c.str()));
-    const std::span<const std::byte> raw = f.raw(wt);
-    std::memcpy(w, raw.data(), raw.size());
+    RETURN_IF_ERROR(f.read_raw(wt.name, std::as_writable_bytes(std::span<int8_t>(w, static_cast<size_t>(OC) * C))));
     RETURN_IF_ERROR(f.read_f32(st.name, std::span<float>(scale, static_cast<size_t>(OC))));
     for (int o = 0; o < OC; o++) {
       if (!(scale[o] > 0.0f) || !std::isfinite(scale[o]))
@@ -331,6 +359,14 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
   if (Status st = check_hf_tensors(c, f); !st.ok())
     return Status::InvalidArgument(
         fmt::format("{} (the shape is from {})", st.message(), fallback_used ? "the flags" : cfg_path));
+  // An INT8 file holds no fp32 matmul weights: only the INT8 tier reads it.
+  if (f.metadata().count(kInt8Key) > 0) {
+    if (use == ModelUse::kTraining)
+      return Status::InvalidArgument(fmt::format(
+          "{}: an INT8 file (tessera quantize) is for inference on the CPU, not training: start from the fp32 file",
+          path));
+    use = ModelUse::kInt8Inference;
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, backend, ModelShard{}, nullptr, use));
   RETURN_IF_ERROR(load_hf_weights(*model, f));
   return model;
@@ -338,6 +374,8 @@ Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig*
 
 Result<std::vector<HfTensor>> to_hf_tensors(const GPT& model, const Arena& arena) {
   if (!model.config().gpt2()) return hf_decoder_tensors(model, arena);
+  if (model.fp32_matmul_weights_released() && &arena == &model.params())
+    return Status::InvalidArgument("the model's fp32 matmul weights were released or never loaded (the INT8 tier)");
   // A device arena is read through one host copy.
   Arena host;
   if (arena.device() != Device::kCPU) {
@@ -364,19 +402,18 @@ Result<std::vector<HfTensor>> to_hf_tensors(const GPT& model, const Arena& arena
 
 Status save_int8(const GPT& model, const std::string& path) {
   if (!model.int8()) return Status::InvalidArgument("save_int8: the model is not quantized (GPT::quantize_int8)");
-  if (!model.config().gpt2())
-    return Status::InvalidArgument(fmt::format("INT8 files are written for GPT-2 only so far, not {}", model.config().str()));
-  ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, to_hf_tensors(model, model.params()));
+  if (!model.config().gpt2()) return save_hf_decoder_int8(model, path);
   const GPTConfig& c = model.config();
   std::vector<std::string> names(4 * c.layers + 1);
   for (const Slot& s : slots(c)) {
     if (int8_index(s) >= 0) names[int8_index(s)] = s.name;
   }
   names.back() = kHeadInt8;
-  std::set<std::string> quantized(names.begin(), names.end());
+  // The fp32 tensors straight from the arena (INT8 models are on the CPU;
+  // none of them is transposed), then the INT8 matrices.
   io::SafetensorsWriter w;
-  for (const HfTensor& t : tensors) {
-    if (!quantized.count(t.name)) w.add(t.name, io::StDType::kF32, t.shape, t.data.data());
+  for (const Slot& s : slots(c)) {
+    if (int8_index(s) < 0) w.add(s.name, io::StDType::kF32, hf_shape(s), slot_ptr(model.params(), s));
   }
   model.for_each_int8([&](int k, int OC, int C, const int8_t* q, const float* scale) {
     w.add(names[k] + "_int8", io::StDType::kI8, {OC, C}, q);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -109,13 +110,15 @@ float* layer_base(const Arena& a, const Piece& p, int layers) {
   return t.f32() + (p.layer < 0 ? 0 : p.layer * per_layer);
 }
 
-// Copies between an HF tensor (src, in HF layout) and the arena (dst), in
-// the direction `in` (HF -> arena) or out.
-void copy_piece(const DecoderConfig& c, const Piece& p, float* slice, float* hf, bool in) {
+// Copies between an HF tensor (hf, in HF layout) and the arena (slice), in
+// the direction `in` (HF -> arena) or out. T is float for the weights, and
+// int8_t for an INT8 matrix (its scales are a scale_piece()'s floats).
+template <typename T>
+void copy_piece(const DecoderConfig& c, const Piece& p, T* slice, T* hf, bool in) {
   const int64_t C = c.channels, hs = c.hs(), KV = c.kv(), G = c.heads / KV;
-  auto move = [&](float* arena, float* file, int64_t n) {
-    if (in) std::memcpy(arena, file, sizeof(float) * n);
-    else std::memcpy(file, arena, sizeof(float) * n);
+  auto move = [&](T* arena, T* file, int64_t n) {
+    if (in) std::memcpy(arena, file, sizeof(T) * n);
+    else std::memcpy(file, arena, sizeof(T) * n);
   };
   switch (p.kind) {
     case Piece::kPlain: move(slice + p.offset, hf, numel(p.shape)); break;
@@ -133,6 +136,67 @@ void copy_piece(const DecoderConfig& c, const Piece& p, float* slice, float* hf,
       break;
     }
   }
+}
+
+// HF rows [r0, r0 + n) of piece p (src: n rows of the HF tensor, or n
+// elements of a vector) into the arena's layer slice (or an INT8 matrix, or
+// its scales): copy_piece's "in" direction a block of rows at a time.
+template <typename T>
+void place_rows(const DecoderConfig& c, const Piece& p, int64_t r0, int64_t n, const T* src, T* slice) {
+  const int64_t K = p.shape.size() == 2 ? p.shape[1] : 1, hs = c.hs(), KV = c.kv(), G = c.heads / KV;
+  switch (p.kind) {
+    case Piece::kPlain: std::memcpy(slice + p.offset + r0 * K, src, sizeof(T) * n * K); break;
+    case Piece::kQRows:
+      // HF query head h = b*G + a is Tessera's head j = a*KV + b.
+      for (int64_t r = r0; r < r0 + n; r++) {
+        const int64_t h = r / hs, j = (h % G) * KV + h / G;
+        std::memcpy(slice + (j * hs + r % hs) * K, src + (r - r0) * K, sizeof(T) * K);
+      }
+      break;
+    case Piece::kORows: {
+      const int64_t Q = c.q_dim();
+      for (int64_t r = r0; r < r0 + n; r++)
+        for (int j = 0; j < c.heads; j++)
+          std::memcpy(slice + r * Q + j * hs, src + (r - r0) * Q + hf_head(j, KV, G) * hs, sizeof(T) * hs);
+      break;
+    }
+  }
+}
+
+// The INT8 tier (docs/formats/int8.md): the matmul weights are INT8
+// matrices, one per (layer, kind) in GPT::load_int8's order, each built from
+// the HF tensors of that parameter and layer; the head is matrix 4L.
+constexpr int kMatmulIds[4] = {kQkvW, kAttProjW, kFcW, kFcProjW};
+constexpr const char* kInt8Key = "tessera_quantization";
+constexpr const char* kInt8Value = "int8-symmetric-per-output-channel";
+constexpr const char* kHeadInt8 = "lm_head.weight";  // NAME_int8 (Vp, C) and NAME_scale (Vp), tied or not
+
+bool is_matmul(const Piece& p) {
+  return p.layer >= 0 && p.shape.size() == 2 &&
+         std::find(std::begin(kMatmulIds), std::end(kMatmulIds), p.id) != std::end(kMatmulIds);
+}
+// The scales of a matmul piece's rows, as a piece of the matrix's OC scales:
+// query rows keep their head order, the output projection's rows (C) are not
+// permuted (its columns are), the others are plain row ranges.
+Piece scale_piece(const Piece& p) {
+  Piece s = p;
+  s.shape = {p.shape[0]};
+  if (p.kind == Piece::kORows) s.kind = Piece::kPlain, s.offset = 0;
+  else if (p.kind == Piece::kPlain) s.offset = p.offset / p.shape[1];
+  return s;
+}
+
+// An INT8 file's codes are -127..127 and its scales positive and finite.
+Status check_int8_codes(const std::string& where, const std::string& name, std::span<const int8_t> codes,
+                        std::span<const float> scales) {
+  for (size_t o = 0; o < scales.size(); o++) {
+    if (!(scales[o] > 0.0f) || !std::isfinite(scales[o]))
+      return Status::InvalidArgument(
+          fmt::format("{}: tensor '{}_scale' holds a scale that is not a positive number at {}", where, name, o));
+  }
+  if (std::find(codes.begin(), codes.end(), int8_t{-128}) != codes.end())
+    return Status::InvalidArgument(fmt::format("{}: tensor '{}_int8' holds -128 (codes are -127..127)", where, name));
+  return Status::OK();
 }
 
 Status check_representable(const DecoderConfig& c) {
@@ -329,8 +393,15 @@ Result<std::unique_ptr<GPT>> load_hf_decoder(const std::string& path, Backend ba
   ASSIGN_OR_RETURN(DecoderConfig c, read_hf_decoder_config(folder.config));
   std::vector<io::SafetensorsFile> files;
   std::map<std::string, std::pair<size_t, const io::TensorInfo*>> where;  // name -> file, info
+  bool file_int8 = false;
   for (const std::string& name : folder.files) {
     ASSIGN_OR_RETURN(io::SafetensorsFile f, io::SafetensorsFile::open(name));
+    if (auto q = f.metadata().find(kInt8Key); q != f.metadata().end()) {
+      if (q->second != kInt8Value)
+        return Status::InvalidArgument(
+            fmt::format("{}: unknown quantization '{}' (this build reads '{}')", name, q->second, kInt8Value));
+      file_int8 = true;
+    }
     files.push_back(std::move(f));
   }
   for (size_t k = 0; k < files.size(); k++) {
@@ -339,22 +410,47 @@ Result<std::unique_ptr<GPT>> load_hf_decoder(const std::string& path, Backend ba
         return Status::InvalidArgument(fmt::format("{}: tensor '{}' is in two files", folder.dir, t.name));
     }
   }
-  // Every name and shape before anything is allocated.
+  // An INT8 file holds no fp32 matmul weights: only the INT8 tier reads it.
+  if (file_int8 && use == ModelUse::kTraining)
+    return Status::InvalidArgument(fmt::format("{}: an INT8 file (tessera quantize) is for inference on the CPU, "
+                                               "not training: start from the fp32 or bf16 folder",
+                                               folder.dir));
+  if (file_int8) use = ModelUse::kInt8Inference;
+  const bool int8 = use == ModelUse::kInt8Inference;
+  // Every name, shape and dtype before anything is allocated.
   const std::vector<Piece> pieces = pieces_of(c);
   std::set<std::string> wanted;
-  for (const Piece& p : pieces) {
-    wanted.insert(p.name);
-    auto it = where.find(p.name);
+  auto need = [&](const std::string& name, const std::vector<int64_t>& shape, bool i8) -> Status {
+    wanted.insert(name);
+    auto it = where.find(name);
     if (it == where.end())
       return Status::InvalidArgument(
-          fmt::format("{}: tensor '{}' is missing (the model is {})", folder.dir, p.name, c.str()));
+          fmt::format("{}: tensor '{}' is missing (the model is {})", folder.dir, name, c.str()));
     const io::TensorInfo& t = *it->second.second;
-    if (t.shape != p.shape)
-      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {} but {} needs {}", folder.dir, p.name,
-                                                 shape_str(t.shape), c.str(), shape_str(p.shape)));
-    if (t.dtype != io::StDType::kF32 && t.dtype != io::StDType::kBF16 && t.dtype != io::StDType::kF16)
+    if (t.shape != shape)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {} but {} needs {}", folder.dir, name,
+                                                 shape_str(t.shape), c.str(), shape_str(shape)));
+    if (i8 && t.dtype != io::StDType::kI8)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (I8 is read)", folder.dir, name,
+                                                 io::st_dtype_name(t.dtype)));
+    if (!i8 && t.dtype != io::StDType::kF32 && t.dtype != io::StDType::kBF16 && t.dtype != io::StDType::kF16)
       return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (F32, BF16 or F16 are read)", folder.dir,
-                                                 p.name, io::st_dtype_name(t.dtype)));
+                                                 name, io::st_dtype_name(t.dtype)));
+    return Status::OK();
+  };
+  const int64_t Vp = c.padded_vocab(), C = c.channels;
+  for (const Piece& p : pieces) {
+    const bool quantized = file_int8 && (is_matmul(p) || p.id == kLmHead);
+    if (!quantized) {
+      RETURN_IF_ERROR(need(p.name, p.shape, false));
+    } else if (p.id != kLmHead) {
+      RETURN_IF_ERROR(need(p.name + "_int8", p.shape, true));
+      RETURN_IF_ERROR(need(p.name + "_scale", {p.shape[0]}, false));
+    }
+  }
+  if (file_int8) {
+    RETURN_IF_ERROR(need(std::string(kHeadInt8) + "_int8", {Vp, C}, true));
+    RETURN_IF_ERROR(need(std::string(kHeadInt8) + "_scale", {Vp}, false));
   }
   for (const auto& [name, at] : where) {
     if (wanted.count(name)) continue;
@@ -372,14 +468,99 @@ Result<std::unique_ptr<GPT>> load_hf_decoder(const std::string& path, Backend ba
   }
   Arena& a = on_host ? model->params() : host_arena;
   RETURN_IF_ERROR(a.try_zero());
+  // A few rows at a time: each piece is read in blocks of about 4M elements
+  // (converted to fp32, the file's pages given back as they are read:
+  // io/safetensors.h) and placed, or quantized and placed, before the next
+  // block. So loading needs one block of memory beyond the model.
+  constexpr int64_t kBlockElems = int64_t{4} << 20;
   std::vector<float> buf;
+  std::vector<int8_t> codes;
+  std::vector<float> scales;
+  // Calls f(r0, n) for blocks of rows of piece p.
+  auto blocks = [&](const Piece& p, const std::function<Status(int64_t r0, int64_t n)>& f) -> Status {
+    const int64_t rows = p.shape[0], K = p.shape.size() == 2 ? p.shape[1] : 1;
+    const int64_t step = std::max<int64_t>(1, kBlockElems / K);
+    for (int64_t r0 = 0; r0 < rows; r0 += step) RETURN_IF_ERROR(f(r0, std::min(step, rows - r0)));
+    return Status::OK();
+  };
+  auto read_rows = [&](const std::string& name, int64_t first, int64_t n) -> Status {
+    const auto [k, info] = where[name];
+    buf.resize(static_cast<size_t>(n));
+    return files[k].read_f32(name, static_cast<uint64_t>(first), std::span<float>(buf.data(), buf.size()));
+  };
   for (const Piece& p : pieces) {
-    const auto [k, info] = where[p.name];
-    buf.resize(static_cast<size_t>(numel(p.shape)));
-    RETURN_IF_ERROR(files[k].read_f32(p.name, std::span<float>(buf.data(), buf.size())));
-    copy_piece(c, p, layer_base(a, p, c.layers), buf.data(), /*in=*/true);
+    if (int8 && (is_matmul(p) || p.id == kLmHead)) continue;  // into the INT8 matrices below
+    const int64_t K = p.shape.size() == 2 ? p.shape[1] : 1;
+    float* slice = layer_base(a, p, c.layers);
+    RETURN_IF_ERROR(blocks(p, [&](int64_t r0, int64_t n) -> Status {
+      RETURN_IF_ERROR(read_rows(p.name, r0 * K, n * K));
+      place_rows<float>(c, p, r0, n, buf.data(), slice);
+      return Status::OK();
+    }));
   }
   if (!on_host) RETURN_IF_ERROR(model->params().try_copy_from(host_arena).With("uploading the weights"));
+  if (!int8) return model;
+
+  // Matrix k of the INT8 tier from its HF pieces, block by block of rows:
+  // quantized here (per output row, so a block of a piece in HF's row order
+  // gives the codes quantizing the whole fp32 matrix gives), or read from
+  // an INT8 file's codes and checked.
+  auto piece_codes = [&](const Piece& p, int8_t* w, float* scale) -> Status {
+    const int64_t K = p.shape[1];
+    const Piece sp = scale_piece(p);
+    return blocks(p, [&](int64_t r0, int64_t n) -> Status {
+      codes.resize(static_cast<size_t>(n * K));
+      scales.resize(static_cast<size_t>(n));
+      if (!file_int8) {
+        RETURN_IF_ERROR(read_rows(p.name, r0 * K, n * K));
+        model->quantize_matrix_int8(buf.data(), static_cast<int>(n), static_cast<int>(K), codes.data(), scales.data());
+      } else {
+        const auto [k, wt] = where[p.name + "_int8"];
+        RETURN_IF_ERROR(files[k].read_raw(wt->name, std::as_writable_bytes(std::span(codes)),
+                                          static_cast<uint64_t>(r0 * K)));
+        const auto [ks, st] = where[p.name + "_scale"];
+        RETURN_IF_ERROR(files[ks].read_f32(st->name, static_cast<uint64_t>(r0), std::span(scales)));
+        RETURN_IF_ERROR(check_int8_codes(folder.dir, p.name, codes, scales));
+      }
+      place_rows<int8_t>(c, p, r0, n, codes.data(), w);
+      place_rows<float>(c, sp, r0, n, scales.data(), scale);
+      return Status::OK();
+    });
+  };
+  const int L = c.layers;
+  RETURN_IF_ERROR(model->load_int8([&](int k, int OC, int K, int8_t* w, float* scale) -> Status {
+    if (k < 4 * L) {
+      for (const Piece& p : pieces) {
+        if (p.layer != k / 4 || p.id != kMatmulIds[k % 4] || !is_matmul(p)) continue;
+        RETURN_IF_ERROR(piece_codes(p, w, scale));
+      }
+      return Status::OK();
+    }
+    // The head, (Vp, C) with zero padding rows: tied to wte (in the arena by
+    // now), or lm_head.weight; an INT8 file holds its codes.
+    if (file_int8) {
+      const auto [kw, wt] = where[std::string(kHeadInt8) + "_int8"];
+      const std::span<int8_t> w_span(w, static_cast<size_t>(OC) * K);
+      RETURN_IF_ERROR(files[kw].read_raw(wt->name, std::as_writable_bytes(w_span)));
+      const auto [ks, st] = where[std::string(kHeadInt8) + "_scale"];
+      const std::span<float> s_span(scale, static_cast<size_t>(OC));
+      RETURN_IF_ERROR(files[ks].read_f32(st->name, s_span));
+      return check_int8_codes(folder.dir, kHeadInt8, w_span, s_span);
+    }
+    if (c.tied_head) {
+      model->quantize_matrix_int8(model->param_ptrs()[kWte], OC, K, w, scale);
+      return Status::OK();
+    }
+    const Piece head{"lm_head.weight", {OC, K}, kLmHead, -1};  // V rows in the file, then zero rows
+    return blocks(head, [&](int64_t r0, int64_t n) -> Status {
+      const int64_t in_file = std::clamp<int64_t>(c.vocab - r0, 0, n);
+      if (in_file > 0) RETURN_IF_ERROR(read_rows(head.name, r0 * K, in_file * K));
+      buf.resize(static_cast<size_t>(n * K));
+      std::fill(buf.begin() + in_file * K, buf.end(), 0.0f);
+      model->quantize_matrix_int8(buf.data(), static_cast<int>(n), K, w + r0 * K, scale + r0);
+      return Status::OK();
+    });
+  }));
   return model;
 }
 
@@ -392,6 +573,8 @@ Result<std::vector<HfTensor>> hf_decoder_tensors(const GPT& model, const Arena& 
   const Arena& a = arena.device() == Device::kCPU ? arena : host;
   const DecoderConfig& c = model.config();
   RETURN_IF_ERROR(check_representable(c));
+  if (model.fp32_matmul_weights_released() && &arena == &model.params())
+    return Status::InvalidArgument("the model's fp32 matmul weights were released or never loaded (the INT8 tier)");
   std::vector<HfTensor> out;
   for (const Piece& p : pieces_of(c)) {
     HfTensor t{p.name, p.shape, std::vector<float>(static_cast<size_t>(numel(p.shape)))};
@@ -401,25 +584,28 @@ Result<std::vector<HfTensor>> hf_decoder_tensors(const GPT& model, const Arena& 
   return out;
 }
 
-Status save_hf_decoder(const GPT& model, const std::string& weights_path, const HfSaveOptions& o) {
-  if (!model.whole()) return Status::InvalidArgument("save_hf_decoder writes a whole model (gather the shards first)");
-  if (o.dtype != io::StDType::kF32 && o.dtype != io::StDType::kBF16)
-    return Status::InvalidArgument("Hugging Face folders are written in F32 or BF16");
-  ASSIGN_OR_RETURN(std::vector<HfTensor> tensors, hf_decoder_tensors(model, model.params()));
-  const size_t elem = o.dtype == io::StDType::kBF16 ? 2 : 4;
-  std::vector<std::vector<bf16>> bf(tensors.size());
-  if (o.dtype == io::StDType::kBF16) {
-    for (size_t i = 0; i < tensors.size(); i++) {
-      bf[i].resize(tensors[i].data.size());
-      for (size_t k = 0; k < bf[i].size(); k++) bf[i][k] = f32_to_bf16(tensors[i].data[k]);
-    }
-  }
-  // Shards in tensor order, each at most max_shard_bytes (a larger tensor alone).
+namespace {
+
+// One tensor of a folder being written: its bytes are made when the writer
+// reaches it (one tensor in memory at a time).
+struct OutTensor {
+  std::string name;
+  io::StDType dtype;
+  std::vector<int64_t> shape;
+  io::SafetensorsWriter::Fill fill;
+  const void* data = nullptr;  // instead of fill: bytes already in the file's layout
+};
+
+// Writes tensors into the folder of weights_path: one file, or HF's shards
+// (each at most max_shard_bytes, a larger tensor alone) with
+// model.safetensors.index.json; then config.json.
+Status write_hf_folder(const DecoderConfig& c, const std::string& weights_path, std::vector<OutTensor> tensors,
+                       int64_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0, total = 0;
   for (size_t i = 0; i < tensors.size(); i++) {
-    const int64_t b = static_cast<int64_t>(tensors[i].data.size() * elem);
-    if (in_shard > 0 && in_shard + b > o.max_shard_bytes) {
+    const int64_t b = numel(tensors[i].shape) * static_cast<int64_t>(io::st_dtype_size(tensors[i].dtype));
+    if (in_shard > 0 && in_shard + b > max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
@@ -434,13 +620,13 @@ Status save_hf_decoder(const GPT& model, const std::string& weights_path, const 
                                                 : fmt::format("model-{:05}-of-{:05}.safetensors", s + 1, shards.size());
     io::SafetensorsWriter w;
     for (size_t i : shards[s]) {
-      const void* data = o.dtype == io::StDType::kBF16 ? static_cast<const void*>(bf[i].data())
-                                                       : static_cast<const void*>(tensors[i].data.data());
-      w.add(tensors[i].name, o.dtype, tensors[i].shape, data);
+      if (tensors[i].data != nullptr) w.add(tensors[i].name, tensors[i].dtype, tensors[i].shape, tensors[i].data);
+      else w.add(tensors[i].name, tensors[i].dtype, tensors[i].shape, std::move(tensors[i].fill));
       map[tensors[i].name] = name;
     }
     w.set_metadata("format", "pt");
     w.set_metadata("producer", "tessera " TESSERA_VERSION);
+    for (const auto& [k, v] : metadata) w.set_metadata(k, v);
     RETURN_IF_ERROR(w.write((dir / name).string()));
   }
   if (shards.size() > 1) {
@@ -449,7 +635,144 @@ Status save_hf_decoder(const GPT& model, const std::string& weights_path, const 
     std::span<const std::byte> piece(reinterpret_cast<const std::byte*>(text.data()), text.size());
     RETURN_IF_ERROR(io::write_file_atomic((dir / kIndex).string(), std::span<const std::span<const std::byte>>(&piece, 1)));
   }
-  return write_hf_decoder_config(model.config(), (dir / "config.json").string());
+  return write_hf_decoder_config(c, (dir / "config.json").string());
+}
+
+// A piece of the host arena a as an HF tensor in dtype (F32 or BF16).
+OutTensor arena_piece(const DecoderConfig& c, const Arena& a, const Piece& p, io::StDType dtype) {
+  // An fp32 piece stored as it is in the arena is written from there.
+  if (dtype == io::StDType::kF32 && p.kind == Piece::kPlain && numel(p.shape) > 0)
+    return {p.name, dtype, p.shape, nullptr, layer_base(a, p, c.layers) + p.offset};
+  return {p.name, dtype, p.shape, [&c, &a, p, dtype](std::span<std::byte> out) -> Status {
+            const int64_t n = numel(p.shape);
+            float* slice = layer_base(a, p, c.layers);
+            if (dtype == io::StDType::kF32) {
+              copy_piece(c, p, slice, reinterpret_cast<float*>(out.data()), /*in=*/false);
+              return Status::OK();
+            }
+            std::vector<float> f(static_cast<size_t>(n));
+            copy_piece(c, p, slice, f.data(), /*in=*/false);
+            for (int64_t k = 0; k < n; k++) {
+              const bf16 h = f32_to_bf16(f[k]);
+              std::memcpy(out.data() + 2 * k, &h, 2);
+            }
+            return Status::OK();
+          }};
+}
+
+// The host copy of a model's parameters (the arena itself on the CPU).
+Result<const Arena*> host_params(const GPT& model, Arena* staging) {
+  if (model.params().device() == Device::kCPU) return &model.params();
+  ASSIGN_OR_RETURN(*staging, model.params().try_clone_layout(Device::kCPU));
+  RETURN_IF_ERROR(staging->try_copy_from(model.params()));
+  return staging;
+}
+
+}  // namespace
+
+Status save_hf_decoder(const GPT& model, const std::string& weights_path, const HfSaveOptions& o) {
+  if (!model.whole()) return Status::InvalidArgument("save_hf_decoder writes a whole model (gather the shards first)");
+  if (o.dtype != io::StDType::kF32 && o.dtype != io::StDType::kBF16)
+    return Status::InvalidArgument("Hugging Face folders are written in F32 or BF16");
+  if (model.fp32_matmul_weights_released())
+    return Status::InvalidArgument(
+        "the model's fp32 matmul weights were released or never loaded (the INT8 tier): write its INT8 form "
+        "(tessera quantize) or load the fp32 folder");
+  const DecoderConfig& c = model.config();
+  RETURN_IF_ERROR(check_representable(c));
+  Arena staging;
+  ASSIGN_OR_RETURN(const Arena* a, host_params(model, &staging));
+  std::vector<OutTensor> tensors;
+  for (const Piece& p : pieces_of(c)) tensors.push_back(arena_piece(c, *a, p, o.dtype));
+  return write_hf_folder(c, weights_path, std::move(tensors), o.max_shard_bytes, {});
+}
+
+Status save_hf_decoder_int8(const GPT& model, const std::string& weights_path) {
+  if (!model.int8()) return Status::InvalidArgument("save_int8: the model is not quantized (GPT::quantize_int8)");
+  const DecoderConfig& c = model.config();
+  RETURN_IF_ERROR(check_representable(c));
+  struct Matrix {
+    const int8_t* w;
+    const float* scale;
+    int OC, C;
+  };
+  std::vector<Matrix> m;
+  model.for_each_int8([&](int, int OC, int C, const int8_t* w, const float* scale) { m.push_back({w, scale, OC, C}); });
+  const Arena& a = model.params();  // INT8 models are on the CPU
+  std::vector<OutTensor> tensors;
+  for (const Piece& p : pieces_of(c)) {
+    if (p.id == kLmHead) continue;  // the INT8 head below
+    if (!is_matmul(p)) {
+      tensors.push_back(arena_piece(c, a, p, io::StDType::kF32));
+      continue;
+    }
+    const Matrix& x = m[4 * p.layer + static_cast<int>(std::find(std::begin(kMatmulIds), std::end(kMatmulIds), p.id) -
+                                                        std::begin(kMatmulIds))];
+    const Piece sp = scale_piece(p);
+    tensors.push_back({p.name + "_int8", io::StDType::kI8, p.shape, [&c, p, x](std::span<std::byte> out) {
+                         copy_piece<int8_t>(c, p, const_cast<int8_t*>(x.w), reinterpret_cast<int8_t*>(out.data()),
+                                            /*in=*/false);
+                         return Status::OK();
+                       }});
+    tensors.push_back({p.name + "_scale", io::StDType::kF32, sp.shape, [&c, sp, x](std::span<std::byte> out) {
+                         copy_piece<float>(c, sp, const_cast<float*>(x.scale), reinterpret_cast<float*>(out.data()),
+                                           /*in=*/false);
+                         return Status::OK();
+                       }});
+  }
+  const Matrix& head = m.back();
+  tensors.push_back({std::string(kHeadInt8) + "_int8", io::StDType::kI8, {head.OC, head.C},
+                     [head](std::span<std::byte> out) {
+                       std::memcpy(out.data(), head.w, out.size());
+                       return Status::OK();
+                     }});
+  tensors.push_back({std::string(kHeadInt8) + "_scale", io::StDType::kF32, {head.OC}, [head](std::span<std::byte> out) {
+                       std::memcpy(out.data(), head.scale, out.size());
+                       return Status::OK();
+                     }});
+  // One file: the loaders take an INT8 file whole (no index).
+  return write_hf_folder(c, weights_path, std::move(tensors), INT64_MAX, {{kInt8Key, kInt8Value}});
+}
+
+Status save_random_hf_decoder(const DecoderConfig& c, const std::string& weights_path, const HfSaveOptions& o,
+                              uint64_t seed) {
+  if (o.dtype != io::StDType::kF32 && o.dtype != io::StDType::kBF16)
+    return Status::InvalidArgument("Hugging Face folders are written in F32 or BF16");
+  RETURN_IF_ERROR(c.validate());
+  RETURN_IF_ERROR(check_representable(c));
+  std::vector<OutTensor> tensors;
+  for (const Piece& p : pieces_of(c)) {
+    // Norm weights are ones, biases zero, matrices uniform with GPT-2's
+    // standard deviation 0.02 (a = 0.02 sqrt 3), drawn from a splitmix64
+    // stream seeded by the seed and the tensor's name.
+    const bool norm = p.id == kLn1W || p.id == kLn2W || p.id == kLnfW;
+    const bool matrix = p.shape.size() == 2;
+    uint64_t state = seed ^ 0x9e3779b97f4a7c15ull;
+    for (char ch : p.name) state = (state ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
+    tensors.push_back({p.name, o.dtype, p.shape, [=](std::span<std::byte> out) {
+                         const size_t elem = io::st_dtype_size(o.dtype), n = out.size() / elem;
+                         uint64_t x = state;
+                         for (size_t k = 0; k < n; k++) {
+                           float v = norm ? 1.0f : 0.0f;
+                           if (matrix) {
+                             uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+                             z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+                             z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                             z ^= z >> 31;
+                             const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+                             v = (2.0f * u - 1.0f) * 0.034641016f;
+                           }
+                           if (elem == 4) {
+                             std::memcpy(out.data() + 4 * k, &v, 4);
+                           } else {
+                             const bf16 h = f32_to_bf16(v);
+                             std::memcpy(out.data() + 2 * k, &h, 2);
+                           }
+                         }
+                         return Status::OK();
+                       }});
+  }
+  return write_hf_folder(c, weights_path, std::move(tensors), o.max_shard_bytes, {});
 }
 
 }  // namespace tessera

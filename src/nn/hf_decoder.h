@@ -51,7 +51,10 @@ Result<DecoderConfig> read_hf_decoder_config(const std::string& config_path);
 Status write_hf_decoder_config(const DecoderConfig& c, const std::string& path);
 
 // Checks every tensor's name and shape against the config, then builds the
-// model and loads the weights.
+// model and loads the weights, one tensor at a time from the mapped files
+// (converted to fp32 as each is read). ModelUse::kInt8Inference quantizes
+// each matmul tensor as it is read, so no fp32 copy of the matmul weights
+// is made; an INT8 file (save_hf_decoder_int8) always loads that way.
 Result<std::unique_ptr<GPT>> load_hf_decoder(const std::string& path, Backend backend = Backend::kCPU,
                                              ModelUse use = ModelUse::kTraining);
 
@@ -66,6 +69,22 @@ struct HfSaveOptions {
 // Writes config.json and the weights into the folder of weights_path (named
 // weights_path when one file holds them; otherwise HF's shard names and
 // model.safetensors.index.json beside it). Whole models.
+// Each tensor is converted as the writer reaches it: the host memory this
+// needs beyond the model is one tensor.
 Status save_hf_decoder(const GPT& model, const std::string& weights_path, const HfSaveOptions& o = {});
+// An INT8 model (quantized or read from an INT8 file) in the INT8 form of
+// docs/formats/int8.md: the HF layout with every matmul weight NAME (q_proj,
+// k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj) replaced by
+// NAME_int8 (I8, HF's shape) and NAME_scale (F32, one per row), the output
+// layer as lm_head.weight_int8 (Vp, C) and _scale (Vp) whether tied or not,
+// the rest F32; metadata tessera_quantization; config.json beside it. One
+// file. load_hf_decoder reads it into an INT8 model.
+Status save_hf_decoder_int8(const GPT& model, const std::string& weights_path);
+// A random-weight folder of config c (norm weights 1, biases 0, matrices
+// uniform with standard deviation 0.02, deterministic for a seed), written
+// tensor by tensor without building the model: an 8B-shaped folder needs
+// one tensor of memory (tessera synth model; the loading benchmarks).
+Status save_random_hf_decoder(const DecoderConfig& c, const std::string& weights_path, const HfSaveOptions& o,
+                              uint64_t seed);
 
 }  // namespace tessera

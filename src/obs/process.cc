@@ -75,6 +75,13 @@ Result<ProcessStats> read_process_stats() {
   if (std::sscanf(statm.c_str(), "%lf %lf", &size_pages, &resident_pages) != 2)
     return Status::IOError("/proc/self/statm: cannot parse");
   s.resident_bytes = resident_pages * page;
+  // /proc/self/status: "VmHWM:    123456 kB", the peak resident set.
+  if (Result<std::string> status = read_text("/proc/self/status"); status.ok()) {
+    const size_t at = status->find("VmHWM:");
+    double kb = 0;
+    if (at != std::string::npos && std::sscanf(status->c_str() + at + 6, "%lf", &kb) == 1)
+      s.peak_resident_bytes = kb * 1024;
+  }
 
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);

@@ -16,6 +16,7 @@ namespace tessera::obs {
 struct ProcessStats {
   double cpu_seconds = 0;         // user + system CPU time of all threads
   double resident_bytes = 0;      // resident set size
+  double peak_resident_bytes = 0; // its high-water mark (VmHWM; 0 where unknown)
   double virtual_bytes = 0;       // virtual memory size
   double start_time_seconds = 0;  // since the Unix epoch
   double open_fds = 0;

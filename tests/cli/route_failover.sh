@@ -14,3 +14,12 @@ source "$tests/cli/serve_common.inc"
 serve_model "$tmp/m"
 OMP_NUM_THREADS=1 python3 "$tests/cli/route_drill.py" --tessera "$tessera" --model "$tmp/m/run/model.safetensors" \
   --gpu-args "--threads 1" --cpu-args "--dtype int8 --threads 1" --threads 3 --phase 1.0 --logdir "$tmp/logs"
+
+# The same drill with Llama-family workers (issue #30): a random-weight
+# Llama folder (RMSNorm, rotary positions, SwiGLU, 4 query heads over 2
+# key/value heads, untied head; tessera synth model), served in fp32 by the
+# primary and quantized tensor by tensor by the INT8 fallback.
+"$tessera" synth model --preset tinyllama-1.1b --layers 2 --dim 64 --heads 4 --kv-heads 2 --mlp-hidden 96 \
+  --vocab 256 --context 256 --out "$tmp/llama" >/dev/null
+OMP_NUM_THREADS=1 python3 "$tests/cli/route_drill.py" --tessera "$tessera" --model "$tmp/llama" \
+  --gpu-args "--threads 1" --cpu-args "--dtype int8 --threads 1" --threads 3 --phase 1.0 --logdir "$tmp/logs_llama"

@@ -201,6 +201,49 @@ TEST_F(SafetensorsTest, AcceptsEmptyHeaderObject) {
   EXPECT_TRUE(f->metadata().empty());
 }
 
+// A tensor written through a Fill callback is the same bytes as one given
+// by pointer; a mapped file reads the same after its pages are dropped
+// (issue #30 item 3: tensor-by-tensor loading).
+TEST_F(SafetensorsTest, FilledTensorsAndDroppedPagesReadTheSame) {
+  std::vector<float> big(300000);
+  for (size_t i = 0; i < big.size(); i++) big[i] = static_cast<float>(i) * 0.5f;
+  SafetensorsWriter w;
+  w.add("direct", StDType::kF32, {static_cast<int64_t>(big.size())}, big.data());
+  w.add("filled", StDType::kF32, {static_cast<int64_t>(big.size())}, [&](std::span<std::byte> out) {
+    EXPECT_EQ(out.size(), big.size() * 4);
+    std::memcpy(out.data(), big.data(), out.size());
+    return Status::OK();
+  });
+  w.add("small", StDType::kBF16, {2}, [](std::span<std::byte> out) {
+    const bf16 v[2] = {f32_to_bf16(1.5f), f32_to_bf16(-2.0f)};
+    std::memcpy(out.data(), v, out.size());
+    return Status::OK();
+  });
+  ASSERT_TRUE(w.write(path("m.safetensors")).ok());
+  Result<SafetensorsFile> f = SafetensorsFile::open(path("m.safetensors"));
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  for (int pass = 0; pass < 2; pass++) {  // read_f32 drops the pages; the second pass faults them in again
+    for (const char* name : {"direct", "filled"}) {
+      std::vector<float> got(big.size());
+      ASSERT_TRUE(f->read_f32(name, got).ok());
+      EXPECT_EQ(got, big) << name;
+    }
+  }
+  std::vector<float> small(2);
+  ASSERT_TRUE(f->read_f32("small", small).ok());
+  EXPECT_EQ(small, (std::vector<float>{1.5f, -2.0f}));
+}
+
+TEST_F(SafetensorsTest, AFailingFillWritesNothing) {
+  SafetensorsWriter w;
+  w.add("t", StDType::kF32, {4}, [](std::span<std::byte>) { return Status::IOError("the source went away"); });
+  const Status st = w.write(path("m.safetensors"));
+  EXPECT_EQ(st.code(), StatusCode::kIOError);
+  EXPECT_TRUE(contains(st.message(), "tensor 't'"));
+  EXPECT_FALSE(fs::exists(path("m.safetensors")));
+  EXPECT_FALSE(fs::exists(path("m.safetensors.tmp")));
+}
+
 TEST_F(SafetensorsTest, WriteLeavesNoTmpFile) {
   SafetensorsWriter w;
   ASSERT_TRUE(w.write(path("m.safetensors")).ok());

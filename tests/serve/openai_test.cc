@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "serve/openai.h"
 
@@ -250,6 +251,46 @@ TEST(ServeOpenAI, TextAssemblerSendsWholeCharactersOnly) {
   TextAssembler v({});
   pieces.clear();
   EXPECT_EQ(run(v, {"x\xE2\x82"}, &pieces, &stopped), "x\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+// What a streamed answer sends, token by token, with the real tokenizers:
+// Llama 2's byte-fallback ids (<0xF0><0x9F><0xA6><0x99> for one emoji) and
+// Llama 3's byte-level ids split characters across tokens. Every chunk is
+// whole UTF-8, and the chunks concatenate to the tokenizer's decode of the
+// whole sequence (less the start-of-text space Llama 2's decoder strips,
+// which a continuation keeps), which is also what the non-streamed answer
+// holds.
+TEST(ServeOpenAI, StreamedTokensOfRealTokenizersConcatenateToTheirDecode) {
+  const std::string dir = TESSERA_TEST_DATA_DIR "/../data/raw/tokenizers/";
+  const std::string text = " Grüße 🦙 aus 𝔘𝔫𝔦 — 日本語も。 ok";
+  int checked = 0;
+  for (const char* name : {"llama2", "llama3"}) {
+    SCOPED_TRACE(name);
+    auto tok = data::HfTokenizer::load(dir + name);
+    if (!tok.ok()) continue;
+    const std::vector<uint32_t> ids = (*tok)->encode(text);
+    // The text really is split mid-character: some id is not whole UTF-8.
+    int partial = 0;
+    for (uint32_t id : ids) partial += sanitize_utf8(token_bytes(**tok, static_cast<int>(id))) !=
+                                       token_bytes(**tok, static_cast<int>(id));
+    EXPECT_GE(partial, 4);
+    TextAssembler t({});
+    std::string streamed;
+    bool stopped = false;
+    for (uint32_t id : ids) {
+      const std::string piece = t.add(token_bytes(**tok, static_cast<int>(id)), &stopped);
+      EXPECT_EQ(sanitize_utf8(piece), piece);
+      streamed += piece;
+    }
+    streamed += t.finish();
+    // Llama 2's normalizer prepends a space (add_dummy_prefix), which the
+    // decoder strips from the start of a text and a continuation keeps.
+    const std::string lead = std::string(name) == "llama2" ? " " : "";
+    EXPECT_EQ(streamed, lead + (*tok)->decode(ids));
+    EXPECT_EQ(streamed, lead + text);
+    checked++;
+  }
+  if (checked == 0) GTEST_SKIP() << dir << " is missing; run scripts/fetch-data.sh";
 }
 
 }  // namespace

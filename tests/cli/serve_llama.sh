@@ -81,7 +81,9 @@ serve_stop srv
 
 # Through the registry: the tokenizer, template and end ids travel with the
 # weights (checksummed), and the promoted version serves the same prompt ids.
-"$tessera" registry add llama-tiny --from "$tmp/llama" --registry "$tmp/reg" >"$tmp/reg.out" 2>&1 \
+# With --quantize int8 the version holds the Llama INT8 file too, which
+# `--dtype int8` serves (the same template, so the same prompt ids).
+"$tessera" registry add llama-tiny --from "$tmp/llama" --registry "$tmp/reg" --quantize int8 >"$tmp/reg.out" 2>&1 \
   || { echo "FAIL registry add:"; cat "$tmp/reg.out"; exit 1; }
 for f in tokenizer.json tokenizer_config.json generation_config.json; do
   grep -q "\"$f\"" "$tmp/reg/llama-tiny/1/manifest.json" || { echo "FAIL $f is not in the version's manifest"; status=1; }
@@ -90,4 +92,9 @@ serve_start reg --registry "$tmp/reg" --model llama-tiny --threads 1
 node "$clients/openai_chat_template.mjs" "${reg_url##*:}" llama-tiny "$tmp/oracle.json" "$tmp/messages.json" \
   | sed 's/^/registry: /' || status=1
 serve_stop reg
+serve_start reg8 --registry "$tmp/reg" --model llama-tiny --threads 1 --dtype int8
+grep -q "int8 on cpu" "$tmp/reg8.log" || { echo "FAIL the registry's INT8 version is not served in int8:"; cat "$tmp/reg8.log"; status=1; }
+node "$clients/openai_chat_template.mjs" "${reg8_url##*:}" llama-tiny "$tmp/oracle.json" "$tmp/messages.json" \
+  | sed 's/^/registry int8: /' || status=1
+serve_stop reg8
 exit $status

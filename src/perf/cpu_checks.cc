@@ -119,6 +119,24 @@ double triad_gb_per_s(int64_t n, int reps) {
   return best;
 }
 
+double read_gb_per_s(int64_t n, int reps) {
+  std::vector<uint64_t> a(static_cast<size_t>(n));
+  // First touch by the threads that read, so pages sit near them.
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) a[i] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+  double best = 0.0;
+  volatile uint64_t sink = 0;
+  for (int rep = 0; rep < reps; rep++) {
+    uint64_t x = 0;
+    const auto t0 = Clock::now();
+#pragma omp parallel for schedule(static) reduction(^ : x)
+    for (int64_t i = 0; i < n; i++) x ^= a[i];
+    best = std::max(best, static_cast<double>(n) * sizeof(uint64_t) / seconds_since(t0) / 1e9);
+    sink = sink ^ x;
+  }
+  return best;
+}
+
 double malloc_ns(size_t bytes, int iters) {
   // One untimed pair first: glibc raises its mmap threshold after freeing a
   // large mmapped block, so the steady state is what a training loop sees.

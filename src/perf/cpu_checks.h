@@ -47,6 +47,15 @@ std::string gemm_skip_reason(GemmDtype dtype);
 // per element as STREAM counts. GB/s (1e9 bytes).
 double triad_gb_per_s(int64_t n = int64_t{1} << 25, int reps = 5);
 
+// The read roof a decode step can reach (issue #31 item 1): every OpenMP
+// thread streams its part of one buffer of `n` 64-bit words (512 MB by
+// default, far past any last-level cache) and XORs it into a register,
+// writing nothing; best of `reps`. A decode step reads its weights the same
+// way, so this, not the triad (which also writes, and counts its write-
+// allocate traffic as STREAM does), is the bound bench decode reports
+// against. GB/s (1e9 bytes).
+double read_gb_per_s(int64_t n = int64_t{1} << 26, int reps = 5);
+
 // Mean ns of one malloc(bytes) + touching its first byte + free, over iters.
 double malloc_ns(size_t bytes, int iters);
 // Mean ns per page of first-touching `bytes` of fresh anonymous memory

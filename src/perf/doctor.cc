@@ -92,6 +92,9 @@ Status run_local_checks(const DoctorOptions& o, Profile* p) {
   say(o, "memory: STREAM triad");
   const int64_t triad_n = o.tiny ? int64_t{1} << 22 : o.quick ? int64_t{1} << 24 : int64_t{1} << 25;
   add(p, "cpu.mem.triad", triad_gb_per_s(triad_n, o.tiny ? 2 : o.quick ? 5 : 10), "GB/s", Better::kHigher);
+  say(o, "memory: read roof (what a decode step's weight reads can reach)");
+  const int64_t read_n = o.tiny ? int64_t{1} << 21 : o.quick ? int64_t{1} << 25 : int64_t{1} << 26;
+  add(p, "cpu.mem.read", read_gb_per_s(read_n, o.tiny ? 2 : o.quick ? 5 : 10), "GB/s", Better::kHigher);
 
   say(o, "allocation: malloc 1 MiB, page faults");
   add(p, "cpu.alloc.malloc_1mb_ns", malloc_ns(size_t{1} << 20, o.tiny ? 200 : o.quick ? 1000 : 5000), "ns",

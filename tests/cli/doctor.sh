@@ -51,7 +51,7 @@ for d in ("fp32", "bf16", "int8"):
 assert "device" in m and (m["device"] is None or isinstance(m["device"], dict))
 units = [(r"cpu\.gemm\.(fp32|bf16)\.(peak|\d+x\d+x\d+)", "GFLOP/s", "higher"),
          (r"cpu\.gemm\.int8\.(peak|\d+x\d+x\d+)", "GOP/s", "higher"),
-         (r"cpu\.mem\.triad", "GB/s", "higher"), (r"cpu\.alloc\.(malloc_1mb_ns|page_fault_ns)", "ns", "lower"),
+         (r"cpu\.mem\.(triad|read)", "GB/s", "higher"), (r"cpu\.alloc\.(malloc_1mb_ns|page_fault_ns)", "ns", "lower"),
          (r"cpu\.threads\.\d+\.fp32", "GFLOP/s", "higher"), (r"disk\.write_fsync", "MB/s", "higher"),
          (r"comm\.(allreduce|reduce_scatter|all_gather)\.busbw\.\d+", "GB/s", "higher"),
          (r"comm\.(allreduce|reduce_scatter|all_gather)\.time_us\.\d+", "us", "lower"),
@@ -68,7 +68,7 @@ for i, f in enumerate(need(p, "figures", list)):
     assert rule, f"{name}: not a figure name of the schema"
     assert (u, b) == rule[0][1:], f"{name}: unit {u} better {b}, want {rule[0][1:]}"
     assert v > 0, f"{name}: {v} is not positive"
-for want in ["cpu.gemm.fp32.peak", "cpu.gemm.fp32.128x128x128", "cpu.gemm.fp32.64x768x768", "cpu.mem.triad",
+for want in ["cpu.gemm.fp32.peak", "cpu.gemm.fp32.128x128x128", "cpu.gemm.fp32.64x768x768", "cpu.mem.triad", "cpu.mem.read",
              "cpu.alloc.malloc_1mb_ns", "cpu.alloc.page_fault_ns", "cpu.threads.1.fp32",
              f"cpu.threads.{m['cores']}.fp32", "disk.write_fsync"]:
     assert want in names, f"{want} missing"

@@ -140,6 +140,7 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   served->owned_tokenizer = std::move(assets.tokenizer);
   served->tokenizer = served->owned_tokenizer.get();
   served->chat_template = assets.chat_template;
+  served->sampling_defaults = assets.sampling;
   const data::Tokenizer& tok = *served->tokenizer;
   std::fprintf(stderr, "serve: %s: %s%s\n", id.c_str(), assets.source.c_str(),
                assets.stop_tokens.empty() ? "" : fmt::format(", end ids {}", fmt::join(assets.stop_tokens, " ")).c_str());

@@ -48,6 +48,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string_view>
 #include <thread>
@@ -70,6 +71,14 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool ignore_eos = false;   // keep generating after end-of-text (benchmarks)
   int logprobs = -1;         // -1: none; 0..20: the token's log-probability and this many alternatives
+};
+
+// A model's own sampling defaults (generation_config.json's temperature,
+// top_p, top_k, as vLLM takes them), used for the fields a request leaves
+// out; unset ones keep SamplingParams' (and OpenAI's) defaults.
+struct SamplingDefaults {
+  std::optional<float> temperature, top_p;
+  std::optional<int> top_k;
 };
 
 enum class FinishReason { kStop, kLength, kCancelled, kError };

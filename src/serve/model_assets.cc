@@ -52,6 +52,31 @@ Status eos_ids(const nlohmann::json& j, const fs::path& file, std::set<int>* out
   return one(*it);
 }
 
+// temperature [0, 2], top_p (0, 1], top_k >= 0 (0: all), as a request's;
+// absent or null: not set. Anything else is one line naming the key.
+Status sampling_defaults(const nlohmann::json& j, const fs::path& file, SamplingDefaults* out) {
+  auto number = [&](const char* key, double lo, double hi, bool open_lo, std::optional<float>* dst) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return Status::OK();
+    const bool ok = it->is_number() && (open_lo ? it->get<double>() > lo : it->get<double>() >= lo) &&
+                    it->get<double>() <= hi;
+    if (!ok)
+      return Status::InvalidArgument(fmt::format("{}: {} {} is not a number in {}{}, {}]", file.string(), key,
+                                                 it->dump(), open_lo ? "(" : "[", lo, hi));
+    *dst = static_cast<float>(it->get<double>());
+    return Status::OK();
+  };
+  RETURN_IF_ERROR(number("temperature", 0.0, 2.0, false, &out->temperature));
+  RETURN_IF_ERROR(number("top_p", 0.0, 1.0, true, &out->top_p));
+  if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 20))
+      return Status::InvalidArgument(
+          fmt::format("{}: top_k {} is not a count of tokens (0: all)", file.string(), it->dump()));
+    out->top_k = static_cast<int>(it->get<int64_t>());
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<ModelAssets> load_model_assets(const std::string& model_path, const std::string& tokenizer,
@@ -102,6 +127,12 @@ Result<ModelAssets> load_model_assets(const std::string& model_path, const std::
   if (fs::exists(dir / "generation_config.json", ec)) {
     ASSIGN_OR_RETURN(nlohmann::json g, read_json(dir / "generation_config.json"));
     RETURN_IF_ERROR(eos_ids(g, dir / "generation_config.json", &stops));
+    RETURN_IF_ERROR(sampling_defaults(g, dir / "generation_config.json", &a.sampling));
+    if (a.sampling.temperature || a.sampling.top_p || a.sampling.top_k)
+      a.source += fmt::format(", sampling defaults{}{}{}",
+                              a.sampling.temperature ? fmt::format(" temperature {}", *a.sampling.temperature) : "",
+                              a.sampling.top_p ? fmt::format(" top_p {}", *a.sampling.top_p) : "",
+                              a.sampling.top_k ? fmt::format(" top_k {}", *a.sampling.top_k) : "");
   }
   if (stops.empty() && hf && a.chat_template && !a.chat_template->eos_token().empty()) {
     const int64_t id = hf->token_id(a.chat_template->eos_token());

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
+#include "serve/engine.h"
 
 namespace tessera::serve {
 
@@ -19,6 +20,7 @@ struct ModelAssets {
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::shared_ptr<const data::ChatTemplate> chat_template;  // null: the plain-text chat format
   std::vector<int> stop_tokens;  // generation_config.json's eos_token_id(s), else tokenizer_config's eos_token
+  SamplingDefaults sampling;     // generation_config.json's temperature, top_p, top_k (OpenAI's ranges)
   std::string source;            // where they came from, for the ready line
 };
 

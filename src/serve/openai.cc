@@ -213,13 +213,13 @@ std::optional<ApiError> parse_completion_request(const json& body, bool chat, co
   }
   std::optional<double> d;
   if (auto e = get_number(body, "temperature", 0.0, 2.0, false, &d)) return e;
-  if (d) r.sampling.temperature = static_cast<float>(*d);
+  if (d) r.sampling.temperature = static_cast<float>(*d), r.temperature_given = true;
   d.reset();
   if (auto e = get_number(body, "top_p", 0.0, 1.0, true, &d)) return e;
-  if (d) r.sampling.top_p = static_cast<float>(*d);
+  if (d) r.sampling.top_p = static_cast<float>(*d), r.top_p_given = true;
   i64.reset();
   if (auto e = get_int(body, "top_k", -1, 1 << 20, &i64)) return e;
-  if (i64) r.sampling.top_k = *i64 < 0 ? 0 : static_cast<int>(*i64);
+  if (i64) r.sampling.top_k = *i64 < 0 ? 0 : static_cast<int>(*i64), r.top_k_given = true;
   i64.reset();
   if (auto e = get_int(body, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &i64))
     return e;

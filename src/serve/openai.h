@@ -45,6 +45,9 @@ struct CompletionRequest {
   std::optional<int> max_tokens;       // empty: completions 16, chat the rest of the context
   SamplingParams sampling;             // max_tokens filled in by resolve_prompt
   bool seed_given = false;
+  // Which sampling fields the body set (the rest take the model's defaults:
+  // SamplingDefaults, a Hugging Face folder's generation_config.json).
+  bool temperature_given = false, top_p_given = false, top_k_given = false;
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage

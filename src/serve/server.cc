@@ -298,6 +298,11 @@ struct Server::Handlers {
     const std::shared_ptr<ServedModel> served = *found;
     Engine* engine = served->engine;
     const data::Tokenizer& tok = *served->tokenizer;
+    // The model's sampling defaults for what the request left out.
+    const SamplingDefaults& sd = served->sampling_defaults;
+    if (sd.temperature && !r.temperature_given) r.sampling.temperature = *sd.temperature;
+    if (sd.top_p && !r.top_p_given) r.sampling.top_p = *sd.top_p;
+    if (sd.top_k && !r.top_k_given) r.sampling.top_k = *sd.top_k;
     std::vector<int> ids;
     if (auto e = resolve_prompt(&r, tok, engine->model().config(), &ids, served->chat_template.get())) {
       send_error(res, *e);

@@ -71,6 +71,7 @@ struct ServedModel {
   // The model's chat template (a Hugging Face folder's); null: the plain-text
   // chat format (openai.h: chat_prompt).
   std::shared_ptr<const data::ChatTemplate> chat_template;
+  SamplingDefaults sampling_defaults;  // generation_config.json's, for fields a request leaves out
   std::unique_ptr<Engine> owned_engine;              // may be null: the caller owns it
   Engine* engine = nullptr;
 };

@@ -79,6 +79,32 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$srv_url/v1/completions" -H 'Cont
 [ "$code" = 200 ] && echo "ok   still serving after the refusals" || { echo "FAIL a completion after the refusals: $code"; status=1; }
 serve_stop srv
 
+# generation_config.json's sampling values are the defaults of requests that
+# leave them out (vLLM's behaviour): temperature 0 makes two requests with
+# different seeds give the same (greedy) text; one that sets its own
+# temperature keeps it. A value out of range is one line at start-up.
+cp -r "$tmp/llama" "$tmp/greedy"
+echo '{"eos_token_id": [128001, 128008, 128009], "temperature": 0.0, "top_p": 0.9}' >"$tmp/greedy/generation_config.json"
+serve_start gr --model "$tmp/greedy" --served-model-name llama-tiny --threads 1
+grep -q "sampling defaults temperature 0 top_p 0.9" "$tmp/gr.log" ||
+  { echo "FAIL the ready line does not name the sampling defaults:"; cat "$tmp/gr.log"; status=1; }
+text() {  # SEED [FIELDS]
+  curl -s "$gr_url/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"prompt\": \"Hello there\", \"max_tokens\": 12, \"seed\": $1 ${2:-}}" | python3 -c 'import json,sys; b=sys.stdin.read(); print(json.loads(b)["choices"][0]["text"] if "choices" in b else "ERROR " + b)'
+}
+a=$(text 1); b=$(text 2); c=$(text 1 ', "temperature": 1.5'); d=$(text 2 ', "temperature": 1.5')
+if [ "$a" = "$b" ] && [ "$c" != "$d" ]; then
+  echo "ok   generation_config's temperature 0 is the default; a request's own temperature wins"
+else echo "FAIL sampling defaults: seeds 1/2 without temperature '$a' / '$b', with temperature 1.5 '$c' / '$d'"; status=1; fi
+serve_stop gr
+echo '{"temperature": 7}' >"$tmp/greedy/generation_config.json"
+if "$tessera" serve --model "$tmp/greedy" --port 0 >"$tmp/bad.out" 2>"$tmp/bad.err"; then
+  echo "FAIL a temperature of 7 was served"; status=1
+elif [ "$(grep -c '^tessera: error:' "$tmp/bad.err")" = 1 ] &&
+     tail -1 "$tmp/bad.err" | grep -q "generation_config.json: temperature 7 is not a number in \[0, 2\]"; then
+  echo "ok   a bad generation_config.json temperature is one error line: $(tail -1 "$tmp/bad.err")"
+else echo "FAIL a bad generation_config.json:"; cat "$tmp/bad.err"; status=1; fi
+
 # Through the registry: the tokenizer, template and end ids travel with the
 # weights (checksummed), and the promoted version serves the same prompt ids.
 # With --quantize int8 the version holds the Llama INT8 file too, which

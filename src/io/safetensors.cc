@@ -286,11 +286,6 @@ std::span<const std::byte> SafetensorsFile::raw(const TensorInfo& t) const {
   return bytes_.subspan(data_start_ + t.begin, t.end - t.begin);
 }
 
-void SafetensorsFile::drop_pages(const TensorInfo& t) const {
-  const std::span<const std::byte> r = raw(t);
-  drop_range(r.data(), r.size());
-}
-
 void SafetensorsFile::drop_range(const std::byte* p, size_t n) const {
   if (!mapping_ || n == 0) return;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

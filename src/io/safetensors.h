@@ -70,7 +70,7 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   // Copies tensor `name` into dst (numel floats), converting F32/BF16/F16 to
-  // float32, and drops the pages of each block of it as it goes (so the
+  // float32, giving back the pages of each block of it as it goes (so the
   // mapped tensor is never resident whole). Error if absent, not a float type, or
   // dst.size() != numel.
   Status read_f32(std::string_view name, std::span<float> dst) const;
@@ -82,16 +82,15 @@ class SafetensorsFile {
   Status read_raw(std::string_view name, std::span<std::byte> dst, uint64_t first = 0) const;
   // Raw bytes of a tensor from tensors() or find(); valid while this object lives.
   std::span<const std::byte> raw(const TensorInfo& t) const;
-  // Gives the whole pages of t's bytes back to the system (madvise
-  // MADV_DONTNEED on the mapping; nothing for parse()'s bytes). A later read
-  // faults them in again from the file.
-  void drop_pages(const TensorInfo& t) const;
   const std::string& path() const { return path_; }
 
  private:
   SafetensorsFile() = default;
   static Result<SafetensorsFile> finish(SafetensorsFile f);  // validate(), errors prefixed with the path
-  void drop_range(const std::byte* p, size_t n) const;       // drop_pages() of bytes inside the mapping
+  // Gives the whole pages inside [p, p + n) of the mapping back to the
+  // system (MADV_DONTNEED; nothing for parse()'s bytes): a later read faults
+  // them in again from the file.
+  void drop_range(const std::byte* p, size_t n) const;
   Status validate();  // fills tensors_, index_, metadata_ from bytes_
 
   std::string path_;

@@ -110,29 +110,27 @@ float* layer_base(const Arena& a, const Piece& p, int layers) {
   return t.f32() + (p.layer < 0 ? 0 : p.layer * per_layer);
 }
 
-// Copies between an HF tensor (hf, in HF layout) and the arena (slice), in
-// the direction `in` (HF -> arena) or out. T is float for the weights, and
-// int8_t for an INT8 matrix (its scales are a scale_piece()'s floats).
+// Copies piece p out of the arena's layer slice (or an INT8 matrix, or its
+// scales) into hf, in HF layout: place_rows() below, the other way. T is
+// float for the weights, int8_t for an INT8 matrix (its scales are a
+// scale_piece()'s floats).
 template <typename T>
-void copy_piece(const DecoderConfig& c, const Piece& p, T* slice, T* hf, bool in) {
+void take_piece(const DecoderConfig& c, const Piece& p, const T* slice, T* hf) {
   const int64_t C = c.channels, hs = c.hs(), KV = c.kv(), G = c.heads / KV;
-  auto move = [&](T* arena, T* file, int64_t n) {
-    if (in) std::memcpy(arena, file, sizeof(T) * n);
-    else std::memcpy(file, arena, sizeof(T) * n);
-  };
   switch (p.kind) {
-    case Piece::kPlain: move(slice + p.offset, hf, numel(p.shape)); break;
+    case Piece::kPlain: std::memcpy(hf, slice + p.offset, sizeof(T) * numel(p.shape)); break;
     case Piece::kQRows: {
-      // Rows (or bias entries) of query head j come from HF head hf_head(j).
+      // Rows (or bias entries) of query head j go to HF head hf_head(j).
       const int64_t row = p.shape.size() == 2 ? hs * C : hs;
-      for (int j = 0; j < c.heads; j++) move(slice + j * row, hf + hf_head(j, KV, G) * row, row);
+      for (int j = 0; j < c.heads; j++) std::memcpy(hf + hf_head(j, KV, G) * row, slice + j * row, sizeof(T) * row);
       break;
     }
     case Piece::kORows: {
-      // o_proj (C, NH*hs): columns of head j from HF head hf_head(j).
+      // o_proj (C, NH*hs): columns of head j go to HF head hf_head(j).
       const int64_t Q = c.q_dim();
       for (int64_t r = 0; r < C; r++)
-        for (int j = 0; j < c.heads; j++) move(slice + r * Q + j * hs, hf + r * Q + hf_head(j, KV, G) * hs, hs);
+        for (int j = 0; j < c.heads; j++)
+          std::memcpy(hf + r * Q + hf_head(j, KV, G) * hs, slice + r * Q + j * hs, sizeof(T) * hs);
       break;
     }
   }
@@ -140,7 +138,7 @@ void copy_piece(const DecoderConfig& c, const Piece& p, T* slice, T* hf, bool in
 
 // HF rows [r0, r0 + n) of piece p (src: n rows of the HF tensor, or n
 // elements of a vector) into the arena's layer slice (or an INT8 matrix, or
-// its scales): copy_piece's "in" direction a block of rows at a time.
+// its scales): take_piece()'s inverse, a block of rows at a time.
 template <typename T>
 void place_rows(const DecoderConfig& c, const Piece& p, int64_t r0, int64_t n, const T* src, T* slice) {
   const int64_t K = p.shape.size() == 2 ? p.shape[1] : 1, hs = c.hs(), KV = c.kv(), G = c.heads / KV;
@@ -578,7 +576,7 @@ Result<std::vector<HfTensor>> hf_decoder_tensors(const GPT& model, const Arena& 
   std::vector<HfTensor> out;
   for (const Piece& p : pieces_of(c)) {
     HfTensor t{p.name, p.shape, std::vector<float>(static_cast<size_t>(numel(p.shape)))};
-    copy_piece(c, p, layer_base(a, p, c.layers), t.data.data(), /*in=*/false);
+    take_piece<float>(c, p, layer_base(a, p, c.layers), t.data.data());
     out.push_back(std::move(t));
   }
   return out;
@@ -647,11 +645,11 @@ OutTensor arena_piece(const DecoderConfig& c, const Arena& a, const Piece& p, io
             const int64_t n = numel(p.shape);
             float* slice = layer_base(a, p, c.layers);
             if (dtype == io::StDType::kF32) {
-              copy_piece(c, p, slice, reinterpret_cast<float*>(out.data()), /*in=*/false);
+              take_piece<float>(c, p, slice, reinterpret_cast<float*>(out.data()));
               return Status::OK();
             }
             std::vector<float> f(static_cast<size_t>(n));
-            copy_piece(c, p, slice, f.data(), /*in=*/false);
+            take_piece<float>(c, p, slice, f.data());
             for (int64_t k = 0; k < n; k++) {
               const bf16 h = f32_to_bf16(f[k]);
               std::memcpy(out.data() + 2 * k, &h, 2);
@@ -710,13 +708,11 @@ Status save_hf_decoder_int8(const GPT& model, const std::string& weights_path) {
                                                         std::begin(kMatmulIds))];
     const Piece sp = scale_piece(p);
     tensors.push_back({p.name + "_int8", io::StDType::kI8, p.shape, [&c, p, x](std::span<std::byte> out) {
-                         copy_piece<int8_t>(c, p, const_cast<int8_t*>(x.w), reinterpret_cast<int8_t*>(out.data()),
-                                            /*in=*/false);
+                         take_piece<int8_t>(c, p, x.w, reinterpret_cast<int8_t*>(out.data()));
                          return Status::OK();
                        }});
     tensors.push_back({p.name + "_scale", io::StDType::kF32, sp.shape, [&c, sp, x](std::span<std::byte> out) {
-                         copy_piece<float>(c, sp, const_cast<float*>(x.scale), reinterpret_cast<float*>(out.data()),
-                                           /*in=*/false);
+                         take_piece<float>(c, sp, x.scale, reinterpret_cast<float*>(out.data()));
                          return Status::OK();
                        }});
   }

@@ -18,6 +18,7 @@ packages=(
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
   libicu-dev                       # Unicode classes for the GPT-2 tokenizer
   libcpp-httplib-dev               # HTTP: tessera serve and its load generator
+  libssl-dev                       # TLS in the HTTP front end (OpenSSL)
   prometheus                       # promtool checks the /metrics text; tests scrape with a real server
   curl                             # the serving tests' plain HTTP client
   openssl                          # the TLS tests make their own CA and certificates

@@ -32,6 +32,7 @@
 
 #include "obs/metrics.h"
 #include "serve/http.h"
+#include "serve/http_server.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -373,9 +374,9 @@ int run_dashboard(const DashboardArgs& a) {
   const sigset_t stop_signals = block_stop_signals();
 
   obs::Registry registry;
-  Result<std::unique_ptr<httplib::Server>> made = serve::make_http_server(a.tls);
+  Result<std::unique_ptr<serve::HttpServer>> made = serve::HttpServer::make(a.tls);
   if (!made.ok()) return fail(made.status());
-  httplib::Server& http = **made;
+  httplib::Server& http = (*made)->routes();
   serve::HttpOptions ho;
   ho.threads = 8;
   ho.max_body_bytes = 4096;
@@ -426,18 +427,16 @@ int run_dashboard(const DashboardArgs& a) {
     res.set_content(registry.render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
   });
 
-  Result<int> port = serve::bind_http(http, a.host, a.port);
+  Result<int> port = (*made)->bind(a.host, a.port);
   if (!port.ok()) return fail(port.status());
-  Result<std::thread> listening = serve::listen_http(http, ho.threads);
-  if (!listening.ok()) return fail(listening.status());
-  std::thread listener = std::move(*listening);
+  if (Status st = (*made)->start(ho, nullptr); !st.ok()) return fail(st);
   std::fprintf(stderr, "dashboard: listening on %s://%s:%d (%zu runs, %zu targets)\n", a.tls.scheme(), a.host.c_str(), *port,
                a.runs.size(), a.scrapes.size());
   std::fflush(stderr);
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  http.stop();
-  listener.join();
+  (*made)->stop();
+  (*made)->wait();
   return kExitOk;
 }
 

@@ -81,6 +81,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--tls-cert", o.tls.cert, "serve HTTPS: the router's certificate chain (PEM)");
   cmd->add_option("--tls-key", o.tls.key, "HTTPS: the certificate's private key (PEM)");
   cmd->add_option("--tls-client-ca", o.tls.client_ca, "HTTPS: accept only clients with a certificate from these CAs");
+  add_http_limit_options(cmd, &o.door);
   cmd->add_option("--tls-worker-ca", o.worker_ca, "https:// workers: check their certificates against these CAs (PEM)");
   cmd->add_option("--tls-worker-cert", o.worker_cert, "https:// workers: the client certificate to show them (PEM)");
   cmd->add_option("--tls-worker-key", o.worker_key, "https:// workers: that certificate's private key (PEM)");

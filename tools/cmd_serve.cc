@@ -43,6 +43,7 @@ struct ServeArgs {
   std::string model, registry, served_name, host = "127.0.0.1", dtype = "fp32", backend = "cpu", api_key, tokenizer, vocab_dir;
   std::string chat_template;  // --chat-template FILE
   serve::TlsOptions tls;
+  serve::DoorLimits door;
   std::string int8_kernel = "auto";
   int port = 8000;
   int max_seqs = 32;
@@ -188,6 +189,7 @@ int run_serve(const ServeArgs& a) {
   so.port = a.port;
   so.api_key = a.api_key;
   so.tls = a.tls;
+  so.door = a.door;
   so.backend = a.backend;
   so.max_body_bytes = a.max_body_bytes;
   so.drain_timeout_s = a.drain_timeout_s;
@@ -320,6 +322,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tls-key", a->tls.key, "HTTPS: the certificate's private key (PEM)");
   cmd->add_option("--tls-client-ca", a->tls.client_ca,
                   "HTTPS: accept only clients with a certificate signed by these CAs (PEM)");
+  add_http_limit_options(cmd, &a->door);
   cmd->add_option("--threads", a->threads, "OpenMP threads for the model (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--tokenizer", a->tokenizer,

@@ -11,6 +11,10 @@
 
 #include "core/status.h"
 
+namespace tessera::serve {
+struct DoorLimits;
+}  // namespace tessera::serve
+
 namespace tessera::tools {
 
 // Exit codes.
@@ -32,6 +36,11 @@ sigset_t block_stop_signals();
 // benchmarks and the self-check's tests. apply_int8_kernel sets it.
 void add_int8_kernel_option(CLI::App* cmd, std::string* name);
 Status apply_int8_kernel(const std::string& name);
+
+// The HTTP front end's limits on `serve` and `route` (serve/http.h):
+// --header-timeout, --idle-timeout, --max-connections,
+// --max-connections-per-client.
+void add_http_limit_options(CLI::App* cmd, serve::DoorLimits* limits);
 
 void add_info_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

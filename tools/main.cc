@@ -7,6 +7,7 @@
 
 #include "core/try.h"
 #include "kernels/cpu/int8_kernel.h"
+#include "serve/http.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -23,6 +24,23 @@ sigset_t block_stop_signals() {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+void add_http_limit_options(CLI::App* cmd, serve::DoorLimits* d) {
+  cmd->add_option("--header-timeout", d->header_timeout_s,
+                  "seconds a connection (or a keep-alive request, from its first byte) has to send all its headers")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--idle-timeout", d->idle_timeout_s, "seconds a keep-alive connection may wait without a request")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--max-connections", d->max_connections, "connections open at once; more get a fast 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-connections-per-client", d->max_per_client,
+                  "connections open at once from one client address; more get a fast 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
 }
 
 void add_int8_kernel_option(CLI::App* cmd, std::string* name) {

@@ -1,7 +1,7 @@
-// What `tessera serve` (server.h) and `tessera route` (router.h) set up the
-// same way on their cpp-httplib servers: threads, timeouts, socket options,
-// refusing bodies that cannot be bounded, OpenAI-shaped errors for what
-// cpp-httplib answers itself, and binding.
+// What `tessera serve` (server.h), `tessera route` (router.h) and the
+// dashboard set up the same way on their HTTP servers (http_server.h): TLS
+// and connection limits, refusing bodies that cannot be bounded, and
+// OpenAI-shaped errors for what cpp-httplib answers itself.
 #pragma once
 
 #include <functional>
@@ -30,34 +30,39 @@ struct TlsOptions {
   const char* scheme() const { return enabled() ? "https" : "http"; }
 };
 
-// A plain cpp-httplib server, or with TLS an OpenSSL one (SSLServer). One
-// line naming the flag for a key without a certificate (or the reverse), a
-// file that is not a readable regular file, or a certificate and key
-// OpenSSL will not use (not PEM, or not a pair).
-Result<std::unique_ptr<httplib::Server>> make_http_server(const TlsOptions& tls);
+// What a client may take (docs/serving.md, "Slow and many clients").
+struct DoorLimits {
+  // From a connection's accept (its TLS handshake included), or from a
+  // keep-alive request's first byte, to the blank line ending its headers.
+  double header_timeout_s = 5;
+  // A body of N bytes must be in header_timeout_s + N / body_min_rate after
+  // its headers.
+  double body_min_rate = 64 * 1024;
+  // A keep-alive connection that starts no request is closed after this.
+  double idle_timeout_s = 5;
+  int max_connections = 4096;  // open at once, all clients (fast 503 beyond)
+  int max_per_client = 256;    // open at once from one address
+  // Bodies held while they arrive, all connections together; a request
+  // whose Content-Length does not fit gets a 503.
+  size_t max_buffered_bytes = size_t{256} << 20;
+  int max_requests_per_connection = 1000;  // then "Connection: close"
+  size_t max_header_bytes = 16 << 10;      // request line and headers (431 beyond)
+};
 
 struct HttpOptions {
   int threads = 8;
   size_t max_body_bytes = 1 << 20;
+  DoorLimits door;
 };
 
 // Writes an error answer (and counts it). Called from any request thread.
 using ErrorSender = std::function<void(httplib::Response&, const ApiError&)>;
 
-// Limits, timeouts, TCP_NODELAY, SO_REUSEADDR without SO_REUSEPORT,
-// the pre-routing refusals (411, 415) and the error and exception handlers.
+// The body limit, the write timeout, the pre-routing refusals (411, 415)
+// and the error and exception handlers.
 // `pre_route` (may be empty) runs after the refusals for every request.
 void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,
                     std::function<void(const std::string& path)> pre_route = {});
-
-// Binds host:port (0: any free port) and returns the port; Unavailable
-// naming the address otherwise.
-Result<int> bind_http(httplib::Server& s, const std::string& host, int port);
-
-// Starts `threads` request threads, then runs s.listen_after_bind() on a
-// new thread and returns it once it listens; ResourceExhausted when the
-// threads cannot be made (nothing is left running then).
-Result<std::thread> listen_http(httplib::Server& s, int threads);
 
 // Server-sent events as bytes arrive: calls on_data with each "data:" line's
 // payload (without "data:" and one leading space). Works on lines, so "\n"

@@ -516,7 +516,7 @@ std::string relay_chunk(json c, const ClientAsk& ask, StreamProgress& p) {
 }  // namespace
 
 Router::Router(const RouterOptions& opts, obs::Registry& registry)
-    : opts_(opts), state_(std::make_shared<State>(opts, registry)) {
+    : opts_(opts), registry_(registry), state_(std::make_shared<State>(opts, registry)) {
   State& s = *state_;
   for (size_t t = 0; t < opts.tiers.size(); t++) {
     const RouteTier& tier = opts.tiers[t];
@@ -552,15 +552,17 @@ Router::~Router() {
   state_->stopping.notify_all();
   for (auto& w : state_->workers)
     if (w->health.joinable()) w->health.join();
-  if (http_) http_->stop();
-  if (listener_.joinable()) listener_.join();
+  if (http_) {
+    http_->stop();
+    http_->wait();  // the request threads use the state
+  }
 }
 
 Status Router::start() {
   State& s = *state_;
   if (s.workers.empty()) return Status::InvalidArgument("no workers: give at least one --tier NAME=URL");
   // The TLS files first: one line before any worker is asked.
-  ASSIGN_OR_RETURN(http_, make_http_server(opts_.tls));
+  ASSIGN_OR_RETURN(http_, HttpServer::make(opts_.tls));
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-worker-ca", opts_.worker_ca},
                                    {"--tls-worker-cert", opts_.worker_cert},
                                    {"--tls-worker-key", opts_.worker_key}}) {
@@ -578,10 +580,11 @@ Status Router::start() {
   for (auto& w : s.workers) w->health = std::thread([&s, p = w.get()] { s.health_loop(*p); });
 
   std::shared_ptr<State> st = state_;
-  httplib::Server& http = *http_;
+  httplib::Server& http = http_->routes();
   HttpOptions ho;
   ho.threads = std::clamp(opts_.max_inflight + 8, 8, 1024);
   ho.max_body_bytes = opts_.max_body_bytes;
+  ho.door = opts_.door;
   configure_http(http, ho, [st](httplib::Response& res, const ApiError& e) { st->send_error(res, e); });
 
   http.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
@@ -954,9 +957,8 @@ Status Router::start() {
   http.Post("/v1/chat/completions",
             [complete](const httplib::Request& req, httplib::Response& res) { complete(req, res, true); });
 
-  ASSIGN_OR_RETURN(port_, bind_http(http, opts_.host, opts_.port));
-  ASSIGN_OR_RETURN(listener_, listen_http(http, ho.threads));
-  return Status::OK();
+  ASSIGN_OR_RETURN(port_, http_->bind(opts_.host, opts_.port));
+  return http_->start(ho, &registry_);
 }
 
 bool Router::shutdown() {
@@ -972,7 +974,7 @@ bool Router::shutdown() {
 }
 
 void Router::wait() {
-  if (listener_.joinable()) listener_.join();
+  if (http_) http_->wait();
 }
 
 }  // namespace tessera::serve

@@ -46,7 +46,7 @@
 
 #include "core/status.h"
 #include "obs/metrics.h"
-#include "serve/http.h"
+#include "serve/http_server.h"
 
 namespace httplib {
 class Server;
@@ -81,6 +81,7 @@ struct RouterOptions {
   size_t max_body_bytes = 1 << 20;
   double drain_timeout_s = 30;
   TlsOptions tls;                   // the router's own HTTPS (all empty: plain)
+  DoorLimits door;                  // slow and many clients (http.h)
   // https:// workers: the CAs their certificates are checked against (empty:
   // the system's), and the client certificate shown to them (for workers
   // started with --tls-client-ca).
@@ -106,9 +107,9 @@ class Router {
  private:
   struct State;
   RouterOptions opts_;
-  std::unique_ptr<httplib::Server> http_;
+  obs::Registry& registry_;
+  std::unique_ptr<HttpServer> http_;
   std::shared_ptr<State> state_;
-  std::thread listener_;
   int port_ = 0;
 };
 

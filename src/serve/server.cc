@@ -632,19 +632,22 @@ Server::Server(const ServerOptions& opts, obs::Registry& registry)
     : opts_(opts), registry_(registry), handlers_(std::make_unique<Handlers>(opts, registry)) {}
 
 Server::~Server() {
-  if (http_) http_->stop();
-  if (listener_.joinable()) listener_.join();
+  if (http_) {
+    http_->stop();
+    http_->wait();  // the request threads use the handlers
+  }
 }
 
 Status Server::start(int threads_hint) {
   Handlers* h = handlers_.get();
-  ASSIGN_OR_RETURN(http_, make_http_server(opts_.tls));
-  httplib::Server& s = *http_;
+  ASSIGN_OR_RETURN(http_, HttpServer::make(opts_.tls));
+  httplib::Server& s = http_->routes();
   // Threads: see server.h; past kMaxThreads a request waits for one.
   constexpr int kMaxThreads = 512;
   HttpOptions ho;
   ho.threads = opts_.http_threads > 0 ? opts_.http_threads : std::clamp(threads_hint + 8, 8, kMaxThreads);
   ho.max_body_bytes = opts_.max_body_bytes;
+  ho.door = opts_.door;
   configure_http(
       s, ho, [h](httplib::Response& res, const ApiError& e) { h->send_error(res, e); },
       [h](const std::string& path) {
@@ -662,9 +665,8 @@ Status Server::start(int threads_hint) {
          [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, false); });
   s.Post("/v1/chat/completions",
          [h](const httplib::Request& req, httplib::Response& res) { h->completion(req, res, true); });
-  ASSIGN_OR_RETURN(port_, bind_http(s, opts_.host, opts_.port));
-  ASSIGN_OR_RETURN(listener_, listen_http(s, ho.threads));
-  return Status::OK();
+  ASSIGN_OR_RETURN(port_, http_->bind(opts_.host, opts_.port));
+  return http_->start(ho, &registry_);
 }
 
 void Server::set_engine(Engine* engine, const data::Tokenizer* tokenizer) {
@@ -695,7 +697,7 @@ bool Server::shutdown() {
 }
 
 void Server::wait() {
-  if (listener_.joinable()) listener_.join();
+  if (http_) http_->wait();
 }
 
 }  // namespace tessera::serve

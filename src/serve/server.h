@@ -48,8 +48,8 @@
 #include "core/status.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
-#include "serve/http.h"
 #include "obs/metrics.h"
+#include "serve/http_server.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
 
@@ -105,6 +105,7 @@ struct ServerOptions {
   bool fault_injection = false;    // POST /admin/fault from loopback (drills, tests)
   ApiLimits limits;
   TlsOptions tls;                  // all empty: plain HTTP
+  DoorLimits door;                 // slow and many clients (http.h)
 };
 
 class Server {
@@ -116,7 +117,7 @@ class Server {
 
   // Binds host:port and starts serving in a background thread (TLS when
   // opts.tls says so). Unavailable naming the address when it cannot bind;
-  // InvalidArgument for TLS files that cannot be used (make_http_server).
+  // InvalidArgument for TLS files that cannot be used (HttpServer::make).
   Status start(int threads_hint);
   int port() const { return port_; }
   // Makes the API live with one model under opts.model_name. The engine and
@@ -135,9 +136,8 @@ class Server {
   struct Handlers;
   ServerOptions opts_;
   obs::Registry& registry_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::unique_ptr<Handlers> handlers_;
-  std::thread listener_;
   int port_ = 0;
 };
 

@@ -2,11 +2,21 @@
 
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <regex>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 namespace tessera::tools {
@@ -164,6 +174,9 @@ Result<ServeUrl> parse_serve_url(const std::string& url) {
   u.scheme_host_port = m[1].str() + "://" + m[2].str() + m[3].str();
   u.base_path = m[5].str();
   while (!u.base_path.empty() && u.base_path.back() == '/') u.base_path.pop_back();
+  u.host = m[2].str();
+  if (u.host.front() == '[') u.host = u.host.substr(1, u.host.size() - 2);
+  u.port = m[4].matched ? std::stoi(m[4].str()) : m[1].str() == "https" ? 443 : 80;
   return u;
 }
 
@@ -321,6 +334,148 @@ CompletionTiming engine_complete(serve::Engine& engine, const CompletionRequest&
   t.output_tokens = st.result.completion_tokens;
   t.prompt_tokens = st.result.prompt_tokens;
   return t;
+}
+
+struct SlowClients::State {
+  ServeUrl url;
+  bool tls = false;  // https: the connections never start their handshake
+  int n = 0;
+  double interval_s = 3;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  mutable std::mutex mu;
+  SlowCounts counts;  // under mu
+  std::mutex started_mu;
+  std::condition_variable started_cv;
+  bool started = false;
+
+  struct Slot {
+    int fd = -1;
+    Clock::time_point next;  // next header line, or the next open
+    int lines = 0;
+  };
+
+  // A blocking connect (loopback: at once), then non-blocking.
+  int open(int i) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    if (getaddrinfo(url.host.c_str(), std::to_string(url.port).c_str(), &hints, &res) != 0) return -1;
+    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && res->ai_family == AF_INET && url.host.rfind("127.", 0) == 0) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      from.sin_addr.s_addr = htonl((127u << 24) | (1u << 8) | static_cast<unsigned>(1 + i % 200));
+      ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from));
+    }
+    timeval tv{2, 0};
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+    freeaddrinfo(res);
+    if (!ok) {
+      if (fd >= 0) ::close(fd);
+      return -1;
+    }
+    if (tls) return fd;  // a handshake that never starts
+    const std::string head = fmt::format("POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n",
+                                         url.host);
+    ::send(fd, head.data(), head.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    return fd;
+  }
+
+  void run() {
+    std::vector<Slot> slots(n);
+    const auto gap = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval_s));
+    auto reopen = [&](int i) {
+      Slot& s = slots[i];
+      s.fd = open(i);
+      s.lines = 0;
+      std::lock_guard<std::mutex> lock(mu);
+      if (s.fd < 0) {
+        counts.failed_connects++;
+        s.next = Clock::now() + std::chrono::milliseconds(100);
+      } else {
+        counts.opened++;
+        counts.open_now++;
+        s.next = Clock::now() + gap;
+      }
+    };
+    for (int i = 0; i < n && !stop; i++) reopen(i);
+    {
+      std::lock_guard<std::mutex> lock(started_mu);
+      started = true;
+    }
+    started_cv.notify_all();
+    std::vector<pollfd> fds(n);
+    while (!stop) {
+      for (int i = 0; i < n; i++) fds[i] = {slots[i].fd, POLLIN, 0};
+      ::poll(fds.data(), fds.size(), 50);
+      const Clock::time_point now = Clock::now();
+      for (int i = 0; i < n && !stop; i++) {
+        Slot& s = slots[i];
+        if (s.fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP | POLLERR))) {
+          char buf[512];
+          const ssize_t got = ::recv(s.fd, buf, sizeof(buf), MSG_DONTWAIT);
+          const std::string_view text(buf, got > 0 ? static_cast<size_t>(got) : 0);
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            counts.closed_by_server++;
+            counts.open_now--;
+            if (text.find(" 408 ") != std::string_view::npos) counts.answered_408++;
+            if (text.find(" 503 ") != std::string_view::npos) counts.answered_503++;
+          }
+          ::close(s.fd);
+          s.fd = -1;
+          s.next = now + std::chrono::milliseconds(100);
+          continue;
+        }
+        if (now < s.next) continue;
+        if (s.fd < 0) {
+          reopen(i);
+          continue;
+        }
+        if (tls) continue;
+        const std::string line = fmt::format("X-Slow-{}: {}\r\n", s.lines++, i);
+        ::send(s.fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        s.next = now + gap;
+      }
+    }
+    for (Slot& s : slots)
+      if (s.fd >= 0) ::close(s.fd);
+    std::lock_guard<std::mutex> lock(mu);
+    counts.open_now = 0;
+  }
+};
+
+SlowClients::SlowClients(const ServeUrl& url, int n, double interval_s) : s_(std::make_unique<State>()) {
+  s_->url = url;
+  s_->tls = url.scheme_host_port.rfind("https:", 0) == 0;
+  s_->n = n;
+  s_->interval_s = interval_s;
+}
+
+SlowClients::~SlowClients() { stop(); }
+
+void SlowClients::start() {
+  // One descriptor per connection: more than the common soft limit of 1024.
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < static_cast<rlim_t>(s_->n) + 1024) {
+    rl.rlim_cur = std::min(static_cast<rlim_t>(s_->n) + 1024, rl.rlim_max);
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  s_->thread = std::thread([s = s_.get()] { s->run(); });
+  std::unique_lock<std::mutex> lock(s_->started_mu);
+  s_->started_cv.wait(lock, [&] { return s_->started; });
+}
+
+void SlowClients::stop() {
+  s_->stop = true;
+  if (s_->thread.joinable()) s_->thread.join();
+}
+
+SlowCounts SlowClients::counts() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->counts;
 }
 
 }  // namespace tessera::tools

@@ -12,6 +12,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@ namespace tessera::tools {
 struct ServeUrl {
   std::string scheme_host_port;
   std::string base_path;
+  std::string host;  // without brackets for IPv6
+  int port = 0;      // the URL's, else 80 or 443
 };
 // Only http:// and https:// with a host; a bad URL is InvalidArgument.
 Result<ServeUrl> parse_serve_url(const std::string& url);
@@ -78,6 +81,36 @@ class CompletionClient {
   std::string base_path_;
   std::string url_text_;  // for messages
   httplib::Client http_;
+};
+
+// `bench serve --slow-connections N`: N connections that each send a
+// request line and then one header line every `interval_s`, never the end
+// of the headers (a "slowloris"). A connection the server closes is opened
+// again after 100 ms, so N stay open as far as the server lets them. On a
+// 127.x host, connection i comes from 127.0.1.(1 + i % 200): 200 client
+// addresses, as many hosts would be. With https the connections never
+// start their TLS handshake instead. One thread; start() returns once all
+// N have been opened (or failed to), stop() closes them.
+struct SlowCounts {
+  long opened = 0;           // connections opened, reopenings included
+  long closed_by_server = 0; // of those, closed (or answered) by the server
+  long answered_408 = 0;     // with "408 Request Timeout" first
+  long answered_503 = 0;     // with "503" first (a connection cap)
+  long failed_connects = 0;  // connect() refused or timed out
+  long open_now = 0;
+};
+
+class SlowClients {
+ public:
+  SlowClients(const ServeUrl& url, int n, double interval_s);
+  ~SlowClients();
+  void start();
+  void stop();
+  SlowCounts counts() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
 // The same request run in-process on an engine (`bench serve --engine`): no

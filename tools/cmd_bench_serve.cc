@@ -94,6 +94,9 @@ struct ServeBenchArgs {
   uint64_t seed = 0;
   bool stream = false, json = false;
   double timeout_s = 120, connect_timeout_s = 5;
+  double duration_s = 0;     // > 0: no new request after this many seconds
+  int slow_connections = 0;  // slowloris connections held open during the run
+  double slow_interval_s = 3;
 };
 
 constexpr int kMaxCount = 1 << 30;  // bound of the count flags
@@ -138,11 +141,14 @@ std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const Sender
   std::vector<CompletionTiming> out(count);
   std::atomic<int> next{0};
   const Clock::time_point start = Clock::now();
+  const auto expired = [&] {
+    return a.duration_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() >= a.duration_s;
+  };
   std::vector<std::thread> threads;
   for (int w = 0; w < std::min(workers, count); w++) {
     threads.emplace_back([&] {
       Sender send = make_sender();
-      for (int i; (i = next.fetch_add(1)) < count;) {
+      for (int i; !expired() && (i = next.fetch_add(1)) < count;) {
         const CompletionRequest req{model, prompt_of(a.seed, first + i, a.prompt_tokens, a.shared_prefix), a.max_tokens, a.temperature,
                                     a.stream};
         if (!arrival_s.empty())
@@ -154,12 +160,13 @@ std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const Sender
   }
   for (std::thread& t : threads) t.join();
   *duration_s = std::chrono::duration<double>(Clock::now() - start).count();
+  out.resize(std::min(next.load(), count));  // --duration: the requests sent
   return out;
 }
 
 // Mean, p50, p99 of a sample, in ms; empty: unavailable.
 struct Summary {
-  double mean_ms = 0, p50_ms = 0, p99_ms = 0;
+  double mean_ms = 0, p50_ms = 0, p99_ms = 0, max_ms = 0;
 };
 
 // numpy.percentile's default: linear between the two nearest ranks.
@@ -176,7 +183,7 @@ std::optional<Summary> summarize(std::vector<double> seconds) {
   double sum = 0;
   for (double s : seconds) sum += s;
   return Summary{sum / static_cast<double>(seconds.size()) * 1e3, percentile(seconds, 50) * 1e3,
-                 percentile(seconds, 99) * 1e3};
+                 percentile(seconds, 99) * 1e3, seconds.back() * 1e3};
 }
 
 struct Report {
@@ -186,6 +193,7 @@ struct Report {
   double duration_s = 0;
   int64_t input_tokens = 0, output_tokens = 0;
   std::optional<Summary> ttft, tpot, itl, e2el;
+  std::optional<SlowCounts> slow;  // --slow-connections
 };
 
 Report summarize_run(const std::vector<CompletionTiming>& timings, double duration_s, bool stream) {
@@ -255,6 +263,18 @@ void print_json(const ServeBenchArgs& a, const std::string& model, const Report&
     j[fmt::format("p50_{}_ms", name)] = *s ? ordered_json((*s)->p50_ms) : ordered_json(nullptr);
     j[fmt::format("p99_{}_ms", name)] = *s ? ordered_json((*s)->p99_ms) : ordered_json(nullptr);
   }
+  j["max_e2el_ms"] = r.e2el ? ordered_json(r.e2el->max_ms) : ordered_json(nullptr);
+  j["duration_limit_s"] = a.duration_s > 0 ? ordered_json(a.duration_s) : ordered_json(nullptr);
+  if (r.slow) {
+    j["slow_connections"] = a.slow_connections;
+    j["slow_opened"] = r.slow->opened;
+    j["slow_closed_by_server"] = r.slow->closed_by_server;
+    j["slow_answered_408"] = r.slow->answered_408;
+    j["slow_answered_503"] = r.slow->answered_503;
+    j["slow_failed_connects"] = r.slow->failed_connects;
+  } else {
+    j["slow_connections"] = 0;
+  }
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -285,6 +305,14 @@ void print_table(const ServeBenchArgs& a, const std::string& model, const Report
     row(fmt::format("mean {} (ms)", name), value(&Summary::mean_ms));
     row(fmt::format("p50 {} (ms)", name), value(&Summary::p50_ms));
     row(fmt::format("p99 {} (ms)", name), value(&Summary::p99_ms));
+  }
+  row("max E2E latency (ms)", r.e2el ? fmt::format("{:.2f}", r.e2el->max_ms) : "n/a");
+  if (r.slow) {
+    row("slow connections held", std::to_string(a.slow_connections));
+    row("  opened (reopenings included)", std::to_string(r.slow->opened));
+    row("  closed by the server", fmt::format("{} ({} with 408, {} with 503)", r.slow->closed_by_server,
+                                              r.slow->answered_408, r.slow->answered_503));
+    row("  connects that failed", std::to_string(r.slow->failed_connects));
   }
 }
 
@@ -339,6 +367,13 @@ int run_serve_bench(const ServeBenchArgs& a) {
     };
   }
   const int workers = a.rate > 0 ? a.max_in_flight : a.concurrency;
+  std::unique_ptr<SlowClients> slow;
+  if (a.slow_connections > 0) {  // --url only (CLI11 refuses it with --engine)
+    slow = std::make_unique<SlowClients>(*parse_serve_url(a.url), a.slow_connections, a.slow_interval_s);
+    slow->start();
+    std::fprintf(stderr, "bench serve: %d slow connections opened (%ld connects failed)\n", a.slow_connections,
+                 slow->counts().failed_connects);
+  }
   std::fprintf(stderr, "bench serve: %d requests (+%d warm-up) to %s, model %s, %d prompt + %d output tokens, %s\n",
                a.requests, a.warmup, target.c_str(), model.c_str(), a.prompt_tokens, a.max_tokens,
                a.stream ? "streamed" : "not streamed");
@@ -349,7 +384,11 @@ int run_serve_bench(const ServeBenchArgs& a) {
       a.rate > 0 ? poisson_arrivals(a.requests, a.rate, a.seed) : std::vector<double>{};
   const std::vector<CompletionTiming> timings =
       run_requests(a, make_sender, model, 0, a.requests, workers, arrivals, &duration_s);
-  const Report report = summarize_run(timings, duration_s, a.stream);
+  Report report = summarize_run(timings, duration_s, a.stream);
+  if (slow) {
+    slow->stop();
+    report.slow = slow->counts();
+  }
   for (const auto& [label, detail] : report.first_error)
     std::fprintf(stderr, "bench serve: %d request(s) failed with %s; the first: %s\n", report.errors.at(label),
                  error_label(label).c_str(), detail.c_str());
@@ -413,6 +452,15 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--connect-timeout", a->connect_timeout_s, "seconds to open a connection")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--duration", a->duration_s, "seconds: no new request after this (--requests stays the most)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--slow-connections", a->slow_connections,
+                  "hold this many slowloris connections open during the run (a header line every --slow-interval)")
+      ->check(CLI::Range(0, 60000))
+      ->excludes(engine);
+  cmd->add_option("--slow-interval", a->slow_interval_s, "seconds between a slow connection's header lines")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
   cmd->add_flag("--stream", a->stream, "stream tokens (server-sent events): measures TTFT and ITL");
   cmd->add_flag("--json", a->json, "one JSON object on stdout instead of the table");
   cmd->callback([a, cmd] {

@@ -118,12 +118,17 @@ std::vector<int> prompt_of(uint64_t seed, int i, int length, int shared = 0) {
 }
 
 // Poisson arrivals: send times (s from the start) with exponential gaps of
-// mean 1/rate; the first request goes at once.
-std::vector<double> poisson_arrivals(int n, double rate, uint64_t seed) {
+// mean 1/rate; the first request goes at once. At most n, and none at or
+// after until_s when it is > 0 (--duration).
+std::vector<double> poisson_arrivals(int n, double rate, uint64_t seed, double until_s = 0) {
   std::mt19937_64 rng(seed);
   std::exponential_distribution<double> gap(rate);
-  std::vector<double> at(n, 0.0);
-  for (int i = 1; i < n; i++) at[i] = at[i - 1] + gap(rng);
+  std::vector<double> at{0.0};
+  while (static_cast<int>(at.size()) < n) {
+    const double t = at.back() + gap(rng);
+    if (until_s > 0 && t >= until_s) break;
+    at.push_back(t);
+  }
   return at;
 }
 
@@ -138,15 +143,18 @@ using SenderFactory = std::function<Sender()>;
 std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const SenderFactory& make_sender,
                                            const std::string& model, int first, int count, int workers,
                                            const std::vector<double>& arrival_s, double* duration_s) {
-  std::vector<CompletionTiming> out(count);
+  // Each thread keeps what it ran (with --duration, --requests may be far
+  // more than are sent: nothing is sized by it).
+  const int n_threads = std::min(workers, count);
+  std::vector<std::vector<std::pair<int, CompletionTiming>>> ran(n_threads);
   std::atomic<int> next{0};
   const Clock::time_point start = Clock::now();
   const auto expired = [&] {
     return a.duration_s > 0 && std::chrono::duration<double>(Clock::now() - start).count() >= a.duration_s;
   };
   std::vector<std::thread> threads;
-  for (int w = 0; w < std::min(workers, count); w++) {
-    threads.emplace_back([&] {
+  for (int w = 0; w < n_threads; w++) {
+    threads.emplace_back([&, w] {
       Sender send = make_sender();
       for (int i; !expired() && (i = next.fetch_add(1)) < count;) {
         const CompletionRequest req{model, prompt_of(a.seed, first + i, a.prompt_tokens, a.shared_prefix), a.max_tokens, a.temperature,
@@ -154,13 +162,16 @@ std::vector<CompletionTiming> run_requests(const ServeBenchArgs& a, const Sender
         if (!arrival_s.empty())
           std::this_thread::sleep_until(
               start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrival_s[i])));
-        out[i] = send(req, first + i);
+        ran[w].emplace_back(i, send(req, first + i));
       }
     });
   }
   for (std::thread& t : threads) t.join();
   *duration_s = std::chrono::duration<double>(Clock::now() - start).count();
-  out.resize(std::min(next.load(), count));  // --duration: the requests sent
+  // Every index claimed was run: 0 .. min(next, count) - 1, in order.
+  std::vector<CompletionTiming> out(std::min(next.load(), count));
+  for (auto& mine : ran)
+    for (auto& [i, t] : mine) out[i] = std::move(t);
   return out;
 }
 
@@ -381,9 +392,10 @@ int run_serve_bench(const ServeBenchArgs& a) {
   // Warm-up at --concurrency (1 with --rate): no burst of --max-in-flight.
   if (a.warmup > 0) run_requests(a, make_sender, model, a.requests, a.warmup, a.concurrency, {}, &duration_s);
   const std::vector<double> arrivals =
-      a.rate > 0 ? poisson_arrivals(a.requests, a.rate, a.seed) : std::vector<double>{};
+      a.rate > 0 ? poisson_arrivals(a.requests, a.rate, a.seed, a.duration_s) : std::vector<double>{};
+  const int count = a.rate > 0 ? static_cast<int>(arrivals.size()) : a.requests;
   const std::vector<CompletionTiming> timings =
-      run_requests(a, make_sender, model, 0, a.requests, workers, arrivals, &duration_s);
+      run_requests(a, make_sender, model, 0, count, workers, arrivals, &duration_s);
   Report report = summarize_run(timings, duration_s, a.stream);
   if (slow) {
     slow->stop();
@@ -398,7 +410,7 @@ int run_serve_bench(const ServeBenchArgs& a) {
     print_table(a, model, report);
   std::fflush(stdout);
   if (report.completed == 0)
-    return fail(Status::Unavailable(fmt::format("all {} requests to {} failed", a.requests, target)));
+    return fail(Status::Unavailable(fmt::format("all {} requests to {} failed", timings.size(), target)));
   return kExitOk;
 }
 

@@ -41,7 +41,13 @@
 //   HTTP status "500", or "connection", "connect_timeout", "read", "write",
 //   "other", "bad_response", "stream_error") duration_s total_input_tokens
 //   total_output_tokens request_throughput output_throughput
-//   total_token_throughput, then {mean,p50,p99}_{ttft,tpot,itl,e2el}_ms.
+//   total_token_throughput, then {mean,p50,p99}_{ttft,tpot,itl,e2el}_ms,
+//   max_e2el_ms duration_limit_s slow_connections, and with slow connections
+//   slow_{opened,closed_by_server,answered_408,answered_503,failed_connects}.
+//
+// --duration S stops sending new requests after S seconds. --slow-connections
+// N holds N slowloris connections open during the run (SlowClients in
+// bench_serve_client.h), to measure a server beside them.
 // docs/serving.md ("Load generator") says the same for users.
 //
 // --engine MODEL instead of --url runs the same load in this process, on a

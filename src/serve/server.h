@@ -28,10 +28,11 @@
 // shutdown() (SIGTERM) refuses new requests with 503, lets queued and running
 // ones finish within the drain timeout, then stops listening; run() returns.
 //
-// Threads: cpp-httplib's pool serves connections, one thread each for the
-// life of a request (a streamed one included), sized max_seqs + max_queue +
-// a few, so that a full queue is still answered (429) rather than left
-// waiting for a thread. Every request thread only parses, queues into the
+// Threads: the front end (http_server.h) holds connections while they are
+// idle or their request arrives; a complete request gets one request thread
+// for its life (a streamed one included), from a pool sized max_seqs +
+// max_queue + a few, so that a full queue is still answered (429) rather
+// than left waiting for a thread. Every request thread only parses, queues into the
 // engine and waits on its own request's buffer; the engine's thread does all
 // model work.
 #pragma once

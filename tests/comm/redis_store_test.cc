@@ -93,9 +93,23 @@ TEST(StoreAddress, ParsesEveryForm) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->kind, StoreAddress::Kind::kRedis);
   EXPECT_EQ(r->url(), "redis://db:7000");
+  EXPECT_FALSE(r->tls);
   auto dflt = parse_store_address("redis://db");
   ASSERT_TRUE(dflt.ok());
   EXPECT_EQ(dflt->port, 6379);
+  auto rs = parse_store_address("rediss://db:7001");
+  ASSERT_TRUE(rs.ok());
+  EXPECT_TRUE(rs->tls);
+  EXPECT_EQ(rs->kind, StoreAddress::Kind::kRedis);
+  EXPECT_EQ(rs->url(), "rediss://db:7001");
+  auto es = parse_store_address("etcds://db");
+  ASSERT_TRUE(es.ok());
+  EXPECT_TRUE(es->tls);
+  EXPECT_EQ(es->kind, StoreAddress::Kind::kEtcd);
+  EXPECT_EQ(es->url(), "etcds://db:2379");
+  auto e2 = parse_store_address("etcd://db");
+  ASSERT_TRUE(e2.ok());
+  EXPECT_FALSE(e2->tls);
   for (const char* bad : {"foo://x:1", "redis://", "redis://x:0", "embedded:nohost", "redis://x:99999"}) {
     auto b = parse_store_address(bad);
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << bad;

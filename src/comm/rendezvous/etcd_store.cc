@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <openssl/x509.h>
 
 namespace tessera::comm {
 
@@ -143,7 +144,16 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, i
   s->port_ = port;
   s->cred_ = std::move(cred);
   if (!s->cred_.password.empty() && s->cred_.user.empty()) s->cred_.user = "root";
-  s->http_ = std::make_unique<httplib::Client>(host, port);
+  if (s->cred_.tls) {
+    // https: the server's certificate is checked (against
+    // TESSERA_RDZV_TLS_CA, else the system's CAs) and must name the host.
+    s->http_ = std::make_unique<httplib::Client>(fmt::format("https://{}:{}", host, port), s->cred_.tls_cert,
+                                                 s->cred_.tls_key);
+    if (!s->cred_.tls_ca.empty()) s->http_->set_ca_cert_path(s->cred_.tls_ca.c_str());
+    s->http_->enable_server_certificate_verification(true);
+  } else {
+    s->http_ = std::make_unique<httplib::Client>(host, port);
+  }
   const time_t sec = timeout.count() / 1000, usec = (timeout.count() % 1000) * 1000;
   s->http_->set_connection_timeout(sec, usec);
   s->http_->set_read_timeout(sec, usec);
@@ -174,6 +184,15 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, i
         return Status::InvalidArgument(fmt::format("rendezvous store {} refused /v3/maintenance/status: HTTP {} {}",
                                                    s->address(), status, reply.substr(0, 120)));
       why = fmt::format("HTTP {} {}", status, reply.substr(0, 120));
+    } else if (s->cred_.tls && why.find("SSL") != std::string::npos) {
+      // The server is there but the handshake failed: retrying will not
+      // change its certificate (or ours).
+      const long verify = s->http_->get_openssl_verify_result();
+      return Status::InvalidArgument(fmt::format(
+          "rendezvous store {}: TLS: {}{} (its certificate is checked against {}{})", s->address(), why,
+          verify != X509_V_OK ? fmt::format(": {}", X509_verify_cert_error_string(verify)) : std::string(),
+          s->cred_.tls_ca.empty() ? "the system's CAs; set TESSERA_RDZV_TLS_CA" : "TESSERA_RDZV_TLS_CA=" + s->cred_.tls_ca,
+          s->cred_.tls_cert.empty() ? "" : "; our certificate is TESSERA_RDZV_TLS_CERT=" + s->cred_.tls_cert));
     }
     if (std::chrono::steady_clock::now() >= deadline)
       return Status::Unavailable(fmt::format("rendezvous store {} unreachable for {:.0f} s: {}", s->address(),
@@ -184,7 +203,9 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::connect(const std::string& host, i
 
 EtcdStore::~EtcdStore() = default;
 
-std::string EtcdStore::address() const { return fmt::format("etcd://{}:{}", host_, port_); }
+std::string EtcdStore::address() const {
+  return fmt::format("{}://{}:{}", cred_.tls ? "etcds" : "etcd", host_, port_);
+}
 
 // The interface that routes to the server: a UDP socket connect()ed there
 // (nothing is sent) and its local address.

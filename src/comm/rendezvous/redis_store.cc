@@ -77,12 +77,15 @@ RedisStore::~RedisStore() {
   if (ctx_) redisFree(ctx_);
 }
 
-std::string RedisStore::address() const { return fmt::format("redis://{}:{}", host_, port_); }
+std::string RedisStore::address() const {
+  return fmt::format("{}://{}:{}", cred_.tls ? "rediss" : "redis", host_, port_);
+}
 
 std::string RedisStore::local_address() const {
   sockaddr_in sa{};
   socklen_t len = sizeof sa;
-  if (!ctx_ || ::getsockname(ctx_->fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
+  const int fd = tunnel_ ? tunnel_->tls_fd() : ctx_ ? ctx_->fd : -1;
+  if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
     return "127.0.0.1";
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
@@ -90,19 +93,35 @@ std::string RedisStore::local_address() const {
 }
 
 Status RedisStore::reconnect(std::chrono::milliseconds connect_timeout) {
-  if (ctx_) redisFree(ctx_);
+  if (ctx_) redisFree(ctx_);  // closes the tunnel's plain end too
   ctx_ = nullptr;
+  tunnel_.reset();
   const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
   std::string last;
   while (true) {
     // Each attempt's own deadline: what is left, at least 100 ms.
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    redisContext* c =
-        redisConnectWithTimeout(host_.c_str(), port_, to_timeval(std::max(left, std::chrono::milliseconds(100))));
+    const auto attempt = std::max(left, std::chrono::milliseconds(100));
+    redisContext* c = nullptr;
+    if (cred_.tls) {
+      Result<std::unique_ptr<TlsTunnel>> t =
+          TlsTunnel::open(host_, port_, TlsFiles{cred_.tls_ca, cred_.tls_cert, cred_.tls_key}, attempt, address());
+      if (!t.ok()) {
+        if (t.status().code() != StatusCode::kUnavailable) return t.status();  // a refused certificate
+        last = t.status().message();
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      tunnel_ = std::move(*t);
+      c = redisConnectFd(tunnel_->plain_fd());
+    } else {
+      c = redisConnectWithTimeout(host_.c_str(), port_, to_timeval(attempt));
+    }
     if (c && !c->err) {
       if (redisSetTimeout(c, to_timeval(timeout_)) == REDIS_OK) {
-        redisEnableKeepAlive(c);
+        if (!cred_.tls) redisEnableKeepAlive(c);  // a socketpair has no TCP keep-alive
         if (!cred_.password.empty()) {
           // AUTH [user] password (Redis 6 ACLs take a user; the argv form
           // keeps the password out of any formatted string).
@@ -138,6 +157,17 @@ Status RedisStore::reconnect(std::chrono::milliseconds connect_timeout) {
     }
     last = c ? c->errstr : "out of memory";
     if (c) redisFree(c);
+    if (tunnel_) {
+      // Let the tunnel see the server's alert, if that is what closed it.
+      for (int i = 0; i < 20 && tunnel_->tls_error().empty(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const std::string tls = tunnel_->tls_error();
+      if (!tls.empty())
+        return Status::InvalidArgument(fmt::format(
+            "rendezvous store {}: TLS: the server closed the connection: {}{}", address(), tls,
+            cred_.tls_cert.empty() ? " (it may want a client certificate: TESSERA_RDZV_TLS_CERT and TESSERA_RDZV_TLS_KEY)"
+                                   : ""));
+    }
+    tunnel_.reset();
     if (std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -17,6 +17,10 @@
 // WRONGTYPE, ERR, ...) and a reply that is not Redis' protocol are
 // InvalidArgument: retrying would not help.
 //
+// TLS (rediss://, cred.tls): Debian's hiredis 0.14 has none, so each
+// connection goes through a TlsTunnel (tls_tunnel.h); a certificate refused
+// either way is InvalidArgument naming the store, at connect.
+//
 // Threading: one thread at a time, as Store.
 #pragma once
 
@@ -26,6 +30,7 @@
 #include <vector>
 
 #include "comm/rendezvous/store.h"
+#include "comm/rendezvous/tls_tunnel.h"
 
 struct redisContext;
 
@@ -68,6 +73,7 @@ class RedisStore : public Store {
   int port_ = 0;
   std::chrono::milliseconds timeout_{30000};
   StoreCredentials cred_;
+  std::unique_ptr<TlsTunnel> tunnel_;  // rediss://: hiredis 0.14 talks through it
   redisContext* ctx_ = nullptr;
 };
 

@@ -1,6 +1,7 @@
 #include "comm/rendezvous/store.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -42,8 +43,8 @@ Status Store::wait(const std::vector<std::string>& keys, std::chrono::millisecon
 
 std::string StoreAddress::url() const {
   switch (kind) {
-    case Kind::kRedis: return fmt::format("redis://{}:{}", host, port);
-    case Kind::kEtcd: return fmt::format("etcd://{}:{}", host, port);
+    case Kind::kRedis: return fmt::format("{}://{}:{}", tls ? "rediss" : "redis", host, port);
+    case Kind::kEtcd: return fmt::format("{}://{}:{}", tls ? "etcds" : "etcd", host, port);
     default: return fmt::format("embedded:{}:{}", host, port);
   }
 }
@@ -52,17 +53,21 @@ Result<StoreAddress> parse_store_address(const std::string& text) {
   StoreAddress a;
   auto bad = [&](const std::string& why) {
     return Status::InvalidArgument(fmt::format(
-        "'{}': {}; the store is embedded, embedded:HOST:PORT, redis://HOST:PORT or etcd://HOST:PORT", text, why));
+        "'{}': {}; the store is embedded, embedded:HOST:PORT, redis[s]://HOST:PORT or etcd[s]://HOST:PORT", text,
+        why));
   };
   std::string rest;
   if (text == "embedded") return a;
   if (text.rfind("embedded:", 0) == 0) {
     rest = text.substr(9);
-  } else if (text.rfind("redis://", 0) == 0 || text.rfind("etcd://", 0) == 0) {
+  } else if (text.rfind("redis://", 0) == 0 || text.rfind("etcd://", 0) == 0 || text.rfind("rediss://", 0) == 0 ||
+             text.rfind("etcds://", 0) == 0) {
     const bool redis = text[0] == 'r';
+    const size_t scheme = text.find("://");
     a.kind = redis ? StoreAddress::Kind::kRedis : StoreAddress::Kind::kEtcd;
+    a.tls = text.compare(0, scheme, redis ? "rediss" : "etcds") == 0;
     a.port = redis ? 6379 : 2379;
-    rest = text.substr(redis ? 8 : 7);
+    rest = text.substr(scheme + 3);
     if (!rest.empty() && rest.back() == '/') rest.pop_back();
     if (rest.find(':') == std::string::npos) {  // redis://HOST
       if (rest.empty()) return bad("no host");
@@ -101,6 +106,29 @@ Result<StoreCredentials> store_credentials_from_env() {
   return c;
 }
 
+namespace {
+
+// The TLS files of the environment (StoreCredentials).
+Status tls_files_from_env(StoreCredentials* c) {
+  for (auto [var, dst] : {std::pair<const char*, std::string*>{"TESSERA_RDZV_TLS_CA", &c->tls_ca},
+                          {"TESSERA_RDZV_TLS_CERT", &c->tls_cert},
+                          {"TESSERA_RDZV_TLS_KEY", &c->tls_key}}) {
+    const char* f = std::getenv(var);
+    if (!f || !*f) continue;
+    struct stat st;
+    if (::stat(f, &st) != 0) return Status::InvalidArgument(fmt::format("{}={}: {}", var, f, std::strerror(errno)));
+    if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(fmt::format("{}={}: not a regular file", var, f));
+    if (::access(f, R_OK) != 0) return Status::InvalidArgument(fmt::format("{}={}: cannot read", var, f));
+    *dst = f;
+  }
+  if (c->tls_cert.empty() != c->tls_key.empty())
+    return Status::InvalidArgument("TESSERA_RDZV_TLS_CERT and TESSERA_RDZV_TLS_KEY go together (a client certificate "
+                                   "and its private key)");
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono::milliseconds connect_timeout,
                                              std::chrono::milliseconds timeout) {
   if (a.kind == StoreAddress::Kind::kEmbedded) {
@@ -108,6 +136,8 @@ Result<std::unique_ptr<Store>> connect_store(const StoreAddress& a, std::chrono:
     return std::unique_ptr<Store>(std::move(c));
   }
   ASSIGN_OR_RETURN(StoreCredentials cred, store_credentials_from_env());
+  cred.tls = a.tls;
+  if (a.tls) RETURN_IF_ERROR(tls_files_from_env(&cred));
   if (a.kind == StoreAddress::Kind::kRedis) {
     ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> r,
                      RedisStore::connect(a.host, a.port, connect_timeout, timeout, std::move(cred)));

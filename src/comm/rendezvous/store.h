@@ -52,14 +52,16 @@ struct StoreAddress {
   Kind kind = Kind::kEmbedded;
   std::string host = "127.0.0.1";
   int port = 29400;
-  // "embedded:HOST:PORT", "redis://HOST:PORT" or "etcd://HOST:PORT":
+  bool tls = false;  // rediss:// or etcds://
+  // "embedded:HOST:PORT", "redis[s]://HOST:PORT" or "etcd[s]://HOST:PORT":
   // parse_store_address's input.
   std::string url() const;
 };
 
 // "embedded" (127.0.0.1:29400), "embedded:HOST:PORT", "redis://HOST:PORT"
 // (port 6379 when left out), "etcd://HOST:PORT" (2379) or a bare
-// "HOST:PORT" (embedded). Error naming the text and the accepted forms.
+// "HOST:PORT" (embedded); "rediss://" and "etcds://" are the same over TLS.
+// Error naming the text and the accepted forms.
 Result<StoreAddress> parse_store_address(const std::string& text);
 
 // Credentials for a Redis or etcd store, from the environment only (never
@@ -69,11 +71,22 @@ Result<StoreAddress> parse_store_address(const std::string& text);
 //   TESSERA_RDZV_PASSWORD_FILE  a file whose first line is the password
 //   TESSERA_RDZV_PASSWORD       the password itself (the file wins)
 // No password: no authentication. The embedded store takes none.
+// For rediss:// and etcds:// (TLS), also from the environment:
+//   TESSERA_RDZV_TLS_CA         the CAs the server's certificate is checked
+//                               against (PEM; the system's CAs when unset)
+//   TESSERA_RDZV_TLS_CERT, TESSERA_RDZV_TLS_KEY
+//                               a client certificate and its key (PEM), for
+//                               servers that ask for one
+// The server's certificate must name the host of the URL (a DNS name or
+// an IP address in its subjectAltName).
 struct StoreCredentials {
   std::string user, password;
+  bool tls = false;  // set from the address by connect_store
+  std::string tls_ca, tls_cert, tls_key;
 };
 // InvalidArgument naming the variable for a password file that is not a
-// readable regular file, is empty, or is over 4 KiB.
+// readable regular file, is empty, or is over 4 KiB, and for a TLS file
+// that is not a readable regular file (or a certificate without its key).
 Result<StoreCredentials> store_credentials_from_env();
 
 // A client of the store at `a`, retrying the connection until

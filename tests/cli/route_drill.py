@@ -41,8 +41,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+TLS = None  # with --tls-dir: the ssl context that trusts its ca.pem
+
+
+def connect(port, timeout):
+    if TLS is not None:
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=TLS)
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+
+
 def get(port, path, timeout=2.0):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c = connect(port, timeout)
     try:
         c.request("GET", path)
         r = c.getresponse()
@@ -52,7 +61,7 @@ def get(port, path, timeout=2.0):
 
 
 def post(port, path, body, timeout=5.0):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c = connect(port, timeout)
     try:
         data = json.dumps(body)
         c.request("POST", path, data, {"Content-Type": "application/json"})
@@ -146,7 +155,7 @@ class Load:
                 self.records.append((t0, time.monotonic(), ok, tier, ("stream" if stream else "plain"), err))
 
     def one(self, path, body, stream, chat):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        c = connect(self.port, self.timeout)
         try:
             c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
             r = c.getresponse()
@@ -228,6 +237,9 @@ def main():
     ap.add_argument("--phase", type=float, default=1.5, help="seconds of load before, during and after a fault")
     ap.add_argument("--hold-down", type=float, default=1.0)
     ap.add_argument("--logdir", default=None)
+    ap.add_argument("--tls-dir", default=None,
+                    help="a folder with ca.pem, server.pem and server.key (for 127.0.0.1): the workers and the "
+                         "router serve HTTPS, the router talks TLS to the workers, the clients check the CA")
     ap.add_argument("--json", default=None, help="write the measurements here")
     ap.add_argument("--records", default=None, help="write every request (start, end, ok, tier, kind, error) here")
     a = ap.parse_args()
@@ -235,11 +247,19 @@ def main():
     logdir = a.logdir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"route-drill-{os.getpid()}")
     os.makedirs(logdir, exist_ok=True)
     procs = Procs(logdir)
+    global TLS
+    tls_args, worker_ca, scheme = [], [], "http"
+    if a.tls_dir:
+        import ssl
+        TLS = ssl.create_default_context(cafile=os.path.join(a.tls_dir, "ca.pem"))
+        tls_args = ["--tls-cert", os.path.join(a.tls_dir, "server.pem"), "--tls-key", os.path.join(a.tls_dir, "server.key")]
+        worker_ca = ["--tls-worker-ca", os.path.join(a.tls_dir, "ca.pem")]
+        scheme = "https"
     gpu_port, cpu_port, router_port = free_port(), free_port(), free_port()
     gpu_argv = [a.tessera, "serve", "--model", a.model, "--port", str(gpu_port), "--fault-injection",
-                "--served-model-name", "drill"] + a.gpu_args.split()
+                "--served-model-name", "drill"] + a.gpu_args.split() + tls_args
     cpu_argv = [a.tessera, "serve", "--model", a.model, "--port", str(cpu_port),
-                "--served-model-name", "drill-int8"] + a.cpu_args.split()
+                "--served-model-name", "drill-int8"] + a.cpu_args.split() + tls_args
     failures = []
     results = []
     load = None
@@ -249,9 +269,10 @@ def main():
         for port in (gpu_port, cpu_port):
             wait_until(f"worker on {port}", lambda p=port: get(p, "/health")[0] == 200, 120)
         procs.start("router", [a.tessera, "route", "--port", str(router_port), "--served-model-name", "drill",
-                               "--tier", f"gpu=http://127.0.0.1:{gpu_port}", "--tier", f"cpu=http://127.0.0.1:{cpu_port}",
+                               "--tier", f"gpu={scheme}://127.0.0.1:{gpu_port}",
+                               "--tier", f"cpu={scheme}://127.0.0.1:{cpu_port}",
                                "--health-interval", "0.1", "--health-timeout", "0.5", "--health-failures", "2",
-                               "--hold-down", str(a.hold_down), "--stall-timeout", "30"])
+                               "--hold-down", str(a.hold_down), "--stall-timeout", "30"] + tls_args + worker_ca)
         wait_until("the router", lambda: get(router_port, "/health")[0] == 200, 30)
 
         def active():

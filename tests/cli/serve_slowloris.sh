@@ -2,7 +2,8 @@
 # Slow clients cannot silence `tessera serve` or `tessera route`: 1,000
 # "slowloris" connections against each (a request line, then one header
 # line every 3 s, reopened when the server closes them; from 200 loopback
-# addresses) while real requests keep coming, for a minute. Every normal
+# addresses) while real requests keep coming (Poisson, 20 a second, so
+# the test leaves the machine to the others), for a minute. Every normal
 # request is answered within 1 s, /health and /metrics answer throughout,
 # the slow connections are closed at the header deadline (5 s) with a 408,
 # and afterwards nothing leaked: descriptors and threads of both servers
@@ -27,7 +28,7 @@ seconds=60
 for name in w r; do
   url_var="${name}_url"
   "$tessera" bench serve --url "${!url_var}" --slow-connections 1000 --duration $seconds --requests 1000000 \
-    --concurrency 1 --prompt-tokens 16 --max-tokens 4 --json >"$tmp/$name.json" 2>"$tmp/$name.err" &
+    --rate 20 --max-in-flight 4 --prompt-tokens 16 --max-tokens 4 --json >"$tmp/$name.json" 2>"$tmp/$name.err" &
   eval "${name}_bench=\$!"
 done
 # Meanwhile curl asks both for /health and /metrics, each within 1 s.

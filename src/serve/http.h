@@ -5,10 +5,8 @@
 #pragma once
 
 #include <functional>
-#include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 
 #include "core/status.h"
 #include "serve/openai.h"

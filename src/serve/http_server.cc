@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -121,7 +122,7 @@ void peer_of(int fd, bool remote, std::string* ip, int* port) {
 
 bool iequals(std::string_view a, std::string_view b) {
   return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+         std::equal(a.begin(), a.end(), b.begin(), [](unsigned char x, unsigned char y) { return std::tolower(x) == std::tolower(y); });
 }
 
 std::string_view trim(std::string_view s) {
@@ -229,7 +230,6 @@ class ConnStream final : public httplib::Stream {
 
 struct HttpServer::Impl {
   Routes routes;
-  TlsOptions tls;
   SSL_CTX* ctx = nullptr;
   DoorLimits limits;
   int listen_fd = -1, epoll_fd = -1, wake_fd = -1;
@@ -693,7 +693,6 @@ httplib::Server& HttpServer::routes() { return impl_->routes; }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::make(const TlsOptions& tls) {
   auto impl = std::make_unique<Impl>();
-  impl->tls = tls;
   if (tls.enabled()) {
     if (tls.cert.empty() || tls.key.empty())
       return Status::InvalidArgument(tls.cert.empty() ? "--tls-key and --tls-client-ca need --tls-cert"

@@ -93,6 +93,7 @@ std::string RedisStore::local_address() const {
 }
 
 Status RedisStore::reconnect(std::chrono::milliseconds connect_timeout) {
+  ScopedNoSigpipe no_sigpipe;  // a server (or tunnel) that closed must not end the process
   if (ctx_) redisFree(ctx_);  // closes the tunnel's plain end too
   ctx_ = nullptr;
   tunnel_.reset();
@@ -186,6 +187,7 @@ Status RedisStore::command(const std::vector<std::string>& argv, Reply* out) {
   // INCRBY whose reply was lost may have been applied.
   const bool idempotent = argv[0] != "INCRBY";
   std::string why;
+  ScopedNoSigpipe no_sigpipe;  // a server (or tunnel) that closed must not end the process
   for (int attempt = 0; attempt < (idempotent ? 2 : 1); attempt++) {
     if (!ctx_) RETURN_IF_ERROR(reconnect(timeout_));
     auto* r = static_cast<redisReply*>(

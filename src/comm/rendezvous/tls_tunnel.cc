@@ -6,6 +6,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -104,6 +106,7 @@ struct TlsTunnel::Impl {
 
   // Carries bytes both ways until either side closes.
   void run() {
+    ScopedNoSigpipe no_sigpipe;
     std::string to_tls, to_plain;
     char buf[16 << 10];
     bool want_write = false;  // SSL asked for the socket to be writable
@@ -211,6 +214,7 @@ Result<std::unique_ptr<TlsTunnel>> TlsTunnel::open(const std::string& host, int 
     SSL_set1_host(impl->ssl, host.c_str());
   }
   // The handshake, within the timeout.
+  ScopedNoSigpipe no_sigpipe;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     ERR_clear_error();
@@ -255,6 +259,26 @@ Result<std::unique_ptr<TlsTunnel>> TlsTunnel::open(const std::string& host, int 
 }
 
 TlsTunnel::~TlsTunnel() = default;
+
+ScopedNoSigpipe::ScopedNoSigpipe() {
+  sigemptyset(&pipe_);
+  sigaddset(&pipe_, SIGPIPE);
+  sigset_t pending;
+  sigpending(&pending);
+  was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+}
+
+ScopedNoSigpipe::~ScopedNoSigpipe() {
+  sigset_t pending;
+  sigpending(&pending);
+  if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+    const timespec zero{0, 0};
+    while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+}
 
 std::string TlsTunnel::tls_error() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -15,6 +15,8 @@
 // the TLS connection, and the destructor joins it.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -22,6 +24,23 @@
 #include "core/status.h"
 
 namespace tessera::comm {
+
+// Writes to a socket whose peer closed raise SIGPIPE, which ends the
+// process; OpenSSL and hiredis write with write(2), not send(MSG_NOSIGNAL).
+// While one of these lives, the calling thread has SIGPIPE blocked; one
+// raised meanwhile is taken back before the mask is restored, so the write
+// just fails with EPIPE (what the caller handles).
+class ScopedNoSigpipe {
+ public:
+  ScopedNoSigpipe();
+  ~ScopedNoSigpipe();
+  ScopedNoSigpipe(const ScopedNoSigpipe&) = delete;
+  ScopedNoSigpipe& operator=(const ScopedNoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
 
 struct TlsFiles {
   std::string ca, cert, key;  // PEM paths; empty: the system's CAs, no client certificate

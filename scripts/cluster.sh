@@ -206,6 +206,9 @@ cmd_down() {
   done
   need_root
   local st=$kStateRoot/$prefix
+  # A Slurm on the cluster (scripts/slurm.sh) stops first: munged lives in
+  # the root namespace, and its daemons' folders are in the state folder.
+  if [ -d "$st/slurm" ]; then "$here/slurm.sh" down --prefix "$prefix" >/dev/null 2>&1 || true; fi
   # Namespaces: the switch, the hosts in the state file, and (in case the
   # state folder was lost) the hosts named by our /etc/hosts lines.
   local ns removed=0

@@ -26,6 +26,7 @@ packages=(
   libgloo-dev                      # Gloo: the elastic training communicator (TCP)
   libhiredis-dev redis-server      # the elastic rendezvous on Redis (--rdzv redis://), and its tests' server
   etcd-server                      # the elastic rendezvous on etcd (--rdzv etcd://): its tests' server
+  slurm-wlm munge                  # a real Slurm on the emulated cluster (scripts/slurm.sh; srun via PMIx)
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
   python3-jinja2                   # the chat-template tests' oracle (Hugging Face renders templates with Jinja2)
   nodejs                           # the serving tests' real client (tests/clients: openai)

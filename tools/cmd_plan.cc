@@ -13,6 +13,7 @@
 #include "plan/dlrm.h"
 #include "plan/estimate.h"
 #include "plan/model.h"
+#include "plan/sbatch.h"
 #include "nn/hf_decoder.h"
 #include "tools/cmd_plan_dlrm.h"
 #include "tools/commands.h"
@@ -31,6 +32,7 @@ struct PlanArgs {
   double bucket_mb = 25;
   std::vector<std::string> clusters;
   bool json = false, explain = false, recompute = false;
+  std::string emit_sbatch, train_config = "configs/brown.toml";  // --emit-sbatch (plan/sbatch.h)
   PlanDlrmArgs dlrm;  // DLRM jobs (cmd_plan_dlrm.cc)
 };
 
@@ -283,6 +285,32 @@ int run_plan(const PlanArgs& a) {
       }
     }
   }
+  if (!a.emit_sbatch.empty() && any) {
+    if (results.size() != 1)
+      return fail(Status::InvalidArgument(fmt::format("--emit-sbatch writes one cluster's job script; {} --cluster given",
+                                                      results.size())));
+    const Result1& r = results[0];
+    if (r.best.empty() || !r.best[0].fits)
+      return fail(Status::InvalidArgument(fmt::format("--emit-sbatch: no layout fits on {}", r.cluster.name)));
+    plan::SbatchRequest q;
+    q.plan_command = fmt::format("tessera plan (model {}, cluster {}, objective {}, dtype {})", job.model.name,
+                                 r.cluster.file, a.objective, a.dtype);
+    q.train_config = a.train_config;
+    q.dtype = a.dtype;
+    q.checkpoint_every = a.checkpoint_every;
+    q.bucket_mb = a.bucket_mb;
+    if (*tokens > 0) q.steps = static_cast<int64_t>(std::ceil(*tokens / r.best[0].tokens_per_step));
+    Result<std::string> text = plan::sbatch_script(q, m, r.cluster, r.best[0]);
+    if (!text.ok()) return fail(text.status());
+    std::FILE* f = std::fopen(a.emit_sbatch.c_str(), "w");
+    if (f == nullptr) return fail(Status::IOError(fmt::format("--emit-sbatch {}: cannot open for writing", a.emit_sbatch)));
+    const bool wrote = std::fwrite(text->data(), 1, text->size(), f) == text->size();
+    if (std::fclose(f) != 0 || !wrote)
+      return fail(Status::IOError(fmt::format("--emit-sbatch {}: could not write the file", a.emit_sbatch)));
+    if (!a.json)
+      std::printf("\njob script: %s (%s on %d node(s); sbatch %s)\n", a.emit_sbatch.c_str(),
+                  r.best[0].layout.str().c_str(), r.best[0].layout.nodes, a.emit_sbatch.c_str());
+  }
   if (!any) {
     std::string why;
     for (const auto& r : results)
@@ -330,6 +358,9 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::IsMember({"flash", "materialized"}));
   cmd->add_flag("--recompute", a->recompute, "full activation recomputation (not in Tessera; for comparing published runs)");
   cmd->add_flag("--json", a->json, "one JSON document (schema tessera.plan, version 1)");
+  cmd->add_option("--emit-sbatch", a->emit_sbatch,
+                  "write the Slurm job script of the best layout to FILE (one --cluster; docs/cluster.md \"Slurm\")");
+  cmd->add_option("--train-config", a->train_config, "--emit-sbatch: the training TOML the script runs (CONFIG's default)");
   cmd->add_flag("--explain", a->explain, "print every term of the model for the best layout");
   // DLRM jobs (docs/planner.md, "DLRM"): a train config or these flags.
   PlanDlrmArgs& d = a->dlrm;

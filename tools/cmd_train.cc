@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "data/criteo.h"
 #include "data/prepare.h"
@@ -11,6 +13,7 @@
 #include "tools/commands.h"
 #include "train/config.h"
 #include "train/dlrm_trainer.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 namespace tessera::tools {
@@ -26,9 +29,9 @@ struct TrainArgs {
 };
 
 // model.kind = "dlrm" (train/dlrm_trainer.h); ends the world as run_train does.
-int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world) {
+int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world, const StopFlag* stop) {
   comm::Communicator& w = *world;
-  auto r = run_dlrm_training(c, w, stdout);
+  auto r = run_dlrm_training(c, w, stdout, nullptr, stop);
   if (!r.ok()) {
     if (w.size() > 1 && r.status().code() != StatusCode::kInvalidArgument) comm::abort_job(r.status());
     int code = w.rank() == 0 ? fail(r.status()) : kExitError;
@@ -41,7 +44,7 @@ int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world) {
   if (w.rank() == 0 && !r->checkpoint.empty()) std::printf("checkpoint: %s\n", r->checkpoint.c_str());
   world.reset();
   comm::mpi_finalize();
-  return kExitOk;
+  return r->stopped_by != 0 ? kExitRequeue : kExitOk;
 }
 
 int run_train(const TrainArgs& a) {
@@ -55,7 +58,7 @@ int run_train(const TrainArgs& a) {
   if (a.config.empty()) return fail(Status::InvalidArgument("--config is required"));
   auto c = load_train_config(a.config, a.overrides);
   if (!c.ok()) return fail(c.status());
-  c->resume = a.resume;
+  c->resume = resolve_resume(a.resume, c->checkpoint_dir);
   if (a.metrics_port >= 0) c->metrics_port = a.metrics_port;
   if (!a.trace.empty()) c->trace = a.trace;
   elastic::ElasticOptions eo;
@@ -70,10 +73,18 @@ int run_train(const TrainArgs& a) {
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   auto world = comm::world_communicator(opts);
-  if (!world.ok()) return fail(world.status());
+  if (!world.ok()) {
+    // No ranks yet: under srun every task has the same error; task 0 says it.
+    const char* task = std::getenv("SLURM_PROCID");
+    if (task != nullptr && std::strcmp(task, "0") != 0) return kExitError;
+    return fail(world.status());
+  }
   comm::Communicator& w = *world.value();
-  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value());
-  auto r = run_training(c.value(), w, stdout);
+  // SIGUSR1 (a batch system's warning before the time limit) and SIGTERM
+  // (preemption, scancel) stop at the next step with a verified checkpoint.
+  const StopFlag& stop = install_stop_signals();
+  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value(), &stop);
+  auto r = run_training(c.value(), w, stdout, nullptr, &stop);
   if (!r.ok()) {
     // A user error is the same on every rank: rank 0 reports it, all exit
     // cleanly. Anything else (a peer timed out, I/O) may be this rank's
@@ -84,11 +95,11 @@ int run_train(const TrainArgs& a) {
     comm::mpi_finalize();
     return code;
   }
-  if (w.rank() == 0 && r->has_val)
+  if (w.rank() == 0 && r->has_val && r->stopped_by == 0)
     std::printf("validation loss: %.4f -> %.4f\n", r->first_val_loss, r->last_val_loss);
   world.value().reset();
   comm::mpi_finalize();
-  return kExitOk;
+  return r->stopped_by != 0 ? kExitRequeue : kExitOk;
 }
 
 // --format criteo: click logs to click shards (data/criteo.h).
@@ -128,8 +139,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--print-keys", a->print_keys, "print every config key with its type, default and meaning");
   cmd->add_option("--set", a->overrides, "override a key: section.key=value (repeatable)");
   cmd->add_option("--resume", a->resume,
-                  "continue from a checkpoint: 'latest' (in checkpoint.dir) or a checkpoint folder; any dp x tp x pp "
-                  "layout of the same model");
+                  "continue from a checkpoint: 'latest' (in checkpoint.dir), 'auto' (latest if there is one, else start: "
+                  "for job scripts that requeue) or a checkpoint folder; any dp x tp x pp layout of the same model");
   cmd->add_option("--metrics-port", a->metrics_port,
                   "serve Prometheus GET /metrics on this port (each rank on it + its local rank; 0: off); sets "
                   "log.metrics_port")

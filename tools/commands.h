@@ -21,6 +21,9 @@ namespace tessera::tools {
 constexpr int kExitOk = 0;
 constexpr int kExitError = 1;  // the job failed (bad input, I/O, ...)
 constexpr int kExitUsage = 2;  // bad command line
+// `tessera train` stopped by SIGUSR1 or SIGTERM after publishing and
+// verifying a checkpoint (train/stop.h): requeue and --resume. EX_TEMPFAIL.
+constexpr int kExitRequeue = 75;
 
 // Where a subcommand stores its result for main().
 int& exit_code();

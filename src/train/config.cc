@@ -291,6 +291,12 @@ Status assign(TrainConfig& c, const Key& k, const toml::node& v, const std::stri
 
 }  // namespace
 
+std::string resolve_resume(const std::string& resume, const std::string& checkpoint_dir) {
+  if (resume != "auto") return resume;
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(checkpoint_dir) / "latest", ec) ? "latest" : "";
+}
+
 Result<std::vector<int>> parse_stage_counts(const std::string& s) {
   std::vector<int> out;
   if (s.empty()) return out;

@@ -72,7 +72,7 @@ struct TrainConfig {
   int checkpoint_every = 0;  // 0: only the final weights
   int checkpoint_keep = 1;
   std::string checkpoint_on_busy = "wait";  // a save due while the last is still writing: "wait" or "skip"
-  std::string resume;  // `tessera train --resume`: "latest" (checkpoint.dir) or a checkpoint folder
+  std::string resume;  // `tessera train --resume`: "latest" (checkpoint.dir) or a checkpoint folder (after resolve_resume)
   std::string metrics;  // JSON-lines path; empty: none
   // Prometheus /metrics of each rank on metrics_host, port metrics_port +
   // the rank's local rank (its index among the job's ranks on its host); 0: off.
@@ -91,6 +91,11 @@ struct TrainConfig {
 // file, the key and what is wrong (unknown key with the closest valid one,
 // wrong type, out of range), one line each.
 Result<TrainConfig> load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// `--resume auto`, what a requeued batch job passes: "latest" when
+// checkpoint_dir has published a checkpoint (its `latest` file exists),
+// else "" (a fresh start). Any other value is returned as it is.
+std::string resolve_resume(const std::string& resume, const std::string& checkpoint_dir);
 
 // "3,1" -> {3, 1}; empty -> {}. Error names the bad item.
 Result<std::vector<int>> parse_stage_counts(const std::string& s);

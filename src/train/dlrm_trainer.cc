@@ -21,6 +21,7 @@
 #include "parallel/dlrm_parallel.h"
 #include "train/faults.h"
 #include "train/monitoring.h"
+#include "train/stop.h"
 
 namespace tessera {
 
@@ -70,8 +71,9 @@ class ClickBatch {
 // evaluate(), log(), save(); run() calls them.
 class DlrmTrainer {
  public:
-  DlrmTrainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry)
-      : c_(c), world_(world), out_(world.rank() == 0 ? out : nullptr), rank_(world.rank()),
+  DlrmTrainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry,
+              const StopFlag* stop)
+      : c_(c), world_(world), out_(world.rank() == 0 ? out : nullptr), rank_(world.rank()), stop_(stop),
         registry_(registry ? *registry : own_registry_) {}
 
   Result<DlrmTrainSummary> run();
@@ -88,6 +90,8 @@ class DlrmTrainer {
   Status evaluate(int step);
   Status save(int step, bool force, bool last);
   void report_save(const ckpt::PollResult& r);
+  Result<bool> stop_agreed();
+  Status stop_on_signal(int step);
   Status log(int step, double loss_sum, int steps, double secs);
   template <typename... Args>
   void say(const char* fmt, Args... args) {
@@ -101,6 +105,7 @@ class DlrmTrainer {
   comm::Communicator& world_;
   std::FILE* out_;
   const int rank_;
+  const StopFlag* stop_;  // null: signals do not stop this run
   obs::Registry own_registry_;
   obs::Registry& registry_;
   std::unique_ptr<obs::MetricsExporter> exporter_;
@@ -395,6 +400,47 @@ Status DlrmTrainer::save(int step, bool force, bool last) {
   return Status::OK();
 }
 
+// Whether any rank received a stop signal (train/stop.h): one value
+// all-reduced per step, only when the run has a stop flag.
+Result<bool> DlrmTrainer::stop_agreed() {
+  if (!stop_) return false;
+  double any = stop_->signal.load() != 0 ? 1.0 : 0.0;
+  RETURN_IF_ERROR(world_.all_reduce(&any, &any, 1, comm::ElemType::kF64));
+  return any > 0.0;
+}
+
+// After step `step`, on every rank: that step's checkpoint (after the one
+// in flight), published, then verified by rank 0 before any rank returns.
+Status DlrmTrainer::stop_on_signal(int step) {
+  const int sig = stop_->signal.load();
+  const char* name = sig != 0 ? stop_signal_name(sig) : "a stop signal on another rank";
+  say("%s received: saving step %d before stopping\n", name, step);
+  const auto t0 = Clock::now();
+  RETURN_IF_ERROR(save(step, true, true));
+  while (checkpointer_->pending()) {
+    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
+    report_save(r);
+  }
+  const std::string dir = c_.checkpoint_dir + "/" + ckpt::step_dir_name(step);
+  Status verified;
+  if (rank_ == 0) {
+    Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(dir);
+    if (!ck.ok()) verified = ck.status();
+    else if (ck->step() != step) verified = Status::IOError(fmt::format("{}: holds step {}, not {}", dir, ck->step(), step));
+    else verified = ck->verify();
+  }
+  RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
+  const double secs = seconds_since(t0);
+  say("stopped by %s after step %d of %d: checkpoint %s published and verified in %.2f s; resume with --resume "
+      "latest\n",
+      name, step, c_.steps, dir.c_str(), secs);
+  metrics_.write({{"stopped_by", name}, {"step", step}, {"checkpoint", dir}, {"signal_to_verified_s", secs}});
+  summary_.checkpoint = dir;
+  summary_.stopped_by = sig != 0 ? sig : -1;
+  summary_.stopped_at = step;
+  return Status::OK();
+}
+
 Result<DlrmTrainSummary> DlrmTrainer::run() {
   RETURN_IF_ERROR(setup());
   if (finished_) return summary_;
@@ -423,6 +469,14 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
       RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));
       loss_sum = 0.0, secs = 0.0, logged = 0;
     }
+    if (!last) {
+      ASSIGN_OR_RETURN(bool stop_now, stop_agreed());
+      if (stop_now) {
+        RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));
+        RETURN_IF_ERROR(stop_on_signal(step + 1));
+        return summary_;
+      }
+    }
     if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
     RETURN_IF_ERROR(save(step + 1, last, last));
     if (stop) {
@@ -444,8 +498,8 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
 }  // namespace
 
 Result<DlrmTrainSummary> run_dlrm_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                           obs::Registry* metrics) {
-  DlrmTrainer trainer(c, world, out, metrics);
+                                           obs::Registry* metrics, const StopFlag* stop) {
+  DlrmTrainer trainer(c, world, out, metrics, stop);
   return trainer.run();
 }
 

@@ -23,13 +23,20 @@ struct DlrmTrainSummary {
   double last_train_loss = 0.0;
   int64_t steps = 0;       // steps completed, all attempts
   std::string checkpoint;  // the final checkpoint's folder
+  // A stop signal (train/stop.h): the signal (-1: another rank's) and the
+  // step whose checkpoint was published and verified; 0 otherwise.
+  int stopped_by = 0, stopped_at = 0;
 };
+
+struct StopFlag;
 
 // Runs c.steps steps (c.model_kind == "dlrm") on the ranks of `world`. Rank 0
 // prints progress to `out`, writes the metrics file and publishes the
 // checkpoints; every rank records its series into `metrics` when given (it
-// must outlive the call), else into a registry of its own.
+// must outlive the call), else into a registry of its own. With `stop`, a
+// signal recorded there on any rank ends the run at the next step with a
+// verified checkpoint (stopped_by set).
 Result<DlrmTrainSummary> run_dlrm_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                           obs::Registry* metrics = nullptr);
+                                           obs::Registry* metrics = nullptr, const StopFlag* stop = nullptr);
 
 }  // namespace tessera

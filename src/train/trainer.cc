@@ -37,6 +37,7 @@
 #include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
+#include "train/stop.h"
 #include "train/evaluate.h"
 #include "train/faults.h"
 #include "perf/flops.h"
@@ -91,11 +92,13 @@ std::string format_duration(double seconds) {
 // Collectives run in the same order on every rank; run() calls the parts.
 class Trainer {
  public:
-  Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry)
+  Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry,
+          const StopFlag* stop)
       : c_(c),
         world_(world),
         out_(world.rank() == 0 ? out : nullptr),
         rank_(world.rank()),
+        stop_(stop),
         registry_(registry ? *registry : own_registry_) {}
 
   Result<TrainSummary> run();
@@ -110,6 +113,7 @@ class Trainer {
     double gemm_efficiency = 0.0;  // achieved / the profile's measured GEMM peak; 0 without a profile
     // comm_s by kind (means over ranks): kCommKinds below.
     double comm_kind_s[5] = {0, 0, 0, 0, 0};
+    bool stop = false;  // some rank received a stop signal (train/stop.h)
   };
   // The kinds of communication time a step reports (metrics label `op`,
   // JSONL comm_<op>_ms): the data-parallel gradient exchange, the
@@ -139,6 +143,7 @@ class Trainer {
   Result<StepStats> step(int step);
   Status evaluate(int step);
   Status save(int step, bool stop, bool last);
+  Result<TrainSummary> stop_on_signal(int step);
   void log(const StepStats& s);
   void report_save(const ckpt::PollResult& r);
   Status finish();
@@ -156,6 +161,7 @@ class Trainer {
   comm::Communicator& world_;
   std::FILE* out_;  // rank 0 speaks for the job; null elsewhere
   const int rank_;
+  const StopFlag* stop_;  // null: signals do not stop this run
   std::unique_ptr<TraceSession> trace_;  // --trace; destroyed last, so it writes what the others recorded
   std::unique_ptr<comm::Mesh> mesh_;
   comm::Communicator* dp_ = nullptr;
@@ -432,9 +438,10 @@ Status Trainer::setup_checkpointer() {
 Status Trainer::setup() {
   if (c_.dp * c_.tp * c_.pp != world_.size())
     return Status::InvalidArgument(fmt::format(
-        "parallel.dp x tp x pp = {} x {} x {} = {} but {} rank(s) are running; launch with "
-        "`tessera launch -n {} -- train ...` or set parallel.dp",
-        c_.dp, c_.tp, c_.pp, c_.dp * c_.tp * c_.pp, world_.size(), c_.dp * c_.tp * c_.pp));
+        "parallel.dp x tp x pp = {} x {} x {} = {} but {} rank(s) are running; start {} (`tessera launch -n {}`, "
+        "`mpirun -np {}`, or `srun --ntasks={}` in the job script) or set parallel.dp",
+        c_.dp, c_.tp, c_.pp, c_.dp * c_.tp * c_.pp, world_.size(), c_.dp * c_.tp * c_.pp, c_.dp * c_.tp * c_.pp,
+        c_.dp * c_.tp * c_.pp, c_.dp * c_.tp * c_.pp));
   RETURN_IF_ERROR(agree_on_outputs());
   ASSIGN_OR_RETURN(mesh_, comm::Mesh::create(world_, {c_.dp, c_.tp, c_.pp}));
   dp_ = &mesh_->dp();
@@ -731,15 +738,19 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   // are means over all ranks.
   const Pipeline::Times pt = pipe_->take_times();
   const double tp_s = model_->take_tp_comm_seconds();
-  double sums[7] = {reports_loss_ ? loss_sum / GA : 0.0,
+  // The last slot carries this rank's stop signal, so every rank learns of
+  // any rank's at the same step (a signal reaches ranks at different times).
+  double sums[8] = {reports_loss_ ? loss_sum / GA : 0.0,
                     pt.bubble,
                     pt.p2p,
                     ddp_->comm_seconds(),
                     opt_->comm_seconds(),
                     tp_s,
-                    tied_->take_seconds()};
+                    tied_->take_seconds(),
+                    stop_ && stop_->signal.load() != 0 ? 1.0 : 0.0};
   auto tl = Clock::now();
-  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 7, comm::ElemType::kF64));
+  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 8, comm::ElemType::kF64));
+  s.stop = sums[7] > 0.0;
   s.loss = sums[0] / dp_->size();
   s.bubble_s = sums[1] / world_.size();
   s.p2p_s = sums[2] / world_.size();
@@ -867,6 +878,53 @@ Status Trainer::save(int step, bool stop, bool last) {
   return Status::OK();
 }
 
+// A stop signal after step `step` (1-based), agreed by every rank: the
+// step's checkpoint, published and verified before the call returns (a
+// save in flight is finished first). No evaluation and no final weights:
+// the time before SIGKILL goes to the checkpoint.
+Result<TrainSummary> Trainer::stop_on_signal(int step) {
+  const int sig = stop_->signal.load();
+  const char* name = sig != 0 ? stop_signal_name(sig) : "a stop signal on another rank";
+  if (!checkpointer_)
+    return Status::Unavailable(fmt::format("stopped by {} after step {} of {}, and checkpoint.every = 0, so nothing "
+                                           "was saved; set checkpoint.every to resume such a job",
+                                           name, step, c_.steps));
+  say("%s received: saving step %d before stopping\n", name, step);
+  auto t0 = Clock::now();
+  while (checkpointer_->pending()) {  // a periodic save still being written
+    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
+    report_save(r);
+  }
+  Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+  if (on_cuda_) RETURN_IF_ERROR(agree(made.status(), "could not copy its tensors for the checkpoint"));
+  RETURN_IF_ERROR(made.status());
+  const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
+  ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, *made, state));
+  if (!started) return Status::Internal(fmt::format("the checkpoint of step {} did not start", step));
+  ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
+  report_save(r);
+  if (r.state != ckpt::SaveState::kPublished)
+    return Status::IOError(fmt::format("stopped by {} after step {}, but its checkpoint failed: {}", name, step,
+                                       r.error.message()));
+  // Rank 0 reads every file of what it published back against its hashes;
+  // the others wait for the verdict, so no rank exits before it is known.
+  Status verified;
+  const std::string dir = (std::filesystem::path(c_.checkpoint_dir) / ckpt::step_dir_name(step)).string();
+  if (rank_ == 0) {
+    Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(dir);
+    verified = ck.ok() ? ck->verify() : ck.status();
+  }
+  RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  say("stopped by %s after step %d of %d: checkpoint %s published and verified in %.2f s; resume with --resume "
+      "latest\n",
+      name, step, c_.steps, dir.c_str(), secs);
+  metrics_.write({{"stopped_by", name}, {"step", step}, {"checkpoint", dir}, {"signal_to_verified_s", secs}});
+  summary_.stopped_by = sig != 0 ? sig : -1;
+  summary_.stopped_at = step;
+  return summary_;
+}
+
 // The last save, the replicas' agreement, and the final weights.
 Status Trainer::finish() {
   if (checkpointer_) {
@@ -926,6 +984,7 @@ Result<TrainSummary> Trainer::run() {
   for (int step = start_step_; step < c_.steps; step++) {
     ASSIGN_OR_RETURN(StepStats s, this->step(step));
     log(s);
+    if (s.stop && step + 1 < c_.steps) return stop_on_signal(step + 1);
     const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
     const bool last = step + 1 == c_.steps || stop;
     if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
@@ -942,8 +1001,8 @@ Result<TrainSummary> Trainer::run() {
 }  // namespace
 
 Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                  obs::Registry* metrics) {
-  Trainer trainer(c, world, out, metrics);
+                                  obs::Registry* metrics, const StopFlag* stop) {
+  Trainer trainer(c, world, out, metrics, stop);
   return trainer.run();
 }
 

@@ -124,7 +124,9 @@ if "$tessera" train --config "$tmp/mjob.toml" --metrics-port "$p1" --set checkpo
 elif [ "$(wc -l <"$tmp/busy.err")" -eq 1 ] && grep -q "cannot serve metrics on 127.0.0.1:$p1" "$tmp/busy.err" \
      && ! grep -q "^step" "$tmp/busy.out"; then pass "port in use: $(cat "$tmp/busy.err")"
 else flunk "port in use: want one error line and no step:"; cat "$tmp/busy.err" "$tmp/busy.out"; fi
-kill "$one"; wait "$one" 2>/dev/null
+# SIGTERM now stops a run at the next step with a checkpoint; this one is
+# stalled by its fault, so it is ended as a hung rank is.
+kill -9 "$one"; wait "$one" 2>/dev/null
 
 # A run left alone: scraped while it trains (1000 steps, a second or two),
 # then it exits 0 and frees its port.

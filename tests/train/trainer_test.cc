@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "train/stop.h"
 
 namespace tessera {
 namespace {
@@ -114,6 +117,72 @@ TEST(Trainer, MemoryFiguresCountTheCheckpointStagingBuffer) {
   EXPECT_GE(staging, 3.0 * static_cast<double>(c.model.num_parameters()) * sizeof(float));
   EXPECT_LE(staging, gauge(registry, "params") + gauge(registry, "optimizer"));
   EXPECT_GE(staging, 0.95 * (gauge(registry, "params") + gauge(registry, "optimizer")));
+  std::filesystem::remove_all(dir);
+}
+
+// Issue #32 item 3: a stop signal (SIGUSR1 before a Slurm time limit,
+// SIGTERM on preemption) ends the run after the step in progress with that
+// step's checkpoint published and verified, and no final weights; resumed,
+// the run's losses are the uninterrupted run's, bit for bit.
+TEST(Trainer, AStopSignalSavesAVerifiedCheckpointAndTheResumedRunMatches) {
+  const std::string dir = ::testing::TempDir() + "/trainer_test_stop";
+  std::filesystem::remove_all(dir);
+  TrainConfig c;
+  c.model = GPTConfig{1, 2, 16, 50257, 16};
+  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
+  c.micro_batch = 2;
+  c.seq = 8;
+  c.steps = 4;
+  c.eval_every = 0;
+  c.checkpoint_every = 3;  // the stop is not on a periodic save
+  auto losses = [](const std::string& path) {
+    std::ifstream in(path);
+    std::vector<double> out;
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  };
+  auto world = comm::self_communicator();
+  c.checkpoint_dir = dir + "/whole";
+  c.metrics = dir + "/whole.jsonl";
+  ASSERT_TRUE(run_training(c, *world, nullptr).ok());
+
+  c.checkpoint_dir = dir + "/stopped";
+  c.metrics = dir + "/first.jsonl";
+  StopFlag stop;
+  stop.signal = SIGUSR1;  // arrives during the first step
+  Result<TrainSummary> r = run_training(c, *world, nullptr, nullptr, &stop);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->stopped_by, SIGUSR1);
+  EXPECT_EQ(r->stopped_at, 1);
+  EXPECT_TRUE(r->weights_path.empty());
+  EXPECT_FALSE(std::filesystem::exists(c.checkpoint_dir + "/model.safetensors"));
+  Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(c.checkpoint_dir);  // latest
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  EXPECT_EQ(ck->step(), 1);
+  EXPECT_TRUE(ck->verify().ok());
+
+  EXPECT_EQ(resolve_resume("auto", c.checkpoint_dir), "latest");
+  EXPECT_EQ(resolve_resume("auto", dir + "/none"), "");
+  c.resume = resolve_resume("auto", c.checkpoint_dir);
+  c.metrics = dir + "/second.jsonl";
+  r = run_training(c, *world, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->stopped_by, 0);
+  std::vector<double> resumed = losses(dir + "/first.jsonl");
+  for (double x : losses(dir + "/second.jsonl")) resumed.push_back(x);
+  EXPECT_EQ(resumed, losses(dir + "/whole.jsonl"));
+
+  // Without checkpoints nothing can be resumed: an error, not a requeue.
+  c.checkpoint_every = 0;
+  c.resume.clear();
+  c.checkpoint_dir = dir + "/nockpt";
+  c.metrics.clear();
+  r = run_training(c, *world, nullptr, nullptr, &stop);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("checkpoint.every = 0"), std::string::npos) << r.status().message();
   std::filesystem::remove_all(dir);
 }
 

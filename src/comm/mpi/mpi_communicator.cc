@@ -896,6 +896,13 @@ std::unique_ptr<Communicator> self_communicator() { return std::make_unique<Self
 
 Result<std::unique_ptr<Communicator>> world_communicator(const CommOptions& options) {
   if (launched_under_mpi()) return mpi_world(options);
+  // A Slurm step of several tasks with no PMI (srun --mpi=none, or a site
+  // whose MpiDefault is none): each task would run alone as rank 0.
+  if (const char* n = std::getenv("SLURM_STEP_NUM_TASKS"); n != nullptr && std::atoi(n) > 1)
+    return Status::InvalidArgument(fmt::format(
+        "srun started {} tasks without PMI, so each would run alone as rank 0 of 1; start them with `srun "
+        "--mpi=pmix` (Debian's OpenMPI talks PMIx; `srun --mpi=list` shows what this Slurm has)",
+        n));
   return self_communicator();
 }
 

@@ -1,0 +1,36 @@
+// Stopping a training run early on a signal: the warning a batch system
+// sends before a time limit (Slurm's `#SBATCH --signal=USR1@90`) or on
+// preemption (SIGTERM, then SIGKILL after KillWait). The handler only
+// records the signal. The ranks agree on it at the next step boundary
+// (one rank's signal stops them all at the same step), save a checkpoint,
+// wait until it is published and verified, and return TrainSummary::
+// stopped_by; `tessera train` then exits kExitRequeue (75, EX_TEMPFAIL) so
+// the job script requeues and the next attempt resumes from `latest`
+// (docs/cluster.md, "Slurm").
+#pragma once
+
+#include <atomic>
+
+namespace tessera {
+
+// What a trainer polls: 0, or the first stop signal received.
+struct StopFlag {
+  std::atomic<int> signal{0};
+};
+
+// A SIGTERM's stop has this long before the process ends anyway (SIGALRM):
+// a hung rank is still ended by `kill`. Slurm's KillWait (SIGTERM, then
+// SIGKILL) is shorter on most sites.
+constexpr unsigned kStopGraceSeconds = 120;
+
+// Installs handlers for SIGUSR1 and SIGTERM that record the first of them
+// in the returned process-wide flag; later SIGUSR1s (one while the
+// checkpoint is written) change nothing. A second SIGTERM ends the process
+// at once, as it did before (the previous `latest` stays: publishing is a
+// rename). Safe to call more than once.
+StopFlag& install_stop_signals();
+
+// "SIGUSR1", "SIGTERM", "signal N".
+const char* stop_signal_name(int sig);
+
+}  // namespace tessera

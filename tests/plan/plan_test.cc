@@ -14,6 +14,7 @@
 #include "plan/estimate.h"
 #include "plan/hardware.h"
 #include "plan/model.h"
+#include "plan/sbatch.h"
 #include "perf/flops.h"
 #include "train/memory_plan.h"
 
@@ -163,6 +164,38 @@ TEST(PlanSearch, SevenBFitsOnFourA100sOnlyWithSharding) {
     EXPECT_GT(e.layout.tp * e.layout.pp * (e.layout.zero ? e.layout.dp : 1), 1) << e.layout.str();  // 7B x 16 B does not fit one GPU
   }
   for (size_t i = 1; i < best.size(); ++i) EXPECT_LE(best[i - 1].step, best[i].step);
+}
+
+// --emit-sbatch (issue #32 item 6): the job script asks Slurm for what the
+// layout uses (nodes, tasks per node, GPUs) and passes the layout, batch and
+// shape the plan priced; a layout that does not fit gets no script.
+TEST(PlanSbatch, TheScriptAsksForTheLayoutAndPassesIt) {
+  ModelSpec m = small();
+  m.global_batch = 32;  // dp x mb x ga below
+  Cluster c = gpus(2, 8);
+  Estimate e = estimate(Job{m}, c, Layout{2, 4, 2, 2, 2, 4, 1});
+  ASSERT_TRUE(e.fits) << e.refusal;
+  e.train_seconds = 3600;
+  SbatchRequest r;
+  r.train_config = "my.toml";
+  r.steps = 1000;
+  r.checkpoint_every = 50;
+  Result<std::string> text = sbatch_script(r, m, c, e);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  for (const char* want : {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gpus-per-node=8\n",
+                           "#SBATCH --signal=USR1@120\n", "#SBATCH --requeue\n", "#SBATCH --time=0-01:29:00\n",
+                           "CONFIG=${CONFIG:-my.toml}", "srun --mpi=pmix", "--resume auto",
+                           "--set parallel.dp=4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero=1",
+                           "--set train.micro_batch=2 --set train.grad_accum=4", "--set model.layers=4 --set model.heads=4",
+                           "--set train.steps=1000", "--set checkpoint.every=50", "[ \"${SLURM_NTASKS:-0}\" = 16 ]",
+                           "if [ $rc -eq 75 ]; then", "scontrol requeue"})
+    EXPECT_NE(text->find(want), std::string::npos) << want << "\n" << *text;
+  EXPECT_EQ(text->find("--cpus-per-task"), std::string::npos);
+  e.fits = false;
+  e.refusal = "needs 90 GB";
+  Result<std::string> none = sbatch_script(r, m, c, e);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("needs 90 GB"), std::string::npos);
 }
 
 TEST(PlanSearch, NothingFitsNamesTheMemory) {

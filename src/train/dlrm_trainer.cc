@@ -431,10 +431,16 @@ Status DlrmTrainer::stop_on_signal(int step) {
   }
   RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
   const double secs = seconds_since(t0);
-  say("stopped by %s after step %d of %d: checkpoint %s published and verified in %.2f s; resume with --resume "
+  const double since = seconds_since_signal(*stop_);  // this rank's signal, if it had one
+  say("stopped by %s after step %d of %d: checkpoint %s published and verified in %.2f s%s; resume with --resume "
       "latest\n",
-      name, step, c_.steps, dir.c_str(), secs);
-  metrics_.write({{"stopped_by", name}, {"step", step}, {"checkpoint", dir}, {"signal_to_verified_s", secs}});
+      name, step, c_.steps, dir.c_str(), secs,
+      since >= 0 ? fmt::format(" ({:.2f} s after the signal)", since).c_str() : "");
+  metrics_.write({{"stopped_by", name},
+                  {"step", step},
+                  {"checkpoint", dir},
+                  {"save_and_verify_s", secs},
+                  {"signal_to_verified_s", since}});
   summary_.checkpoint = dir;
   summary_.stopped_by = sig != 0 ? sig : -1;
   summary_.stopped_at = step;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 
 namespace tessera {
 
@@ -13,7 +14,11 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a
 
 void on_stop_signal(int sig) {
   int none = 0;
-  g_stop.signal.compare_exchange_strong(none, sig);  // async-signal-safe: lock-free
+  if (g_stop.signal.compare_exchange_strong(none, sig)) {  // async-signal-safe: lock-free
+    struct timespec ts;
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe (POSIX)
+    g_stop.at_ns.store(int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec);
+  }
   // SIGTERM is also how a hung process is ended: its handler is reset on
   // delivery (SA_RESETHAND), so a second one ends the process at once, and
   // SIGALRM's default action ends it if the stop takes longer than the grace.
@@ -30,6 +35,14 @@ StopFlag& install_stop_signals() {
   sa.sa_flags = SA_RESTART | SA_RESETHAND;
   ::sigaction(SIGTERM, &sa, nullptr);
   return g_stop;
+}
+
+double seconds_since_signal(const StopFlag& f) {
+  const int64_t at = f.at_ns.load();
+  if (at == 0) return -1.0;
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec - at) / 1e9;
 }
 
 const char* stop_signal_name(int sig) {

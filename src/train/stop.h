@@ -10,13 +10,20 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 namespace tessera {
 
 // What a trainer polls: 0, or the first stop signal received.
 struct StopFlag {
   std::atomic<int> signal{0};
+  // When it arrived: CLOCK_MONOTONIC nanoseconds (std::chrono::steady_clock's
+  // epoch on Linux), for the signal-to-checkpoint time; 0 when unknown.
+  std::atomic<int64_t> at_ns{0};
 };
+
+// Seconds from the signal recorded in `f` to now; negative when unknown.
+double seconds_since_signal(const StopFlag& f);
 
 // A SIGTERM's stop has this long before the process ends anyway (SIGALRM):
 // a hung rank is still ended by `kill`. Slurm's KillWait (SIGTERM, then

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <memory>
 #include <numeric>
+#include <algorithm>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -37,6 +39,7 @@
 #include "io/file.h"
 #include "nn/gpt2_weights.h"
 #include "train/checkpointing.h"
+#include "train/plan_check.h"
 #include "train/stop.h"
 #include "train/evaluate.h"
 #include "train/faults.h"
@@ -204,6 +207,8 @@ class Trainer {
   };
   void setup_metrics();
   void setup_traffic_metrics();
+  Status predict_plan();
+  void report_plan_check();
   // The network figures of the last step (comm/traffic.h): into the
   // registry, and rank 0's into its JSONL record.
   void log_traffic(nlohmann::json& record);
@@ -227,6 +232,10 @@ class Trainer {
   // Time the training thread spends in the checkpointer (staging copies, the
   // agreement and rank 0's publishing), and all of training.
   double stall_s_ = 0.0, train_s_ = 0.0;
+  // The planner's prediction for this run (train/plan_check.h), and what
+  // the steps measured, for the check at the end.
+  std::optional<PlanPrediction> plan_;
+  std::vector<double> step_seconds_, comm_shares_;
   std::optional<data::TokenLoader> train_;
   std::vector<uint32_t> val_tokens_;
   int64_t rows_per_step_ = 0;
@@ -543,6 +552,7 @@ Status Trainer::setup() {
       say("link: speed unknown (set log.link_gbps to compare achieved bus bandwidth with it)\n");
   }
   setup_traffic_metrics();
+  RETURN_IF_ERROR(predict_plan());
   say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, checkpoint "
       "staging %.1f MB; total %.1f MB\n",
       mem_[0] / 1e6, mem_[1] / 1e6, mem_[2] / 1e6, mem_[3] / 1e6, mem_[4] / 1e6,
@@ -766,6 +776,8 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   if (gemm_peak_ > 0) s.gemm_efficiency = flops_per_s / (gemm_peak_ * 1e9);
   summary_.last_train_loss = s.loss;
   train_s_ += s.step_s;
+  step_seconds_.push_back(s.step_s);
+  comm_shares_.push_back(s.step_s > 0 ? s.comm_s / s.step_s : 0.0);
   return s;
 }
 
@@ -876,6 +888,83 @@ Status Trainer::save(int step, bool stop, bool last) {
   if (!last) add_stall(std::chrono::duration<double>(Clock::now() - tp).count());  // waiting at the end is not a stall
   report_save(r);
   return Status::OK();
+}
+
+// The planner's step time, memory and communication share for this job on
+// this machine's profile (every rank computes it; rank 0 says it). The
+// hosts are one machine when every rank has the same kernel boot id (the
+// emulated cluster's namespaces), so their cores are shared.
+Status Trainer::predict_plan() {
+  PlanCheckJob j;
+  j.profile_path = !c_.profile.empty() ? c_.profile : (std::getenv("TESSERA_PROFILE") ? std::getenv("TESSERA_PROFILE") : "");
+  Result<comm::LocalRank> local = comm::local_rank();
+  j.ranks_per_host = local.ok() && local->size > 0 ? local->size : 1;
+  j.hosts = world_.size() % j.ranks_per_host == 0 ? world_.size() / j.ranks_per_host : 1;
+  std::string boot;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) boot = buf;
+    std::fclose(f);
+  }
+  const uint64_t h = std::hash<std::string>{}(boot);
+  double ids[4] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu),
+                   -static_cast<double>(h >> 32), -static_cast<double>(h & 0xffffffffu)};
+  RETURN_IF_ERROR(world_.all_reduce(ids, ids, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  j.shared_host = j.hosts > 1 && ids[0] == -ids[2] && ids[1] == -ids[3];
+  // OpenMP's threads as the launcher set them; unset: the planner's own
+  // default, the host's cores over its ranks.
+  if (const char* t = std::getenv("OMP_NUM_THREADS")) j.threads_per_rank = std::max(0, std::atoi(t));
+  j.link_gbps = link_.known() ? link_.bytes_per_second * 8 / 1e9 : 0.0;
+  j.model = mc_;
+  j.seq = c_.seq, j.micro_batch = c_.micro_batch, j.grad_accum = c_.grad_accum;
+  j.dp = c_.dp, j.tp = c_.tp, j.pp = c_.pp, j.zero = c_.zero;
+  j.dtype = c_.dtype;
+  j.checkpoint_every = c_.checkpoint_every;
+  j.bucket_mb = c_.bucket_mb;
+  Result<PlanPrediction> p = predict_for_run(j);
+  if (!p.ok()) {
+    say("plan: no prediction to check: %s\n", p.status().message().c_str());
+    return Status::OK();
+  }
+  plan_ = *p;
+  say("plan: predicted step %.1f ms (communication %.0f%%, bubble %.0f%%), memory %.1f MB per rank, on %s; held "
+      "up by %s\n",
+      p->step_s * 1e3, 100 * p->comm_share, 100 * p->bubble_share, p->mem_bytes / 1e6, p->cluster.c_str(),
+      p->bottleneck.c_str());
+  metrics_.write({{"plan_step_ms", p->step_s * 1e3},
+                  {"plan_memory_mb", p->mem_bytes / 1e6},
+                  {"plan_comm_share", p->comm_share},
+                  {"plan_bubble_share", p->bubble_share},
+                  {"plan_cluster", p->cluster}});
+  return Status::OK();
+}
+
+// The measured figures beside the prediction: the median step after the
+// first (which pays for first touches), the memory the ranks reported at
+// start-up (the largest of each part), the mean communication share.
+void Trainer::report_plan_check() {
+  if (!plan_ || step_seconds_.size() < 2) return;
+  std::vector<double> steps(step_seconds_.begin() + 1, step_seconds_.end());
+  std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
+  const double step = steps[steps.size() / 2];
+  double mem = 0, comm = 0;
+  for (double m : mem_) mem += m;
+  mem -= mem_[4];  // the planner prices the checkpoint's time, not its staging buffer
+  for (size_t i = 1; i < comm_shares_.size(); i++) comm += comm_shares_[i];
+  comm /= static_cast<double>(comm_shares_.size() - 1);
+  say("plan check: step %.1f ms measured vs %.1f ms predicted (%s), memory %.1f vs %.1f MB per rank (%s), "
+      "communication %.0f%% vs %.0f%% of the step\n",
+      step * 1e3, plan_->step_s * 1e3, plan_error(step, plan_->step_s).c_str(), mem / 1e6, plan_->mem_bytes / 1e6,
+      plan_error(mem, plan_->mem_bytes).c_str(), 100 * comm, 100 * plan_->comm_share);
+  metrics_.write({{"plan_check_steps", steps.size()},
+                  {"measured_step_ms", step * 1e3},
+                  {"plan_step_ms", plan_->step_s * 1e3},
+                  {"step_error", (step - plan_->step_s) / plan_->step_s},
+                  {"measured_memory_mb", mem / 1e6},
+                  {"plan_memory_mb", plan_->mem_bytes / 1e6},
+                  {"memory_error", plan_->mem_bytes > 0 ? (mem - plan_->mem_bytes) / plan_->mem_bytes : 0.0},
+                  {"measured_comm_share", comm},
+                  {"plan_comm_share", plan_->comm_share}});
 }
 
 // A stop signal after step `step` (1-based), agreed by every rank: the
@@ -990,7 +1079,10 @@ Result<TrainSummary> Trainer::run() {
   for (int step = start_step_; step < c_.steps; step++) {
     ASSIGN_OR_RETURN(StepStats s, this->step(step));
     log(s);
-    if (s.stop && step + 1 < c_.steps) return stop_on_signal(step + 1);
+    if (s.stop && step + 1 < c_.steps) {
+      report_plan_check();
+      return stop_on_signal(step + 1);
+    }
     const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
     const bool last = step + 1 == c_.steps || stop;
     if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
@@ -1000,6 +1092,7 @@ Result<TrainSummary> Trainer::run() {
       break;
     }
   }
+  report_plan_check();
   RETURN_IF_ERROR(finish());
   return summary_;
 }

@@ -71,11 +71,15 @@ only() { [ -z "${SLURM_TRAIN_ONLY:-}" ] || [ "$SLURM_TRAIN_ONLY" = "$1" ]; }
 "$tessera" train --config "$tmp/cfg.toml" --set train.steps=20 --set train.micro_batch=2 --set train.grad_accum=6 \
   --set "log.metrics=$tmp/ref.jsonl" --set "checkpoint.dir=$tmp/ref" >"$tmp/ref.log" 2>&1 || { fail "one-rank run"; tail -3 "$tmp/ref.log"; }
 t0=$(date +%s.%N)
-job=$(PP=2 submit whole -N3 --ntasks-per-node=2 -- --set train.steps=20)
+job=$(PP=2 submit whole -N3 --ntasks-per-node=2 -- --set train.steps=20 --set "log.profile=$root/docs/profiles/tessera-dev-epyc-2core.json")
 if wait_state "$job" 120 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL && [ "$(field "$job" JobState)" = COMPLETED ]; then
   echo "ok   job $job (dp=3 x pp=2 on $(field "$job" NodeList)) COMPLETED in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s, exit $(field "$job" ExitCode)"
 else fail "job $job: $(field "$job" JobState)"; tail -5 "$tmp/whole.out"; fi
-first=$(grep -m1 '^step ' "$tmp/whole.out")
+# Every run checks the planner (issue #32 item 7): predicted at start-up,
+# measured beside it at the end.
+if grep -q '^plan: predicted step' "$tmp/whole.out" && grep -q '^plan check: step' "$tmp/whole.out"; then
+  echo "ok   $(grep -m1 '^plan check:' "$tmp/whole.out")"
+else fail "job $job: no planner prediction and check"; grep '^plan' "$tmp/whole.out"; fi
 grep -q "layout: dp=3 tp=1 pp=2" "$tmp/whole.out" || fail "job $job did not run as dp=3 x pp=2: $(grep -m1 layout "$tmp/whole.out")"
 paste <(losses "$tmp/ref.jsonl") <(all_losses whole) | awk '
   { n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; if (r > 1e-5) bad = 1 }

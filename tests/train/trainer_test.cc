@@ -186,5 +186,41 @@ TEST(Trainer, AStopSignalSavesAVerifiedCheckpointAndTheResumedRunMatches) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue #32 item 7: with a doctor profile, a run prints the planner's
+// prediction at start-up and the measured figures beside it at the end, and
+// logs both to the metrics file; without one it says there is none.
+TEST(Trainer, ARunWithAProfileChecksThePlannersPrediction) {
+  const std::string dir = ::testing::TempDir() + "/trainer_test_plan";
+  std::filesystem::remove_all(dir);
+  TrainConfig c;
+  c.model = GPTConfig{1, 2, 16, 50257, 16};
+  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
+  c.micro_batch = 2;
+  c.seq = 8;
+  c.steps = 4;
+  c.eval_every = 0;
+  c.checkpoint_dir = dir;
+  c.metrics = dir + "/metrics.jsonl";
+  c.profile = std::string(TESSERA_TEST_DATA_DIR) + "/../docs/profiles/tessera-dev-epyc-2core.json";
+  auto world = comm::self_communicator();
+  ASSERT_TRUE(run_training(c, *world, nullptr).ok());
+  std::ifstream in(c.metrics);
+  nlohmann::json predicted, checked;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("plan_cluster")) predicted = j;
+    if (j.contains("step_error")) checked = j;
+  }
+  ASSERT_FALSE(predicted.is_null());
+  ASSERT_FALSE(checked.is_null());
+  EXPECT_GT(predicted["plan_step_ms"].get<double>(), 0.0);
+  EXPECT_GT(predicted["plan_memory_mb"].get<double>(), 0.0);
+  EXPECT_EQ(checked["plan_check_steps"], 3);  // the first step is left out
+  const double measured = checked["measured_step_ms"], plan = checked["plan_step_ms"];
+  EXPECT_GT(measured, 0.0);
+  EXPECT_NEAR(checked["step_error"].get<double>(), (measured - plan) / plan, 1e-12);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tessera

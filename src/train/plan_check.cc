@@ -1,0 +1,66 @@
+#include "train/plan_check.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "plan/cluster.h"
+#include "plan/estimate.h"
+#include "plan/hardware.h"
+#include "plan/model.h"
+
+namespace tessera {
+
+Result<PlanPrediction> predict_for_run(const PlanCheckJob& j) {
+  if (j.profile_path.empty())
+    return Status::NotFound("no doctor profile (log.profile or TESSERA_PROFILE; `tessera doctor --save FILE` makes one)");
+  ASSIGN_OR_RETURN(plan::NodeType node, plan::node_from_profile(j.profile_path));
+  plan::Cluster c;
+  c.name = "this job";
+  c.node = node;
+  c.nodes = j.hosts;
+  c.ranks_per_node = j.ranks_per_host;
+  c.shared_host = j.shared_host;
+  c.threads_per_rank = j.threads_per_rank;
+  c.intra = node.intra;
+  c.inter.kind = "none";
+  if (j.hosts > 1) {
+    // As a cluster file's [network] with inter = "ethernet" (TCP sockets:
+    // 80% of the line rate, 30 us a step).
+    const double gbps = j.link_gbps > 0 ? j.link_gbps : 10.0;
+    c.inter.kind = fmt::format("ethernet {:g} Gbit/s x1{}", gbps, j.link_gbps > 0 ? "" : " (link speed unknown: assumed)");
+    c.inter.busbw = gbps / 8.0 * 1e9 * 0.8;
+    c.inter.alpha = 30e-6;
+  }
+  plan::ModelSpec m;
+  m.name = "this job's model";
+  m.family = j.model;
+  m.layers = j.model.layers;
+  m.heads = j.model.heads;
+  m.dim = j.model.channels;
+  m.vocab = j.model.vocab;
+  m.context = j.model.context;
+  m.seq = j.seq;
+  m.global_batch = int64_t{j.dp} * j.micro_batch * j.grad_accum;
+  plan::Job job{m, j.dtype, 0.0, j.checkpoint_every, false, j.bucket_mb, "flash"};
+  plan::Layout l;
+  l.nodes = j.hosts;
+  l.dp = j.dp, l.tp = j.tp, l.pp = j.pp, l.micro_batch = j.micro_batch, l.grad_accum = j.grad_accum, l.zero = j.zero;
+  const plan::Estimate e = plan::estimate(job, c, l);
+  if (!(e.step > 0)) return Status::Internal("the planner gave no step time for this layout");
+  PlanPrediction p;
+  p.step_s = e.step;
+  p.mem_bytes = e.mem_total;
+  p.comm_share = (e.tp_comm + e.p2p + e.dp_exposed) / e.step;
+  p.bubble_share = e.bubble / e.step;
+  p.cluster = c.str();
+  p.bottleneck = e.bottleneck();
+  return p;
+}
+
+std::string plan_error(double measured, double predicted) {
+  if (!(predicted > 0)) return "-";
+  return fmt::format("{:+.1f}%", 100.0 * (measured - predicted) / predicted);
+}
+
+}  // namespace tessera

@@ -1,0 +1,41 @@
+// Every training run checks the planner (issue #32 item 7; docs/planner.md,
+// "Every run a validation point"): at start-up the step time, memory and
+// communication share that `tessera plan` predicts for this job's model,
+// layout and machine profile; at the end the measured ones beside them,
+// with the error. Without a doctor profile there is no prediction (the
+// planner prices a CPU from its profile) and the run says so.
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+#include "model/decoder.h"
+
+namespace tessera {
+
+struct PlanCheckJob {
+  std::string profile_path;  // the doctor profile (log.profile or TESSERA_PROFILE); empty: none
+  int hosts = 1, ranks_per_host = 1, threads_per_rank = 0;  // threads: 0 = cores / ranks per host
+  bool shared_host = false;  // the hosts are one machine (the emulated cluster: one kernel, shared cores)
+  double link_gbps = 0;      // between hosts; 0: unknown (10 assumed, and said)
+  DecoderConfig model;
+  int seq = 0, micro_batch = 1, grad_accum = 1, dp = 1, tp = 1, pp = 1, zero = 0;
+  std::string dtype = "fp32";
+  int checkpoint_every = 0;
+  double bucket_mb = 25;
+};
+
+struct PlanPrediction {
+  double step_s = 0, mem_bytes = 0, comm_share = 0, bubble_share = 0;
+  std::string cluster;     // what the planner was told about this machine, one line
+  std::string bottleneck;  // the planner's largest term other than compute
+};
+
+// The planner's estimate for the job; an error (no profile, a profile the
+// planner cannot price) says why there is none.
+Result<PlanPrediction> predict_for_run(const PlanCheckJob& job);
+
+// "+12.3%": measured against predicted.
+std::string plan_error(double measured, double predicted);
+
+}  // namespace tessera

@@ -14,6 +14,8 @@
 #     (srun --mpi=none).
 #  6. (run before 5) The script `tessera plan --emit-sbatch` writes for
 #     examples/clusters/this-machine-netns-1g.toml runs unchanged.
+#  7. (after 5) Elastic training: an agent per node by srun; a node killed,
+#     the other trains on and the job COMPLETES.
 #  5. A node lost (kill -9 of its slurmd and ranks): the job fails within
 #     the deadline with a line naming the host; resubmitted without that
 #     node on 2 hosts (dp=2, the global batch kept by grad_accum), it
@@ -205,4 +207,20 @@ else
   fail "resume without the lost node: job $(field "$job" JobState)"; grep -E "error|resumed|layout" "$tmp/lost.out" | tail -5
 fi
 fi
+# --- 7. Elastic under Slurm: an agent per node (examples/slurm/elastic.sbatch),
+# one node killed, the other trains on to the end.
+if only 7; then
+job=$(S env TESSERA="$tessera" CONFIG="$tmp/cfg.toml" sbatch --parsable -N2 --exclude=${p}3 -o "$tmp/elastic.out" \
+  "$root/examples/slurm/elastic.sbatch" --set train.steps=1500 --set train.micro_batch=2 --set train.grad_accum=6 \
+  --set checkpoint.every=500 --set "checkpoint.dir=$tmp/elastic" --set "log.metrics=$tmp/elastic.jsonl")
+for _ in $(seq 600); do [ "$(steps_of "$tmp/elastic.jsonl")" -ge 200 ] && break; sleep 0.1; done
+bash "$slurm" kill-node ${p}2 >/dev/null
+wait_state "$job" 180 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL >/dev/null || true
+done_steps=$(grep '"loss"' "$tmp/elastic.jsonl" | grep -o '"step":[0-9]*' | sort -u | wc -l)
+if [ "$(field "$job" JobState)" = COMPLETED ] && [ "$done_steps" = 1500 ] && [ -f "$tmp/elastic/model.safetensors" ] &&
+   grep -q "1 worker(s) (was 2) at step .*left: ${p}2" "$tmp/elastic.out"; then
+  echo "ok   elastic job $job: ${p}2 killed, $(grep -m1 'resumed: step' "$tmp/elastic.out" | sed 's/^elastic: //'); all 1500 steps, COMPLETED"
+else fail "elastic under Slurm: job $(field "$job" JobState), $done_steps of 1500 steps"; grep -v '^step' "$tmp/elastic.out" | tail -8; fi
+fi
+
 exit $status

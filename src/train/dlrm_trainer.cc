@@ -423,24 +423,11 @@ Status DlrmTrainer::stop_on_signal(int step) {
   }
   const std::string dir = c_.checkpoint_dir + "/" + ckpt::step_dir_name(step);
   Status verified;
-  if (rank_ == 0) {
-    Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(dir);
-    if (!ck.ok()) verified = ck.status();
-    else if (ck->step() != step) verified = Status::IOError(fmt::format("{}: holds step {}, not {}", dir, ck->step(), step));
-    else verified = ck->verify();
-  }
+  if (rank_ == 0) verified = verify_stop_checkpoint(dir, step);
   RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
-  const double secs = seconds_since(t0);
-  const double since = seconds_since_signal(*stop_);  // this rank's signal, if it had one
-  say("stopped by %s after step %d of %d: checkpoint %s published and verified in %.2f s%s; resume with --resume "
-      "latest\n",
-      name, step, c_.steps, dir.c_str(), secs,
-      since >= 0 ? fmt::format(" ({:.2f} s after the signal)", since).c_str() : "");
-  metrics_.write({{"stopped_by", name},
-                  {"step", step},
-                  {"checkpoint", dir},
-                  {"save_and_verify_s", secs},
-                  {"signal_to_verified_s", since}});
+  const StopReport report = describe_stop(name, step, c_.steps, dir, seconds_since(t0), *stop_);
+  say("%s", report.line.c_str());
+  metrics_.write(report.record);
   summary_.checkpoint = dir;
   summary_.stopped_by = sig != 0 ? sig : -1;
   summary_.stopped_at = step;
@@ -478,7 +465,7 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
     if (!last) {
       ASSIGN_OR_RETURN(bool stop_now, stop_agreed());
       if (stop_now) {
-        RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));
+        if (logged > 0) RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));  // the steps since the last line
         RETURN_IF_ERROR(stop_on_signal(step + 1));
         return summary_;
       }

@@ -6,6 +6,10 @@
 #include <cstdio>
 #include <ctime>
 
+#include <fmt/format.h>
+
+#include "ckpt/checkpoint.h"
+
 namespace tessera {
 
 namespace {
@@ -43,6 +47,29 @@ double seconds_since_signal(const StopFlag& f) {
   struct timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<double>(int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec - at) / 1e9;
+}
+
+Status verify_stop_checkpoint(const std::string& dir, int64_t step) {
+  Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(dir);
+  if (!ck.ok()) return ck.status();
+  if (ck->step() != step) return Status::IOError(fmt::format("{}: holds step {}, not {}", dir, ck->step(), step));
+  return ck->verify();
+}
+
+StopReport describe_stop(const char* name, int step, int steps, const std::string& dir, double secs,
+                         const StopFlag& f) {
+  const double since = seconds_since_signal(f);
+  StopReport r;
+  r.line = fmt::format("stopped by {} after step {} of {}: checkpoint {} published and verified in {:.2f} s{}; resume "
+                       "with --resume latest\n",
+                       name, step, steps, dir, secs,
+                       since >= 0 ? fmt::format(" ({:.2f} s after the signal)", since) : std::string());
+  r.record = {{"stopped_by", name},
+              {"step", step},
+              {"checkpoint", dir},
+              {"save_and_verify_s", secs},
+              {"signal_to_verified_s", since}};
+  return r;
 }
 
 const char* stop_signal_name(int sig) {

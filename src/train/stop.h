@@ -11,6 +11,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
 
 namespace tessera {
 
@@ -39,5 +44,19 @@ StopFlag& install_stop_signals();
 
 // "SIGUSR1", "SIGTERM", "signal N".
 const char* stop_signal_name(int sig);
+
+// Rank 0's check of the checkpoint a stop published: DIR opens, holds
+// `step`, and every file reads back against its hashes.
+Status verify_stop_checkpoint(const std::string& dir, int64_t step);
+
+// What a stop reports: the console line (with its newline) and the metrics
+// record. `secs`: the save and its check; the time since the signal comes
+// from `f` (this rank's signal, when it had one).
+struct StopReport {
+  std::string line;
+  nlohmann::json record;
+};
+StopReport describe_stop(const char* name, int step, int steps, const std::string& dir, double secs,
+                         const StopFlag& f);
 
 }  // namespace tessera

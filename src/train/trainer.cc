@@ -999,22 +999,11 @@ Result<TrainSummary> Trainer::stop_on_signal(int step) {
   // the others wait for the verdict, so no rank exits before it is known.
   Status verified;
   const std::string dir = (std::filesystem::path(c_.checkpoint_dir) / ckpt::step_dir_name(step)).string();
-  if (rank_ == 0) {
-    Result<ckpt::Checkpoint> ck = ckpt::Checkpoint::open(dir);
-    verified = ck.ok() ? ck->verify() : ck.status();
-  }
+  if (rank_ == 0) verified = verify_stop_checkpoint(dir, step);
   RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double since = seconds_since_signal(*stop_);  // this rank's signal, if it had one
-  say("stopped by %s after step %d of %d: checkpoint %s published and verified in %.2f s%s; resume with --resume "
-      "latest\n",
-      name, step, c_.steps, dir.c_str(), secs,
-      since >= 0 ? fmt::format(" ({:.2f} s after the signal)", since).c_str() : "");
-  metrics_.write({{"stopped_by", name},
-                  {"step", step},
-                  {"checkpoint", dir},
-                  {"save_and_verify_s", secs},
-                  {"signal_to_verified_s", since}});
+  const StopReport report = describe_stop(name, step, c_.steps, dir, std::chrono::duration<double>(Clock::now() - t0).count(), *stop_);
+  say("%s", report.line.c_str());
+  metrics_.write(report.record);
   summary_.stopped_by = sig != 0 ? sig : -1;
   summary_.stopped_at = step;
   return summary_;

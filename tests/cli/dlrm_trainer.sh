@@ -128,6 +128,35 @@ assert not bad, bad
 assert all(a[s] == full[s] for s in a), "the killed run's own steps differ"
 print("ok   kill -9 at step 12, resumed at step", resumed, ": 20 losses identical")
 EOF
+
+# --- SIGUSR1 (issue #32: a Slurm time limit's warning): the run saves the
+# step in progress, verifies it, exits 75; --resume auto goes on from it and
+# the losses are the uninterrupted run's.
+long=(--set train.steps=3000 --set checkpoint.every=1000 --set log.every=1 --set train.eval_every=0)
+"$tessera" train --config cfg.toml "${long[@]}" --set checkpoint.dir=ufull --set log.metrics=ufull.jsonl >ufull.log 2>&1 ||
+  { cat ufull.log; exit 1; }
+"$tessera" train --config cfg.toml "${long[@]}" --set checkpoint.dir=usr1 --set log.metrics=u1.jsonl --resume auto \
+  >u1.log 2>&1 &
+pid=$!
+for _ in $(seq 3000); do grep -q '"step":5,' u1.jsonl 2>/dev/null && break; sleep 0.01; done
+kill -USR1 $pid; rc=0; wait $pid || rc=$?; pid=""
+stopped=$(grep -o 'stopped by SIGUSR1 after step [0-9]*' u1.log | grep -o '[0-9]*$')
+[ $rc -eq 75 ] && [ -n "$stopped" ] && grep -q "published and verified" u1.log ||
+  { cat u1.log; echo "FAIL: SIGUSR1: exit $rc, no verified stop"; exit 1; }
+"$tessera" train --config cfg.toml "${long[@]}" --set checkpoint.dir=usr1 --set log.metrics=u2.jsonl --resume auto \
+  >u2.log 2>&1 || { cat u2.log; exit 1; }
+grep -q "resumed from .*step-0*$stopped at step $stopped" u2.log || { cat u2.log; echo "FAIL: did not resume at $stopped"; exit 1; }
+python3 - <<'EOF'
+import json
+def losses(f):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(f)) if "loss" in r}
+full, a, b = losses("ufull.jsonl"), losses("u1.jsonl"), losses("u2.jsonl")
+got = dict(a); got.update(b)
+assert sorted(got) == sorted(full) == list(range(1, 3001)), (len(got), len(full))
+bad = [s for s in full if got[s] != full[s]]
+assert not bad, bad[:5]
+print(f"ok   SIGUSR1 after step {max(a)}: verified checkpoint, exit 75, --resume auto: 3000 losses identical")
+EOF
 cmp full/step-00000020/shard-00000.safetensors kill/step-00000020/shard-00000.safetensors
 echo "ok   the final checkpoints are identical (weights, tables, Adagrad and AdamW state)"
 echo PASS

@@ -32,7 +32,7 @@ slurm="$root/scripts/slurm.sh"
 job_script="$root/examples/slurm/train.sbatch"
 tmp=$(mktemp -d)
 p=sl$$
-trap 'bash "$cluster" down --prefix $p >/dev/null 2>&1; rm -rf "$tmp"' EXIT
+trap 'bash "$cluster" down --prefix $p >/dev/null 2>&1; [ -n "${SLURM_TRAIN_KEEP:-}" ] || rm -rf "$tmp"' EXIT
 source "$tests/cli/dp_common.inc"
 status=0
 fail() { echo "FAIL $*"; status=1; }

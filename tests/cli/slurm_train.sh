@@ -14,6 +14,8 @@
 #     (srun --mpi=none).
 #  6. (run before 5) The script `tessera plan --emit-sbatch` writes for
 #     examples/clusters/this-machine-netns-1g.toml runs unchanged.
+#  8. (before 5) DLRM as an sbatch job on 2 hosts, stopped by USR1,
+#     requeued, completed.
 #  7. (after 5) Elastic training: an agent per node by srun; a node killed,
 #     the other trains on and the job COMPLETES.
 #  5. A node lost (kill -9 of its slurmd and ranks): the job fails within
@@ -22,7 +24,9 @@
 #     resumes from `latest` by resharding and trains as a run of that
 #     layout from the same checkpoint.
 # Slurm holds a requeued job for two minutes (EligibleTime = requeue + 121
-# s); the test releases it at once with `scontrol update StartTime=now`.
+# s); the test releases it with `scontrol update StartTime=now` a second
+# after the requeue (in the same second the start fails: "Job credential
+# revoked").
 set -uo pipefail
 tessera=$(readlink -f "$1"); tests=$2
 source "$tests/cli/netns_common.inc"  # $root, $cluster; SKIP without namespaces
@@ -50,14 +54,22 @@ submit() {
 }
 field() { S scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
 # wait_state JOB SECONDS STATE...: until the job is in one of the states.
+declare -A released  # job -> the restart count whose hold was released
 wait_state() {
   local job=$1 secs=$2 st want; shift 2
   for _ in $(seq $((secs * 5))); do
     st=$(field "$job" JobState)
     for want in "$@"; do [ "$st" = "$want" ] && return 0; done
-    # A requeued job is held two minutes: release it.
+    # A requeued job is held two minutes: release it, once per requeue and
+    # a second after it (a start in the second of the requeue fails: "Job
+    # credential revoked", as the old attempt's credentials are revoked by
+    # time). StartTime=now, not now+N: the update itself runs the scheduler.
     if [ "$st" = PENDING ] && [ "$(field "$job" Reason)" = BeginTime ]; then
-      S scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
+      local r; r=$(field "$job" Restarts)
+      if [ "${released[$job]:-}" != "$r" ]; then
+        sleep 1.1
+        S scontrol update JobId="$job" StartTime=now >/dev/null 2>&1 && released[$job]=$r
+      fi
     fi
     sleep 0.2
   done
@@ -175,6 +187,45 @@ layout=$(grep -m1 '^layout:' "$out" 2>/dev/null)
 if [ "$(field "$job" JobState)" = COMPLETED ] && [ -n "$layout" ] && [ "$(steps_of "$tmp/planned/metrics.$job.0.jsonl")" -gt 0 ]; then
   echo "ok   plan --emit-sbatch (this-machine-netns-1g.toml): job $job COMPLETED unchanged on $(field "$job" NodeList): $(grep -m1 '^#   dp=' "$tmp/plan.sbatch" | cut -c5-60); $layout"
 else fail "plan --emit-sbatch job $job: $(field "$job" JobState)"; tail -5 "$out" 2>/dev/null; fi
+fi
+
+# --- 8. DLRM as an sbatch job (examples/slurm/dlrm.sbatch) on 2 hosts, the
+# tables split by rows; stopped once by USR1, requeued, completed.
+if only 8; then
+mkdir -p "$tmp/dlrm"
+( cd "$tmp/dlrm" &&
+  "$tessera" synth clicks --rows 6000 --tables 5 --cardinality 40 --crosses 0 --out c.tsv >/dev/null &&
+  "$tessera" prepare --format criteo --tables 5 --hash-size 300 --input c.tsv --out s >/dev/null ) || fail "dlrm data"
+cat >"$tmp/dlrm/cfg.toml" <<EOF
+[model]
+kind = "dlrm"
+embedding_dim = 8
+bottom = [16, 8]
+top = [16]
+[data]
+train = "$tmp/dlrm/s/train.bin"
+val = "$tmp/dlrm/s/val.bin"
+[train]
+batch = 64
+steps = 3000
+seed = 5
+eval_every = 0
+[checkpoint]
+every = 1000
+dir = "$tmp/dlrm/ck"
+[log]
+every = 1
+EOF
+job=$(S env TESSERA="$tessera" CONFIG="$tmp/dlrm/cfg.toml" PLACEMENT=row LOG_DIR="$tmp/dlrm" sbatch --parsable -N2 \
+  --exclude=${p}3 -o "$tmp/dlrm.out" "$root/examples/slurm/dlrm.sbatch")
+for _ in $(seq 600); do [ "$(steps_of "$tmp/dlrm/metrics.$job.0.jsonl")" -ge 20 ] && break; sleep 0.1; done
+S scancel --signal=USR1 "$job"
+wait_state "$job" 180 COMPLETED FAILED CANCELLED TIMEOUT >/dev/null || true
+done_steps=$(cat "$tmp"/dlrm/metrics.$job.*.jsonl 2>/dev/null | grep '"loss"' | grep -o '"step":[0-9]*' | sort -u | wc -l)
+if [ "$(field "$job" JobState)" = COMPLETED ] && [ "$(field "$job" Restarts)" = 1 ] && [ "$done_steps" = 3000 ] &&
+   grep -q "published and verified" "$tmp/dlrm.out"; then
+  echo "ok   DLRM job $job on 2 hosts (row placement): $(grep -o 'stopped by SIGUSR1 after step [0-9]*' "$tmp/dlrm.out"), requeued, all 3000 steps, COMPLETED"
+else fail "DLRM under Slurm: job $(field "$job" JobState), $(field "$job" Restarts) restarts, $done_steps of 3000 steps"; grep -vE '^step' "$tmp/dlrm.out" | tail -8; fi
 fi
 
 if only 5; then

@@ -100,16 +100,18 @@ paste <(losses "$tmp/ref.jsonl") <(all_losses whole) | awk '
   END { if (n != 20 || bad) { printf "FAIL sbatch dp=3 x pp=2 vs one rank: %d steps, worst %.2e\n", n, w; exit 1 }
         printf "ok   sbatch dp=3 x pp=2 over 3 hosts vs one rank: 20 steps, worst relative difference %.2e\n", w }' || status=1
 
-# Steps for the runs that are stopped: about 40 s of training here (the
-# time limit's signal comes up to 30 s into a job), 2000 at least.
-step_ms=$(grep '"step_ms"' "$tmp"/whole/metrics.*.jsonl | tail -10 | sed 's/.*"step_ms":\([0-9.eE+-]*\).*/\1/' | awk '{ s += $1; n++ } END { print (n ? s / n : 10) }')
-steps=$(awk -v ms="$step_ms" 'BEGIN { n = int(40000 / ms); if (n < 2000) n = 2000; if (n > 40000) n = 40000; print n }')
-echo "     stopped runs: $steps steps (${step_ms} ms a step under Slurm)"
-long=(--set "train.steps=$steps" --set train.warmup=2)
-
 if only 2 || only 3; then
+# Steps for the runs that are stopped (dp=3, one rank per host): about 40 s
+# of training here (the time limit's signal comes up to 30 s into a job),
+# 2000 at least, from a 300-step job's step time.
+job=$(submit cal -N3 --ntasks-per-node=1 -- --set train.steps=300)
+wait_state "$job" 120 COMPLETED FAILED CANCELLED TIMEOUT >/dev/null || fail "calibration job"
+step_ms=$(grep '"step_ms"' "$tmp"/cal/metrics.*.jsonl | tail -200 | sed 's/.*"step_ms":\([0-9.eE+-]*\).*/\1/' | sort -g | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 10) }')
+steps=$(awk -v ms="$step_ms" 'BEGIN { n = int(40000 / ms); if (n < 2000) n = 2000; if (n > 40000) n = 40000; print n }')
+echo "     stopped runs: $steps steps (${step_ms} ms a step, dp=3 under Slurm)"
+long=(--set "train.steps=$steps" --set train.warmup=2)
 # The uninterrupted job the stopped ones must equal, step for step.
-job=$(PP=2 submit full -N3 --ntasks-per-node=2 -- "${long[@]}")
+job=$(submit full -N3 --ntasks-per-node=1 -- "${long[@]}")
 wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT || fail "uninterrupted job"
 [ "$(steps_of "$(ls "$tmp"/full/metrics.*.jsonl | head -1)")" = "$steps" ] || fail "uninterrupted job: $(field "$job" JobState), not $steps steps"
 
@@ -117,7 +119,7 @@ fi
 
 if only 2; then
 # --- 2. scancel --signal=USR1 at random steps, five times in a row.
-job=$(PP=2 submit sig -N3 --ntasks-per-node=2 -- "${long[@]}")
+job=$(submit sig -N3 --ntasks-per-node=1 -- "${long[@]}")
 for k in 0 1 2 3 4; do
   f="$tmp/sig/metrics.$job.$k.jsonl"
   want=$((RANDOM % 40 + 5))  # steps of this attempt before the signal
@@ -141,7 +143,7 @@ fi
 
 if only 3; then
 # --- 3. A time limit, the signal asked for before it.
-job=$(PP=2 submit limit -N3 --ntasks-per-node=2 --time=1 --signal=USR1@55 -- "${long[@]}")
+job=$(submit limit -N3 --ntasks-per-node=1 --time=1 --signal=USR1@55 -- "${long[@]}")
 wait_state "$job" 400 COMPLETED FAILED CANCELLED TIMEOUT || true
 if [ "$(field "$job" JobState)" = COMPLETED ] && [ "$(field "$job" Restarts)" -ge 1 ] && cmp -s <(all_losses full) <(all_losses limit); then
   echo "ok   --time=1 --signal=USR1@55: $(field "$job" Restarts) requeue(s) before the limit, $steps losses identical to the uninterrupted job"

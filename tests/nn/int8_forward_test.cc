@@ -1,11 +1,14 @@
 // The INT8 CPU tier of the model (GPT::quantize_int8): the ragged forward
 // with int8 matmuls against the same model in fp32 (the oracle of what
 // quantization may change), on the committed PyTorch tiny GPT-2.
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include "io/safetensors.h"
 #include "nn/gpt.h"
@@ -66,8 +69,11 @@ TEST(Int8Forward, CloseToFp32AndMostlyTheSameArgmax) {
 TEST(Int8Forward, FileRoundTrip) {
   auto q = tiny();
   ASSERT_TRUE(q->quantize_int8().ok());
-  const std::string path = testing::TempDir() + "/tiny_int8.safetensors";
-  ASSERT_TRUE(save_int8(*q, path).ok());
+  // The process id in the name: isa.avx2 and isa.zen3_emulated run this test
+  // beside the plain one, in the same temporary folder.
+  const std::string path = testing::TempDir() + "/tiny_int8_" + std::to_string(::getpid()) + ".safetensors";
+  Status saved = save_int8(*q, path);
+  ASSERT_TRUE(saved.ok()) << saved.message();
   auto back = load_gpt2(path, nullptr, Backend::kCPU, ModelUse::kInference);
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_TRUE((*back)->int8());
@@ -84,6 +90,7 @@ TEST(Int8Forward, FileRoundTrip) {
   EXPECT_NE(f->find("lm_head.weight_scale"), nullptr);
   // An INT8 file cannot become a training model.
   EXPECT_FALSE(load_gpt2(path, nullptr, Backend::kCPU, ModelUse::kTraining).ok());
+  std::remove(path.c_str());
 }
 
 // Giving the fp32 matmul weights back changes no logit of the INT8 model

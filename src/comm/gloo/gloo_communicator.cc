@@ -1,9 +1,12 @@
 #include "comm/gloo/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -382,6 +385,13 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(Store& store, const
                                                              const GlooConnect& connect) {
   if (size < 1 || rank < 0 || rank >= size)
     return Status::InvalidArgument(fmt::format("gloo: rank {} of size {}", rank, size));
+  // Gloo's transport threads write to peers with plain writev: a peer that
+  // left (what elastic training exists for) would raise SIGPIPE in one of
+  // them and end the process. Ignored process-wide, once, so the write fails
+  // with EPIPE and the collective reports it (GlooCommunicator.PeerGone...
+  // died of SIGPIPE under load in CI otherwise).
+  static std::once_flag sigpipe_ignored;
+  std::call_once(sigpipe_ignored, [] { ::signal(SIGPIPE, SIG_IGN); });
   const std::chrono::milliseconds connect_timeout =
       connect.timeout.count() > 0 ? connect.timeout : options.timeout;
   try {

@@ -317,10 +317,14 @@ PeakReference gpu_peak_reference(const std::optional<Profile>& profile, const st
   return r;
 }
 
+std::string profile_path(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("TESSERA_PROFILE");
+  return env ? env : "";
+}
+
 Result<std::optional<Profile>> find_profile(const std::string& flag) {
-  std::string path = flag;
-  if (path.empty())
-    if (const char* env = std::getenv("TESSERA_PROFILE")) path = env;
+  const std::string path = profile_path(flag);
   if (path.empty()) return std::optional<Profile>();
   ASSIGN_OR_RETURN(Profile p, load_profile(path));
   return std::optional<Profile>(std::move(p));

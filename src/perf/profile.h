@@ -90,7 +90,9 @@ PeakReference gpu_peak_reference(const std::optional<Profile>& profile, const st
                                  double fallback_tflops);
 
 // Where a profile comes from: `flag` (a --profile PATH or a config key) when
-// not empty, else $TESSERA_PROFILE, else none. Errors name the path.
+// not empty, else $TESSERA_PROFILE, else none (""). find_profile reads it;
+// errors name the path.
+std::string profile_path(const std::string& flag);
 Result<std::optional<Profile>> find_profile(const std::string& flag);
 
 }  // namespace tessera::perf

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -7,10 +8,9 @@
 #include <cstdlib>
 #include <thread>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <numeric>
-#include <algorithm>
-#include <functional>
 #include <optional>
 #include <vector>
 
@@ -145,6 +145,7 @@ class Trainer {
   Status check_memory_fits(const ModelShard& shard);
   Result<StepStats> step(int step);
   Status evaluate(int step);
+  Result<bool> start_save(int step);
   Status save(int step, bool stop, bool last);
   Result<TrainSummary> stop_on_signal(int step);
   void log(const StepStats& s);
@@ -865,22 +866,28 @@ void Trainer::report_save(const ckpt::PollResult& r) {
   }
 }
 
+// Starts the save of step `step` (false: the previous one is still being
+// written and checkpoint.on_busy is "skip"); its staging copy is a stall.
+Result<bool> Trainer::start_save(int step) {
+  // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
+  auto ts = Clock::now();
+  // Only a CUDA model's pieces can fail (a device copy); the ranks agree
+  // then, so none waits in the save's collectives for a failed one.
+  Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+  if (on_cuda_) RETURN_IF_ERROR(agree(made.status(), "could not copy its tensors for the checkpoint"));
+  RETURN_IF_ERROR(made.status());
+  const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
+  ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, *made, state));
+  add_stall(std::chrono::duration<double>(Clock::now() - ts).count());
+  return started;
+}
+
 // After step `step` (1-based): starts a save when one is due, then polls the
 // one in flight (waiting for it after the last step).
 Status Trainer::save(int step, bool stop, bool last) {
   if (!checkpointer_) return Status::OK();
   if (step % c_.checkpoint_every == 0 || stop) {
-    // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
-    auto ts = Clock::now();
-    // Only a CUDA model's pieces can fail (a device copy); the ranks agree
-    // then, so none waits in the save's collectives for a failed one.
-    Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
-    if (on_cuda_) RETURN_IF_ERROR(agree(made.status(), "could not copy its tensors for the checkpoint"));
-    RETURN_IF_ERROR(made.status());
-    const std::vector<ckpt::SavePiece>& pieces = *made;
-    const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
-    ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, pieces, state));
-    add_stall(std::chrono::duration<double>(Clock::now() - ts).count());
+    ASSIGN_OR_RETURN(bool started, start_save(step));
     if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step);
   }
   auto tp = Clock::now();
@@ -896,7 +903,7 @@ Status Trainer::save(int step, bool stop, bool last) {
 // emulated cluster's namespaces), so their cores are shared.
 Status Trainer::predict_plan() {
   PlanCheckJob j;
-  j.profile_path = !c_.profile.empty() ? c_.profile : (std::getenv("TESSERA_PROFILE") ? std::getenv("TESSERA_PROFILE") : "");
+  j.profile_path = perf::profile_path(c_.profile);
   Result<comm::LocalRank> local = comm::local_rank();
   j.ranks_per_host = local.ok() && local->size > 0 ? local->size : 1;
   j.hosts = world_.size() % j.ranks_per_host == 0 ? world_.size() / j.ranks_per_host : 1;
@@ -984,11 +991,7 @@ Result<TrainSummary> Trainer::stop_on_signal(int step) {
     ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
     report_save(r);
   }
-  Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
-  if (on_cuda_) RETURN_IF_ERROR(agree(made.status(), "could not copy its tensors for the checkpoint"));
-  RETURN_IF_ERROR(made.status());
-  const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
-  ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, *made, state));
+  ASSIGN_OR_RETURN(bool started, start_save(step));
   if (!started) return Status::Internal(fmt::format("the checkpoint of step {} did not start", step));
   ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
   report_save(r);

@@ -17,10 +17,13 @@
 #include "data/criteo.h"
 #include "io/file.h"
 #include "obs/http/metrics_exporter.h"
+#include "obs/link.h"
+#include "obs/process.h"
 #include "train/dlrm_checkpointing.h"
 #include "parallel/dlrm_parallel.h"
 #include "train/faults.h"
 #include "train/monitoring.h"
+#include "train/plan_check.h"
 #include "train/stop.h"
 
 namespace tessera {
@@ -93,6 +96,8 @@ class DlrmTrainer {
   Result<bool> stop_agreed();
   Status stop_on_signal(int step);
   Status log(int step, double loss_sum, int steps, double secs);
+  Status predict_plan(const DlrmConfig& mc);
+  Status report_plan_check();
   template <typename... Args>
   void say(const char* fmt, Args... args) {
     if (out_) {
@@ -121,6 +126,13 @@ class DlrmTrainer {
   DlrmParallel::Stats stats_prev_;  // at the last log()
   double train_s_ = 0.0;
   DlrmTrainSummary summary_;
+  // The planner's prediction (train/plan_check.h) and what it is checked
+  // against: each step's time, its all-to-all share, and the resident
+  // memory before the model was built.
+  std::optional<PlanPrediction> plan_;
+  std::vector<double> step_seconds_;
+  double train_alltoall_s_ = 0;  // of the training steps (evaluation's predict also sends)
+  double resident_before_model_ = 0;
 };
 
 Status DlrmTrainer::agree(Status mine, const char* what) {
@@ -219,6 +231,7 @@ Status DlrmTrainer::setup() {
   o.adagrad_eps = c_.dlrm.adagrad_eps;
   o.placement = c_.dlrm.placement;
   const auto t_init = Clock::now();
+  if (Result<obs::ProcessStats> ps = obs::read_process_stats(); ps.ok()) resident_before_model_ = ps->resident_bytes;
   {
     Result<std::unique_ptr<DlrmParallel>> made = DlrmParallel::create(mc, o, &world_, static_cast<uint64_t>(c_.seed));
     RETURN_IF_ERROR(agree(made.ok() ? Status::OK() : made.status(), "build its part of the model"));
@@ -236,6 +249,7 @@ Status DlrmTrainer::setup() {
       static_cast<long long>(train_->rows()), c_.train_data.c_str(),
       static_cast<long long>(val_ ? val_->rows() : 0), c_.dlrm.batch,
       static_cast<double>(c_.steps) * c_.dlrm.batch / static_cast<double>(train_->rows()), c_.steps);
+  RETURN_IF_ERROR(predict_plan(mc));
 
   if (!c_.resume.empty()) {
     const std::string path = c_.resume == "latest" ? c_.checkpoint_dir : c_.resume;
@@ -447,12 +461,15 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
     const auto t0 = Clock::now();
     const DlrmBatch& b = batch_.fill(*train_, s * B % train_->rows(), B, true);
     maybe_inject_fault(rank_, step);
+    const double a2a0 = engine_->stats().alltoall_s;
     ASSIGN_OR_RETURN(float loss, engine_->train_step(b));
+    train_alltoall_s_ += engine_->stats().alltoall_s - a2a0;
     if (!std::isfinite(loss))
       return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or train.table_lr", loss, step + 1));
     const double dt = seconds_since(t0);
     secs += dt;
     train_s_ += dt;
+    step_seconds_.push_back(dt);
     loss_sum += loss;
     logged++;
     summary_.steps = step + 1;
@@ -467,6 +484,7 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
       if (stop_now) {
         if (logged > 0) RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));  // the steps since the last line
         RETURN_IF_ERROR(stop_on_signal(step + 1));
+        RETURN_IF_ERROR(report_plan_check());
         return summary_;
       }
     }
@@ -485,7 +503,84 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
     if (r.state == ckpt::SaveState::kPublished)
       summary_.checkpoint = c_.checkpoint_dir + "/" + ckpt::step_dir_name(r.step);
   }
+  RETURN_IF_ERROR(report_plan_check());
   return summary_;
+}
+
+// The planner's step time, memory and all-to-all share for this job under
+// the placement the engine chose (every rank computes it; rank 0 says it).
+namespace {
+double link_gbps_of(float flag) {
+  const obs::LinkSpeed l = obs::detect_link_speed(flag);
+  return l.known() ? l.bytes_per_second * 8 / 1e9 : 0.0;
+}
+}  // namespace
+
+Status DlrmTrainer::predict_plan(const DlrmConfig& mc) {
+  ASSIGN_OR_RETURN(PlanCheckMachine machine, describe_run_machine(world_, c_.profile, link_gbps_of(c_.link_gbps)));
+  plan::DlrmJob job;
+  plan::DlrmSpec& m = job.model;
+  m.name = "this job's model";
+  m.num_dense = mc.num_dense;
+  m.dim = mc.dim;
+  m.bottom = mc.bottom;
+  m.top = mc.top;
+  m.table_rows.assign(mc.table_rows.begin(), mc.table_rows.end());
+  m.global_batch = c_.dlrm.batch;
+  m.table_optimizer = c_.dlrm.table_optimizer;
+  job.checkpoint_staging = !c_.checkpoint_dir.empty();
+  // The planner prices whole placements; a mixed plan ("auto" that split
+  // some tables) is priced as row-wise.
+  const DlrmPlan& dp = engine_->plan();
+  bool split = false;
+  for (int t = 0; t < static_cast<int>(mc.table_rows.size()); t++) split = split || dp.pieces(t) > 1;
+  const plan::DlrmPlacement placement = split ? plan::DlrmPlacement::kRow : plan::DlrmPlacement::kTable;
+  Result<PlanPrediction> p = predict_dlrm_for_run(machine, job, placement);
+  if (!p.ok()) {
+    say("plan: no prediction to check: %s\n", p.status().message().c_str());
+    return Status::OK();
+  }
+  plan_ = *p;
+  say("plan: predicted step %.2f ms (all-to-all %.0f%%), memory %.1f MB per rank, %s placement, on %s; held up by "
+      "%s\n",
+      p->step_s * 1e3, 100 * p->comm_share, p->mem_bytes / 1e6, plan::placement_name(placement), p->cluster.c_str(),
+      p->bottleneck.c_str());
+  metrics_.write({{"plan_step_ms", p->step_s * 1e3},
+                  {"plan_memory_mb", p->mem_bytes / 1e6},
+                  {"plan_comm_share", p->comm_share},
+                  {"plan_placement", plan::placement_name(placement)},
+                  {"plan_cluster", p->cluster}});
+  return Status::OK();
+}
+
+// Collective. The measured figures beside the prediction: the median step
+// after the first (first touches), the largest rank's peak resident memory
+// over its resident memory before the model was built, the mean
+// all-to-all share of the logged steps.
+Status DlrmTrainer::report_plan_check() {
+  if (!plan_ || step_seconds_.size() < 2) return Status::OK();
+  std::vector<double> steps(step_seconds_.begin() + 1, step_seconds_.end());
+  std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
+  const double step = steps[steps.size() / 2];
+  double mem = 0;
+  if (Result<obs::ProcessStats> ps = obs::read_process_stats(); ps.ok() && ps->peak_resident_bytes > 0)
+    mem = ps->peak_resident_bytes - resident_before_model_;
+  if (world_.size() > 1) RETURN_IF_ERROR(world_.all_reduce(&mem, &mem, 1, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  const double a2a = train_alltoall_s_ / std::max(train_s_, 1e-9);
+  say("plan check: step %.2f ms measured vs %.2f ms predicted (%s), memory %.1f vs %.1f MB per rank (%s), "
+      "all-to-all %.0f%% vs %.0f%% of the step\n",
+      step * 1e3, plan_->step_s * 1e3, plan_error(step, plan_->step_s).c_str(), mem / 1e6, plan_->mem_bytes / 1e6,
+      plan_error(mem, plan_->mem_bytes).c_str(), 100 * a2a, 100 * plan_->comm_share);
+  metrics_.write({{"plan_check_steps", steps.size()},
+                  {"measured_step_ms", step * 1e3},
+                  {"plan_step_ms", plan_->step_s * 1e3},
+                  {"step_error", (step - plan_->step_s) / plan_->step_s},
+                  {"measured_memory_mb", mem / 1e6},
+                  {"plan_memory_mb", plan_->mem_bytes / 1e6},
+                  {"memory_error", plan_->mem_bytes > 0 ? (mem - plan_->mem_bytes) / plan_->mem_bytes : 0.0},
+                  {"measured_comm_share", a2a},
+                  {"plan_comm_share", plan_->comm_share}});
+  return Status::OK();
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 #include "train/plan_check.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 
 #include <fmt/format.h>
 
+#include "comm/mpi/local_device.h"
+#include "perf/profile.h"
 #include "plan/cluster.h"
 #include "plan/estimate.h"
 #include "plan/hardware.h"
@@ -11,7 +16,36 @@
 
 namespace tessera {
 
-Result<PlanPrediction> predict_for_run(const PlanCheckJob& j) {
+Result<PlanCheckMachine> describe_run_machine(comm::Communicator& world, const std::string& profile,
+                                              double link_gbps) {
+  PlanCheckMachine m;
+  m.profile_path = perf::profile_path(profile);
+  Result<comm::LocalRank> local = comm::local_rank();
+  m.ranks_per_host = local.ok() && local->size > 0 ? local->size : 1;
+  m.hosts = world.size() % m.ranks_per_host == 0 ? world.size() / m.ranks_per_host : 1;
+  std::string boot;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) boot = buf;
+    std::fclose(f);
+  }
+  // max(h) == -max(-h) on every rank exactly when all ranks have the same h.
+  const uint64_t h = std::hash<std::string>{}(boot);
+  double ids[4] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu),
+                   -static_cast<double>(h >> 32), -static_cast<double>(h & 0xffffffffu)};
+  if (world.size() > 1)
+    RETURN_IF_ERROR(world.all_reduce(ids, ids, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  m.shared_host = m.hosts > 1 && ids[0] == -ids[2] && ids[1] == -ids[3];
+  // OpenMP's threads as the launcher set them; unset: the planner's own
+  // default, the host's cores over its ranks.
+  if (const char* t = std::getenv("OMP_NUM_THREADS")) m.threads_per_rank = std::max(0, std::atoi(t));
+  m.link_gbps = link_gbps;
+  return m;
+}
+
+namespace {
+
+Result<plan::Cluster> run_cluster(const PlanCheckMachine& j) {
   if (j.profile_path.empty())
     return Status::NotFound("no doctor profile (log.profile or TESSERA_PROFILE; `tessera doctor --save FILE` makes one)");
   ASSIGN_OR_RETURN(plan::NodeType node, plan::node_from_profile(j.profile_path));
@@ -32,6 +66,13 @@ Result<PlanPrediction> predict_for_run(const PlanCheckJob& j) {
     c.inter.busbw = gbps / 8.0 * 1e9 * 0.8;
     c.inter.alpha = 30e-6;
   }
+  return c;
+}
+
+}  // namespace
+
+Result<PlanPrediction> predict_for_run(const PlanCheckJob& j) {
+  ASSIGN_OR_RETURN(plan::Cluster c, run_cluster(j.machine));
   plan::ModelSpec m;
   m.name = "this job's model";
   m.family = j.model;
@@ -44,7 +85,7 @@ Result<PlanPrediction> predict_for_run(const PlanCheckJob& j) {
   m.global_batch = int64_t{j.dp} * j.micro_batch * j.grad_accum;
   plan::Job job{m, j.dtype, 0.0, j.checkpoint_every, false, j.bucket_mb, "flash"};
   plan::Layout l;
-  l.nodes = j.hosts;
+  l.nodes = j.machine.hosts;
   l.dp = j.dp, l.tp = j.tp, l.pp = j.pp, l.micro_batch = j.micro_batch, l.grad_accum = j.grad_accum, l.zero = j.zero;
   const plan::Estimate e = plan::estimate(job, c, l);
   if (!(e.step > 0)) return Status::Internal("the planner gave no step time for this layout");
@@ -53,6 +94,22 @@ Result<PlanPrediction> predict_for_run(const PlanCheckJob& j) {
   p.mem_bytes = e.mem_total;
   p.comm_share = (e.tp_comm + e.p2p + e.dp_exposed) / e.step;
   p.bubble_share = e.bubble / e.step;
+  p.cluster = c.str();
+  p.bottleneck = e.bottleneck();
+  return p;
+}
+
+Result<PlanPrediction> predict_dlrm_for_run(const PlanCheckMachine& machine, const plan::DlrmJob& job,
+                                            plan::DlrmPlacement placement) {
+  ASSIGN_OR_RETURN(plan::Cluster c, run_cluster(machine));
+  RETURN_IF_ERROR(job.model.validate());
+  const plan::DlrmEstimate e = plan::estimate_dlrm(job, c, placement, machine.hosts);
+  if (!e.fits) return Status::ResourceExhausted("the planner says this job does not fit: " + e.refusal);
+  if (!(e.step > 0)) return Status::Internal("the planner gave no step time for this job");
+  PlanPrediction p;
+  p.step_s = e.step;
+  p.mem_bytes = e.mem_total;
+  p.comm_share = e.alltoall / e.step;
   p.cluster = c.str();
   p.bottleneck = e.bottleneck();
   return p;

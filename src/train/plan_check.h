@@ -8,16 +8,30 @@
 
 #include <string>
 
+#include "comm/communicator.h"
 #include "core/status.h"
 #include "model/decoder.h"
+#include "plan/dlrm.h"
 
 namespace tessera {
 
-struct PlanCheckJob {
+// The machine a run is on, as the planner is told it.
+struct PlanCheckMachine {
   std::string profile_path;  // the doctor profile (log.profile or TESSERA_PROFILE); empty: none
   int hosts = 1, ranks_per_host = 1, threads_per_rank = 0;  // threads: 0 = cores / ranks per host
   bool shared_host = false;  // the hosts are one machine (the emulated cluster: one kernel, shared cores)
   double link_gbps = 0;      // between hosts; 0: unknown (10 assumed, and said)
+};
+
+// Collective: hosts = world size / local ranks; the hosts are one machine
+// when every rank has the same kernel boot id (the emulated cluster's
+// namespaces share cores); threads from OMP_NUM_THREADS as the launcher
+// set it. `profile` is log.profile (perf::profile_path's rule applies).
+Result<PlanCheckMachine> describe_run_machine(comm::Communicator& world, const std::string& profile,
+                                              double link_gbps);
+
+struct PlanCheckJob {
+  PlanCheckMachine machine;
   DecoderConfig model;
   int seq = 0, micro_batch = 1, grad_accum = 1, dp = 1, tp = 1, pp = 1, zero = 0;
   std::string dtype = "fp32";
@@ -34,6 +48,11 @@ struct PlanPrediction {
 // The planner's estimate for the job; an error (no profile, a profile the
 // planner cannot price) says why there is none.
 Result<PlanPrediction> predict_for_run(const PlanCheckJob& job);
+
+// The same for a DLRM job under its placement; comm_share is the
+// all-to-all's (the MLP all-reduce is timed inside the MLP part of a run).
+Result<PlanPrediction> predict_dlrm_for_run(const PlanCheckMachine& machine, const plan::DlrmJob& job,
+                                            plan::DlrmPlacement placement);
 
 // "+12.3%": measured against predicted.
 std::string plan_error(double measured, double predicted);

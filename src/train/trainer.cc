@@ -898,30 +898,11 @@ Status Trainer::save(int step, bool stop, bool last) {
 }
 
 // The planner's step time, memory and communication share for this job on
-// this machine's profile (every rank computes it; rank 0 says it). The
-// hosts are one machine when every rank has the same kernel boot id (the
-// emulated cluster's namespaces), so their cores are shared.
+// this machine's profile (every rank computes it; rank 0 says it).
 Status Trainer::predict_plan() {
   PlanCheckJob j;
-  j.profile_path = perf::profile_path(c_.profile);
-  Result<comm::LocalRank> local = comm::local_rank();
-  j.ranks_per_host = local.ok() && local->size > 0 ? local->size : 1;
-  j.hosts = world_.size() % j.ranks_per_host == 0 ? world_.size() / j.ranks_per_host : 1;
-  std::string boot;
-  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f)) boot = buf;
-    std::fclose(f);
-  }
-  const uint64_t h = std::hash<std::string>{}(boot);
-  double ids[4] = {static_cast<double>(h >> 32), static_cast<double>(h & 0xffffffffu),
-                   -static_cast<double>(h >> 32), -static_cast<double>(h & 0xffffffffu)};
-  RETURN_IF_ERROR(world_.all_reduce(ids, ids, 4, comm::ElemType::kF64, comm::ReduceOp::kMax));
-  j.shared_host = j.hosts > 1 && ids[0] == -ids[2] && ids[1] == -ids[3];
-  // OpenMP's threads as the launcher set them; unset: the planner's own
-  // default, the host's cores over its ranks.
-  if (const char* t = std::getenv("OMP_NUM_THREADS")) j.threads_per_rank = std::max(0, std::atoi(t));
-  j.link_gbps = link_.known() ? link_.bytes_per_second * 8 / 1e9 : 0.0;
+  ASSIGN_OR_RETURN(j.machine, describe_run_machine(world_, c_.profile,
+                                                   link_.known() ? link_.bytes_per_second * 8 / 1e9 : 0.0));
   j.model = mc_;
   j.seq = c_.seq, j.micro_batch = c_.micro_batch, j.grad_accum = c_.grad_accum;
   j.dp = c_.dp, j.tp = c_.tp, j.pp = c_.pp, j.zero = c_.zero;

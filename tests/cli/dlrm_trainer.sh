@@ -6,7 +6,7 @@
 # bit for bit (every step's loss and the final checkpoint's bytes equal an
 # uninterrupted run's).
 set -euo pipefail
-tessera=$1
+tessera=$1; tests=$2
 export OMP_NUM_THREADS=1  # runs share two cores with other tests
 tmp=$(mktemp -d); pid=""
 trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$tmp"' EXIT
@@ -156,6 +156,31 @@ assert sorted(got) == sorted(full) == list(range(1, 3001)), (len(got), len(full)
 bad = [s for s in full if got[s] != full[s]]
 assert not bad, bad[:5]
 print(f"ok   SIGUSR1 after step {max(a)}: verified checkpoint, exit 75, --resume auto: 3000 losses identical")
+EOF
+# --- The planner check (issue #32 item 7): with a doctor profile the run
+# prints and logs the planner's step, memory and all-to-all share for its
+# own model, and the measured ones beside them at the end (u1 above had no
+# profile: it says there is no prediction).
+grep -q "plan: no prediction to check: no doctor profile" u1.log || { cat u1.log; echo "FAIL: no-profile line"; exit 1; }
+"$tessera" train --config cfg.toml --set train.steps=30 --set train.eval_every=0 --set checkpoint.dir=pc \
+  --set log.metrics=pc.jsonl --set "log.profile=$tests/../docs/profiles/tessera-dev-epyc-2core.json" >pc.log 2>&1 ||
+  { cat pc.log; exit 1; }
+grep -q "^plan: predicted step .* table-wise placement" pc.log && grep -q "^plan check: step .* measured vs" pc.log ||
+  { cat pc.log; echo "FAIL: no planner check lines"; exit 1; }
+python3 - <<'EOF'
+import json
+recs = [json.loads(l) for l in open("pc.jsonl")]
+plan = [r for r in recs if "plan_cluster" in r]
+check = [r for r in recs if "step_error" in r]
+assert len(plan) == 1 and len(check) == 1, (plan, check)
+p, c = plan[0], check[0]
+assert p["plan_step_ms"] > 0 and p["plan_memory_mb"] > 0 and p["plan_placement"] == "table-wise", p
+assert c["plan_check_steps"] == 29, c                   # the first step is left out
+assert c["measured_step_ms"] > 0 and c["measured_memory_mb"] > 0, c
+assert abs(c["step_error"] - (c["measured_step_ms"] - c["plan_step_ms"]) / c["plan_step_ms"]) < 1e-9, c
+assert c["measured_comm_share"] == 0, c                 # one rank: no all-to-all
+print(f"ok   planner check: step {c['measured_step_ms']:.2f} vs {c['plan_step_ms']:.2f} ms, "
+      f"memory {c['measured_memory_mb']:.1f} vs {c['plan_memory_mb']:.1f} MB")
 EOF
 cmp full/step-00000020/shard-00000.safetensors kill/step-00000020/shard-00000.safetensors
 echo "ok   the final checkpoints are identical (weights, tables, Adagrad and AdamW state)"

@@ -15,7 +15,8 @@
 #  6. (run before 5) The script `tessera plan --emit-sbatch` writes for
 #     examples/clusters/this-machine-netns-1g.toml runs unchanged.
 #  8. (before 5) DLRM as an sbatch job on 2 hosts, stopped by USR1,
-#     requeued, completed.
+#     requeued, completed; each attempt checks the planner's prediction.
+#  9. (before 5) dp=2 x tp=2 on 2 hosts: its losses those of one rank.
 #  7. (after 5) Elastic training: an agent per node by srun; a node killed,
 #     the other trains on and the job COMPLETES.
 #  5. A node lost (kill -9 of its slurmd and ranks): the job fails within
@@ -49,7 +50,7 @@ submit() {
   local name=$1; shift
   local sb=() ; while [ $# -gt 0 ] && [ "$1" != -- ]; do sb+=("$1"); shift; done; [ $# -gt 0 ] && shift
   S env TESSERA="$tessera" CONFIG="$tmp/cfg.toml" LOG_DIR="$tmp/$name" GLOBAL_BATCH=12 MICRO_BATCH=2 \
-    ${PP:+PP=$PP} sbatch --parsable -o "$tmp/$name.out" "${sb[@]}" "$job_script" \
+    ${PP:+PP=$PP} ${TP:+TP=$TP} sbatch --parsable -o "$tmp/$name.out" "${sb[@]}" "$job_script" \
     --set "checkpoint.dir=$tmp/$name/ck" --set checkpoint.every=100000 "$@"
 }
 field() { S scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
@@ -217,6 +218,7 @@ every = 1000
 dir = "$tmp/dlrm/ck"
 [log]
 every = 1
+profile = "$root/docs/profiles/tessera-dev-epyc-2core.json"
 EOF
 job=$(S env TESSERA="$tessera" CONFIG="$tmp/dlrm/cfg.toml" PLACEMENT=row LOG_DIR="$tmp/dlrm" sbatch --parsable -N2 \
   --exclude=${p}3 -o "$tmp/dlrm.out" "$root/examples/slurm/dlrm.sbatch")
@@ -228,6 +230,25 @@ if [ "$(field "$job" JobState)" = COMPLETED ] && [ "$(field "$job" Restarts)" = 
    grep -q "published and verified" "$tmp/dlrm.out"; then
   echo "ok   DLRM job $job on 2 hosts (row placement): $(grep -o 'stopped by SIGUSR1 after step [0-9]*' "$tmp/dlrm.out"), requeued, all 3000 steps, COMPLETED"
 else fail "DLRM under Slurm: job $(field "$job" JobState), $(field "$job" Restarts) restarts, $done_steps of 3000 steps"; grep -vE '^step' "$tmp/dlrm.out" | tail -8; fi
+# Both attempts checked the planner, the first at its signal stop.
+if [ "$(grep -c '^plan: predicted step .* row-wise placement' "$tmp/dlrm.out")" = 2 ] &&
+   [ "$(grep -c '^plan check: step' "$tmp/dlrm.out")" = 2 ]; then
+  echo "ok   DLRM $(grep '^plan check:' "$tmp/dlrm.out" | tail -1)"
+else fail "DLRM under Slurm: no planner prediction and check in each attempt"; grep '^plan' "$tmp/dlrm.out"; fi
+fi
+
+# --- 9. Tensor parallelism under Slurm: tp=2 inside each of 2 hosts (srun's
+# block distribution puts consecutive ranks on a host, and tp is the
+# innermost dimension of the mesh), dp=2 across them; against one rank.
+if only 9; then
+job=$(TP=2 submit tp -N2 --ntasks-per-node=2 --exclude=${p}3 -- --set train.steps=20)
+if wait_state "$job" 180 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL && [ "$(field "$job" JobState)" = COMPLETED ] &&
+   grep -q "layout: dp=2 tp=2 pp=1" "$tmp/tp.out"; then
+  paste <(losses "$tmp/ref.jsonl") <(all_losses tp) | awk '
+    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r; if (r > 1e-5) bad = 1 }
+    END { if (n != 20 || bad) { printf "FAIL sbatch dp=2 x tp=2 vs one rank: %d steps, worst %.2e\n", n, w; exit 1 }
+          printf "ok   sbatch dp=2 x tp=2 over 2 hosts vs one rank: 20 steps, worst relative difference %.2e\n", w }' || status=1
+else fail "tp job $job: $(field "$job" JobState), $(grep -m1 layout "$tmp/tp.out")"; tail -5 "$tmp/tp.out"; fi
 fi
 
 if only 5; then

@@ -1007,7 +1007,10 @@ Status Trainer::finish() {
     checkpointer_.reset();
     mirror_ = CheckpointMirror{};
   }
-  RETURN_IF_ERROR(ddp_->check_parameters_identical());
+  // Agreed by the world, not only the data-parallel group: a pipeline
+  // stage whose replicas differ must not leave the other stages waiting in
+  // the gather below until their deadline.
+  RETURN_IF_ERROR(agree(ddp_->check_parameters_identical(), "found its data-parallel replicas differ"));
   summary_.weights_path = final_weights_path();
   return save_final_weights();
 }

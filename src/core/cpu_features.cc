@@ -50,7 +50,7 @@ CpuFeatures detect() {
   CpuFeatures f;
   unsigned a = 0, b = 0, c = 0, d = 0;
   unsigned max_leaf = __get_cpuid_max(0, nullptr);
-  if (__get_cpuid(1, &a, &b, &c, &d)) f.fma = (c >> 12) & 1;
+  if (__get_cpuid(1, &a, &b, &c, &d)) f.fma = (c >> 12) & 1, f.f16c = (c >> 29) & 1;
   if (max_leaf >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
     f.avx2 = (b >> 5) & 1;
@@ -72,7 +72,7 @@ CpuFeatures detect() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     xcr0 = (static_cast<uint64_t>(hi) << 32) | lo;
   }
-  if ((xcr0 & 0x6) != 0x6) f.avx2 = f.fma = f.avx_vnni = false;
+  if ((xcr0 & 0x6) != 0x6) f.avx2 = f.fma = f.f16c = f.avx_vnni = false;
   if ((xcr0 & 0xe6) != 0xe6) f.avx512f = f.avx512vl = f.avx512_vnni = f.avx512_bf16 = false;
   // DNNL_MAX_CPU_ISA.
   const uint32_t cap = isa_cap(&f.cap);

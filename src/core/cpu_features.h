@@ -16,6 +16,7 @@ struct CpuFeatures {
   std::string brand;        // "AMD EPYC ..." from cpuid's brand string
   bool avx2 = false;
   bool fma = false;
+  bool f16c = false;  // fp16 <-> fp32 conversions (vcvtph2ps)
   bool avx512f = false;
   bool avx512vl = false;     // AVX-512 instructions on 128/256-bit registers
   bool avx512_bf16 = false;  // bf16 dot products (vdpbf16ps)

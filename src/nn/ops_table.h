@@ -108,6 +108,8 @@ struct OpsTable {
   // bit for bit; null on CUDA (GPT::load_int8 refuses off the CPU).
   decltype(&cpu::quantize_weights_int8) quantize_weights_int8 = nullptr;
   decltype(&cpu::matmul_int8_forward) matmul_int8_forward = nullptr;
+  // The int4 tiers (ops.inc; kernels/q4.h): ref and cpu; null on CUDA.
+  decltype(&cpu::matmul_q4_forward) matmul_q4_forward = nullptr;
 };
 
 // ops.inc's attention_backward, which needs no `out`, as an AttentionBackwardFn.
@@ -145,6 +147,7 @@ inline int64_t full_attention_row_floats(int T, int /*hs*/) { return T; }
     .swiglu_forward = ns::swiglu_forward, .swiglu_backward = ns::swiglu_backward,  \
     .quantize_weights_int8 = ns::quantize_weights_int8,                            \
     .matmul_int8_forward = ns::matmul_int8_forward,                                \
+    .matmul_q4_forward = ns::matmul_q4_forward,                                    \
   }
 
 // A thunk with Fn's signature that adds the call's duration to op_times().
@@ -207,6 +210,7 @@ inline const OpsTable& ops_for(Backend b) {
       .swiglu_backward = Timed<cpu::swiglu_backward, OpKind::kElementwise>::call,
       .quantize_weights_int8 = cpu::quantize_weights_int8,
       .matmul_int8_forward = Timed<cpu::matmul_int8_forward, OpKind::kMatmul>::call,
+      .matmul_q4_forward = Timed<cpu::matmul_q4_forward, OpKind::kMatmul>::call,
   };
 #ifdef TESSERA_HAVE_CUDA
   // Attention through cuda::attention_impl() (flash unless

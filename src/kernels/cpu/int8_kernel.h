@@ -38,4 +38,11 @@ struct Int8KernelInfo {
 };
 Int8KernelInfo int8_kernel_info();
 
+// The 4-bit matmul (matmul_q4.cc) follows the same choice: kGeneric and
+// kAvx2 as forced, kVnni for Q4_0 where the CPU has it (Q4_K's products
+// take vpmaddubsw everywhere), and the best this CPU runs otherwise.
+Int8Kernel forced_int8_kernel();
+// "avx2 (vpmaddubsw, exact int32 block sums)" and the like, for the log.
+std::string q4_kernel_summary();
+
 }  // namespace tessera::cpu

@@ -337,6 +337,8 @@ Status set_int8_kernel(Int8Kernel k) {
   return Status::OK();
 }
 
+Int8Kernel forced_int8_kernel() { return g_forced.load(std::memory_order_relaxed); }
+
 Result<Int8Kernel> parse_int8_kernel(std::string_view name) {
   for (Int8Kernel k : {Int8Kernel::kAuto, Int8Kernel::kGeneric, Int8Kernel::kAvx2, Int8Kernel::kVnni,
                        Int8Kernel::kOneDnn})

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/precision.h"
+#include "kernels/q4_type.h"
 
 namespace tessera::cpu {
 #include "kernels/ops.inc"

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/precision.h"
+#include "kernels/q4_type.h"
 
 namespace tessera::cuda {
 #include "kernels/ops.inc"

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/precision.h"
+#include "kernels/q4_type.h"
 
 namespace tessera::ref {
 #include "kernels/ops.inc"

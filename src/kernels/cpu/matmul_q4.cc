@@ -1,0 +1,293 @@
+// The 4-bit matmul (ops.inc, matmul_q4_forward) on the CPU: llama.cpp's
+// Q4_0 x Q8_0 and Q4_K x Q8_K dot products, exact int32 per block, scaled
+// and summed in fp32 vector lanes.
+//
+// - Q4_0, avx2: the 4-bit codes minus 8 (-8..7) times the activation codes
+//   with vpmaddubsw on |w| and sign(w) * a (pair sums <= 2 x 8 x 127: no
+//   saturation), pairs into int32 with vpmaddwd.
+// - Q4_0, vnni: vpdpbusd on the unsigned codes (0..15) and the activation
+//   codes, then 8 x the block's code sum subtracted, in int32.
+// - Q4_K: vpmaddubsw on the unsigned codes and the activation codes (pair
+//   sums <= 2 x 15 x 127), then vpmaddwd by the sub-block's 6-bit scale:
+//   the super-block's sum_j sc_j sum q a in int32 lanes; the mins' term
+//   from the activations' sums of 32, in scalar int32.
+// - generic: the oracle's loops (CPUs without AVX2).
+//
+// A tile is R activation rows x K weight rows; every block of the K weight
+// rows is unpacked once for the R rows. One row (a decode step) takes 4
+// weight rows at a time; more rows take 2.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/cpu_features.h"
+#include "kernels/cpu/int8_kernel.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/q4.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+constexpr int kColumnBlock = 16;
+constexpr int kRowBlock = 64;
+
+struct Operands {
+  const int8_t* a;     // (N, C) activation codes
+  const float* xs;     // (N, C / act_block) their scales
+  const int32_t* sums; // (N, C / 32) their sums
+  const uint8_t* wq;   // (OC, row_bytes)
+  const float* bias;
+  float* out;
+  int C, OC;
+  int64_t rb;  // bytes of a weight row
+};
+
+uint16_t load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TESSERA_TARGET_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+
+TESSERA_TARGET_AVX2 inline float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 32 codes of a Q4_0 block (low nibbles then high), unsigned 0..15.
+TESSERA_TARGET_AVX2 inline __m256i unpack_q4_0(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// Q4_0 dot products of one block: AVX2 with signed codes, VNNI with
+// unsigned codes and the block's activation sum.
+TESSERA_TARGET_AVX2 inline __m256i q4_0_dot_avx2(__m256i wu, __m256i a, int32_t /*asum*/) {
+  const __m256i w = _mm256_sub_epi8(wu, _mm256_set1_epi8(8));
+  const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+TESSERA_TARGET_VNNI inline __m256i q4_0_dot_vnni(__m256i wu, __m256i a, int32_t asum) {
+  const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, a);
+  return _mm256_sub_epi32(p, _mm256_setr_epi32(8 * asum, 0, 0, 0, 0, 0, 0, 0));
+}
+
+#define TESSERA_Q4_0_TILE(NAME, TARGET, DOT)                                                              \
+  template <int R, int K>                                                                               \
+  TARGET void NAME(const Operands& p, int i0, int o0) {                                                 \
+    const int nb = p.C / 32;                                                                            \
+    __m256 acc[R][K];                                                                                   \
+    for (int r = 0; r < R; r++)                                                                         \
+      for (int k = 0; k < K; k++) acc[r][k] = _mm256_setzero_ps();                                      \
+    for (int b = 0; b < nb; b++) {                                                                      \
+      __m256i w[K];                                                                                     \
+      float d[K];                                                                                       \
+      for (int k = 0; k < K; k++) {                                                                     \
+        const uint8_t* y = p.wq + (o0 + k) * p.rb + static_cast<int64_t>(b) * q4::kQ4_0Bytes;           \
+        d[k] = _cvtsh_ss(load16(y));                                                                    \
+        w[k] = unpack_q4_0(y + 2);                                                                      \
+      }                                                                                                 \
+      for (int r = 0; r < R; r++) {                                                                     \
+        const int64_t i = i0 + r;                                                                       \
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.a + i * p.C + b * 32)); \
+        const float xs = p.xs[i * nb + b];                                                              \
+        const int32_t asum = p.sums[i * nb + b];                                                        \
+        for (int k = 0; k < K; k++)                                                                     \
+          acc[r][k] = _mm256_fmadd_ps(_mm256_set1_ps(d[k] * xs), _mm256_cvtepi32_ps(DOT(w[k], a, asum)), \
+                                      acc[r][k]);                                                       \
+      }                                                                                                 \
+    }                                                                                                   \
+    for (int r = 0; r < R; r++)                                                                         \
+      for (int k = 0; k < K; k++)                                                                       \
+        p.out[(i0 + r) * static_cast<int64_t>(p.OC) + o0 + k] =                                         \
+            hsum_ps(acc[r][k]) + (p.bias ? p.bias[o0 + k] : 0.0f);                                      \
+  }
+
+TESSERA_Q4_0_TILE(q4_0_avx2, TESSERA_TARGET_AVX2, q4_0_dot_avx2)
+TESSERA_Q4_0_TILE(q4_0_vnni, TESSERA_TARGET_VNNI, q4_0_dot_vnni)
+
+template <int R, int K>
+TESSERA_TARGET_AVX2 void q4_k_avx2(const Operands& p, int i0, int o0) {
+  const int nb = p.C / 256, ns = p.C / 32;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256 acc[R][K];
+  float macc[R][K];
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++) acc[r][k] = _mm256_setzero_ps(), macc[r][k] = 0.0f;
+  for (int b = 0; b < nb; b++) {
+    const uint8_t* y[K];
+    float d[K], dmin[K];
+    int sc[K][8], m[K][8];
+    for (int k = 0; k < K; k++) {
+      y[k] = p.wq + (o0 + k) * p.rb + static_cast<int64_t>(b) * q4::kQ4_KBytes;
+      d[k] = _cvtsh_ss(load16(y[k]));
+      dmin[k] = _cvtsh_ss(load16(y[k] + 2));
+      for (int j = 0; j < 8; j++) q4::scale_min(j, y[k] + 4, &sc[k][j], &m[k][j]);
+    }
+    for (int r = 0; r < R; r++) {
+      const int64_t i = i0 + r;
+      const int8_t* a = p.a + i * p.C + b * 256;
+      const int32_t* sums = p.sums + i * ns + 8 * b;
+      const float xs = p.xs[i * nb + b];
+      for (int k = 0; k < K; k++) {
+        __m256i isum = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[k] + 16 + 32 * q));
+          const __m256i lo = _mm256_and_si256(raw, low), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+          const __m256i alo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64 * q));
+          const __m256i ahi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64 * q + 32));
+          isum = _mm256_add_epi32(
+              isum, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, alo), _mm256_set1_epi16(static_cast<int16_t>(sc[k][2 * q]))));
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ahi),
+                                                          _mm256_set1_epi16(static_cast<int16_t>(sc[k][2 * q + 1]))));
+        }
+        int32_t msum = 0;
+        for (int j = 0; j < 8; j++) msum += m[k][j] * sums[j];
+        acc[r][k] = _mm256_fmadd_ps(_mm256_set1_ps(d[k] * xs), _mm256_cvtepi32_ps(isum), acc[r][k]);
+        macc[r][k] += (dmin[k] * xs) * static_cast<float>(msum);
+      }
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++)
+      p.out[(i0 + r) * static_cast<int64_t>(p.OC) + o0 + k] =
+          hsum_ps(acc[r][k]) - macc[r][k] + (p.bias ? p.bias[o0 + k] : 0.0f);
+}
+
+// Plain loops: the oracle's sums, for CPUs without AVX2.
+template <int R, int K>
+void generic_tile(const Operands& p, q4::Type t, int i0, int o0) {
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++) {
+      const int64_t i = i0 + r;
+      const int o = o0 + k;
+      const uint8_t* row = p.wq + o * p.rb;
+      float acc = 0.0f;
+      if (t == q4::Type::kQ4_0) {
+        for (int b = 0; b < p.C / 32; b++) {
+          const uint8_t* y = row + static_cast<int64_t>(b) * q4::kQ4_0Bytes;
+          const int8_t* a = p.a + i * p.C + b * 32;
+          int32_t isum = 0;
+          for (int j = 0; j < 16; j++) isum += ((y[2 + j] & 0xF) - 8) * a[j] + ((y[2 + j] >> 4) - 8) * a[j + 16];
+          acc += (q4::fp16_to_f32(load16(y)) * p.xs[i * (p.C / 32) + b]) * static_cast<float>(isum);
+        }
+      } else {
+        for (int b = 0; b < p.C / 256; b++) {
+          const uint8_t* y = row + static_cast<int64_t>(b) * q4::kQ4_KBytes;
+          const int8_t* a = p.a + i * p.C + b * 256;
+          int32_t isum = 0, msum = 0;
+          for (int j = 0; j < 8; j++) {
+            int sc, m;
+            q4::scale_min(j, y + 4, &sc, &m);
+            const uint8_t* q = y + 16 + 32 * (j / 2);
+            int32_t s = 0;
+            for (int l = 0; l < 32; l++) s += (j % 2 == 0 ? q[l] & 0xF : q[l] >> 4) * a[32 * j + l];
+            isum += sc * s;
+            msum += m * p.sums[i * (p.C / 32) + 8 * b + j];
+          }
+          const float xs = p.xs[i * (p.C / 256) + b];
+          acc += (q4::fp16_to_f32(load16(y)) * xs) * static_cast<float>(isum) -
+                 (q4::fp16_to_f32(load16(y + 2)) * xs) * static_cast<float>(msum);
+        }
+      }
+      p.out[i * p.OC + o] = acc + (p.bias ? p.bias[o] : 0.0f);
+    }
+}
+
+enum class Kind { kGeneric, kQ4_0Avx2, kQ4_0Vnni, kQ4_KAvx2 };
+
+Kind pick(q4::Type t) {
+  const CpuFeatures& f = cpu_features();
+  const Int8Kernel forced = forced_int8_kernel();
+  if (forced == Int8Kernel::kGeneric || !f.avx2 || !f.fma || !f.f16c) return Kind::kGeneric;
+  if (t == q4::Type::kQ4_K) return Kind::kQ4_KAvx2;
+  const bool vnni = f.avx512_vnni && f.avx512vl;
+  if (forced == Int8Kernel::kAvx2 || !vnni) return Kind::kQ4_0Avx2;
+  return Kind::kQ4_0Vnni;
+}
+
+template <int R, int K>
+void run_tile(Kind kind, q4::Type t, const Operands& p, int i, int o) {
+  switch (kind) {
+    case Kind::kQ4_0Avx2: q4_0_avx2<R, K>(p, i, o); break;
+    case Kind::kQ4_0Vnni: q4_0_vnni<R, K>(p, i, o); break;
+    case Kind::kQ4_KAvx2: q4_k_avx2<R, K>(p, i, o); break;
+    case Kind::kGeneric: generic_tile<R, K>(p, t, i, o); break;
+  }
+}
+
+void column_block(Kind kind, q4::Type t, const Operands& p, int i_begin, int i_end, int o_begin, int o_end) {
+  auto cover = [&](int i, auto wide, auto one, int K) {
+    int o = o_begin;
+    for (; o + K <= o_end; o += K) wide(kind, t, p, i, o);
+    for (; o < o_end; o++) one(kind, t, p, i, o);
+  };
+  int i = i_begin;
+  for (; i + 4 <= i_end; i += 4) cover(i, run_tile<4, 2>, run_tile<4, 1>, 2);
+  switch (i_end - i) {
+    case 1: cover(i, run_tile<1, 4>, run_tile<1, 1>, 4); break;
+    case 2: cover(i, run_tile<2, 2>, run_tile<2, 1>, 2); break;
+    case 3: cover(i, run_tile<3, 2>, run_tile<3, 1>, 2); break;
+    default: break;
+  }
+}
+
+struct ThreadState {
+  std::vector<int8_t> a;
+  std::vector<float> xs;
+  std::vector<int32_t> sums;
+};
+
+}  // namespace
+
+std::string q4_kernel_summary() {
+  auto name = [](Kind k) {
+    switch (k) {
+      case Kind::kQ4_0Avx2: return "avx2 (vpmaddubsw on |w| and sign(w)*a)";
+      case Kind::kQ4_0Vnni: return "vnni (vpdpbusd, less 8 x the block's code sum)";
+      case Kind::kQ4_KAvx2: return "avx2 (vpmaddubsw, then vpmaddwd by the 6-bit scales)";
+      case Kind::kGeneric: break;
+    }
+    return "generic (plain loops; no AVX2)";
+  };
+  return fmt::format("q4_0 {}, q4_k {}; exact int32 block sums", name(pick(q4::Type::kQ4_0)),
+                     name(pick(q4::Type::kQ4_K)));
+}
+
+void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type type, const float* bias, int N,
+                       int C, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  thread_local ThreadState st;
+  const int na = C / q4::act_block(type), ns = C / q4::kSubBlock;
+  st.a.resize(static_cast<size_t>(N) * C);
+  st.xs.resize(static_cast<size_t>(N) * na);
+  st.sums.resize(static_cast<size_t>(N) * ns);
+  int8_t* a = st.a.data();
+  float* xs = st.xs.data();
+  int32_t* sums = st.sums.data();
+#pragma omp parallel for schedule(static) if (N > 1)
+  for (int i = 0; i < N; i++)
+    q4::quantize_activations(type, inp + static_cast<int64_t>(i) * C, C, a + static_cast<int64_t>(i) * C,
+                             xs + static_cast<int64_t>(i) * na, sums + static_cast<int64_t>(i) * ns);
+  const Operands p{a, xs, sums, wq, bias, out, C, OC, q4::row_bytes(type, C)};
+  const Kind kind = pick(type);
+  const int cblocks = (OC + kColumnBlock - 1) / kColumnBlock;
+  const int rblocks = (N + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for collapse(2) schedule(static) if (int64_t{N} * OC * C > 65536)
+  for (int rb = 0; rb < rblocks; rb++)
+    for (int b = 0; b < cblocks; b++)
+      column_block(kind, type, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), b * kColumnBlock,
+                   std::min(OC, (b + 1) * kColumnBlock));
+}
+
+}  // namespace tessera::cpu

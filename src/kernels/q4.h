@@ -1,0 +1,78 @@
+// The 4-bit weight formats of the int4 tiers (docs/formats/int4.md):
+// llama.cpp's Q4_0 and Q4_K blocks, byte for byte, so that a GGUF file's
+// tensors of those types are these matrices as they are.
+//
+// A matrix (OC, C) is OC rows of C / block_elems(type) blocks, each row
+// row_bytes(type, C) bytes, rows one after another.
+//
+//   Q4_0, 32 weights in 18 bytes: d (fp16), then 16 bytes whose low nibble
+//   is weight j and high nibble weight j + 16; weight = (q - 8) * d.
+//   Q4_K, 256 weights in 144 bytes: d and dmin (fp16), 12 bytes packing a
+//   6-bit scale and a 6-bit min for each of 8 sub-blocks of 32, then 128
+//   bytes: for each pair of sub-blocks (2p, 2p + 1) 32 bytes, the low
+//   nibble in sub-block 2p, the high in 2p + 1; weight = d * sc * q -
+//   dmin * m.
+//
+// The matmul's activations are quantized per block too (ops.inc,
+// matmul_q4_forward): symmetric int8 with an fp32 scale, per 32 values for
+// Q4_0 and per 256 for Q4_K, with the code sums of every 32. Pure
+// functions: no state, callable from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/status.h"
+#include "kernels/q4_type.h"
+
+namespace tessera::q4 {
+
+constexpr int kQ4_0Elems = 32, kQ4_0Bytes = 18;
+constexpr int kQ4_KElems = 256, kQ4_KBytes = 144;
+constexpr int kSubBlock = 32;  // Q4_K's sub-blocks; the activation sums' span
+
+inline int block_elems(Type t) { return t == Type::kQ4_0 ? kQ4_0Elems : kQ4_KElems; }
+inline int block_bytes(Type t) { return t == Type::kQ4_0 ? kQ4_0Bytes : kQ4_KBytes; }
+// A row of C weights (C a multiple of block_elems).
+inline int64_t row_bytes(Type t, int64_t C) { return C / block_elems(t) * block_bytes(t); }
+inline bool fits(Type t, int64_t C) { return C > 0 && C % block_elems(t) == 0; }
+const char* type_name(Type t);  // "q4_0", "q4_k"
+
+// IEEE binary16 <-> fp32: the conversion up is exact; down rounds to the
+// nearest (ties to even), overflowing to infinity.
+float fp16_to_f32(uint16_t h);
+uint16_t f32_to_fp16(float f);
+
+// Q4_K's packed 6-bit scale and min of sub-block j (0..7).
+inline void scale_min(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// rows rows of C values (C a multiple of block_elems) into rows x
+// row_bytes(t, C) bytes. Q4_0: llama.cpp's rounding (d = the value of the
+// largest magnitude / -8). Q4_K: per sub-block a weighted least-squares
+// search for the scale and min (as llama.cpp's), then both quantized to 6
+// bits against the super-block's d and dmin.
+void quantize_rows(Type t, uint8_t* dst, const float* src, int64_t rows, int64_t C);
+// One row back to fp32: dst[c] = the weight the block holds.
+void dequantize_row(Type t, float* dst, const uint8_t* src, int64_t C);
+
+// The matmul's activations, one row of C values (ops.inc,
+// matmul_q4_forward): per act_block(t) values an fp32 scale max|x| / 127
+// (1 for zeros) and codes round(x / scale) in [-127, 127]; and the sum of
+// every 32 codes. codes: C, scales: C / act_block(t), sums: C / 32.
+inline int act_block(Type t) { return t == Type::kQ4_0 ? kQ4_0Elems : kQ4_KElems; }
+void quantize_activations(Type t, const float* x, int64_t C, int8_t* codes, float* scales, int32_t* sums);
+
+// One error line for a row's blocks that no quantizer writes (scales that
+// are not finite): GGUF files and int4 files are checked as they are read.
+Status check_row(Type t, const uint8_t* row, int64_t C);
+
+}  // namespace tessera::q4

@@ -116,12 +116,14 @@ int run_decode_bench(const DecodeArgs& args) {
     if (Status st = model.release_fp32_matmul_weights().status(); !st.ok()) return fail(st);
     std::fprintf(stderr, "int8 matmul: %s\n", cpu::int8_kernel_info().summary.c_str());
   }
+  if (Status st = apply_int4_dtype(model, a.dtype, "bench decode", true); !st.ok()) return fail(st);
   const int64_t rss_model = rss_bytes();
   // Bytes a decode step reads: the matmul weights (int8 when quantized) and
   // the norms; an untied model reads only B rows of its embedding table.
   const int64_t embed_bytes =
       a.model.tied_head ? 0 : static_cast<int64_t>(model.params().tensor(kWte).nbytes());
   const int64_t weight_bytes = a.dtype == "int8" ? model.int8_bytes()
+                               : model.int4()    ? model.q4_bytes()
                                                  : static_cast<int64_t>(model.params().bytes()) - embed_bytes;
   const int Vp = a.model.padded_vocab();
   std::fprintf(stderr,
@@ -187,7 +189,7 @@ int run_decode_bench(const DecodeArgs& args) {
         B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, B * a.prompt / prefill_s,
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
         rss_bytes() / 1e6, bandwidth / 1e9, triad / 1e9, omp_get_max_threads(),
-        a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : "");
+        a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : model.int4() ? cpu::q4_kernel_summary().c_str() : "");
     std::fflush(stdout);
   }
   return kExitOk;
@@ -214,8 +216,8 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--prompt", d->prompt, "prompt tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--tokens", d->tokens, "tokens decoded per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--block-size", d->block_size, "KV-cache block size (positions)")->check(CLI::PositiveNumber);
-  cmd->add_option("--dtype", d->dtype, "fp32, bf16, or int8 (the INT8 tier: matmul weights quantized)")
-      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
+  cmd->add_option("--dtype", d->dtype, "fp32, bf16, int8 (the INT8 tier: matmul weights quantized), int4 or int4k (Q4_0 or Q4_K blocks)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   add_int8_kernel_option(cmd, &d->int8_kernel);
   cmd->callback([d] { exit_code() = run_decode_bench(*d); });
 }

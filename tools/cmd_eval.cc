@@ -23,6 +23,11 @@ int run_eval(const EvalArgs& a) {
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  // The CPU tiers' matmuls (quality against fp32: docs/performance.md).
+  if (a.dtype == "int8") {
+    if (Status st = m.quantize_int8(); !st.ok()) return fail(st);
+  }
+  if (Status st = apply_int4_dtype(m, a.dtype, "eval", false); !st.ok()) return fail(st);
   auto tokens = data::read_shard(a.tokens);
   if (!tokens.ok()) return fail(tokens.status());
   // Every id against the vocabulary, named by its place in the file.
@@ -50,7 +55,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--seq", a->seq, "tokens per sequence (T); default: the model's context, at most 1024")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-batches", a->max_batches, "evaluate at most this many batches (0: all)");
-  cmd->add_option("--dtype", a->dtype, "matmul input precision")->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--dtype", a->dtype,
+                  "matmul precision: fp32, bf16, int8 (the INT8 tier), int4 (Q4_0 blocks) or int4k (Q4_K blocks)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   cmd->add_option("--layers", a->shape.layers, "model shape when there is no config.json");
   cmd->add_option("--heads", a->shape.heads, "model shape when there is no config.json");
   cmd->add_option("--dim", a->shape.channels, "model shape when there is no config.json");

@@ -48,8 +48,8 @@ int run_sample(const SampleArgs& a) {
   // the chunked CUDA output layer does not keep.
   if (a.no_cache && backend != Backend::kCPU)
     return fail(Status::InvalidArgument("--no-cache runs on the CPU only (--backend cpu)"));
-  if (a.dtype == "int8" && backend != Backend::kCPU)
-    return fail(Status::InvalidArgument("--dtype int8 is the CPU's INT8 tier (--backend cpu)"));
+  if ((a.dtype == "int8" || a.dtype == "int4" || a.dtype == "int4k") && backend != Backend::kCPU)
+    return fail(Status::InvalidArgument(fmt::format("--dtype {} is a CPU tier (--backend cpu)", a.dtype)));
   // int8: quantized tensor by tensor as the weights are read (an INT8 file
   // loads as one whatever --dtype says).
   auto model = load_gpt2(a.weights, nullptr, backend,
@@ -57,6 +57,7 @@ int run_sample(const SampleArgs& a) {
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  if (Status st = apply_int4_dtype(m, a.dtype, "sample", true); !st.ok()) return fail(st);
   const GPTConfig& cfg = m.config();
 
   // The model folder's tokenizer.json, else GPT-2 BPE for a GPT-2-sized
@@ -139,9 +140,9 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present (device 0)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--dtype", a->dtype, "matmul precision: fp32, bf16, or int8 (the CPU's INT8 tier)")
+  cmd->add_option("--dtype", a->dtype, "matmul precision: fp32, bf16, int8 (the CPU's INT8 tier), int4 or int4k (its 4-bit tiers: Q4_0, Q4_K blocks)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   add_int8_kernel_option(cmd, &a->int8_kernel);
   cmd->callback([a] { exit_code() = run_sample(*a); });
 }

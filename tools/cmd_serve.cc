@@ -98,6 +98,11 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
   // says; --dtype int8 quantizes an fp32 one.
   if (a.dtype == "int8" && !m.int8()) RETURN_IF_ERROR(m.quantize_int8());
+  // --dtype int4 / int4k: the fp32 model quantized into 4-bit blocks, its
+  // fp32 matmul weights then given back.
+  if ((a.dtype == "int4" || a.dtype == "int4k") && backend != Backend::kCPU)
+    return Status::InvalidArgument(fmt::format("--dtype {} is a CPU tier (--backend cpu)", a.dtype));
+  RETURN_IF_ERROR(apply_int4_dtype(m, a.dtype, "serve: " + id, true));
   // Both ways to INT8 ran the kernel's self-check (nn/int8_check.h).
   if (m.int8()) std::fprintf(stderr, "serve: %s: int8 matmul %s\n", id.c_str(), cpu::int8_kernel_info().summary.c_str());
   // The INT8 forward reads none of the fp32 matmul weights: their memory
@@ -119,7 +124,7 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
                                               : a.max_seqs * per_seq;
   // What stays resident: the fp32 tensors (their released pages aside) and
   // the INT8 matrices.
-  const double weights = static_cast<double>(m.params().bytes() - m.released_bytes() + m.int8_bytes()),
+  const double weights = static_cast<double>(m.params().bytes() - m.released_bytes() + m.int8_bytes() + m.q4_bytes()),
                kv = kv_blocks * block_bytes;
   const obs::MemoryLimit limit = obs::host_memory_limit();
   if (limit.bytes > 0 && weights + kv > limit.bytes)
@@ -247,7 +252,7 @@ int run_serve(const ServeArgs& a) {
     if (!reg.ok()) return fail_loading(reg.status());
     serve::RegistryCatalog::Options ro;
     ro.name = a.model;
-    ro.prefer_int8 = a.dtype == "int8";
+    ro.prefer = a.dtype == "int4k" ? "int4" : a.dtype;
     auto catalog = serve::RegistryCatalog::open(
         std::move(*reg), ro,
         [&a, backend, &registry](const std::string& path, const std::string& id) {
@@ -287,9 +292,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", a->port, "TCP port; 0 picks a free one (printed)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--dtype", a->dtype, "matmul precision; int8 quantizes the matmul weights at load (CPU)")
+  cmd->add_option("--dtype", a->dtype,
+                  "matmul precision; int8 quantizes the matmul weights at load (CPU), int4 and int4k into 4-bit "
+                  "blocks (Q4_0, Q4_K; CPU)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "int8"}));
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   cmd->add_option("--backend", a->backend, "cpu, or cuda where built and a GPU is present")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));

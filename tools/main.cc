@@ -7,6 +7,7 @@
 
 #include "core/try.h"
 #include "kernels/cpu/int8_kernel.h"
+#include "kernels/q4.h"
 #include "serve/http.h"
 #include "tools/commands.h"
 
@@ -54,6 +55,16 @@ void add_int8_kernel_option(CLI::App* cmd, std::string* name) {
 Status apply_int8_kernel(const std::string& name) {
   ASSIGN_OR_RETURN(cpu::Int8Kernel k, cpu::parse_int8_kernel(name));
   return cpu::set_int8_kernel(k).With("--int8-kernel");
+}
+
+Status apply_int4_dtype(GPT& model, const std::string& dtype, const std::string& who, bool release) {
+  q4::Type t;
+  if (!q4::dtype_type(dtype, &t) || model.int4()) return Status::OK();  // a 4-bit file is int4 as it is
+  ASSIGN_OR_RETURN(std::string made, model.quantize_q4(t));
+  std::fprintf(stderr, "%s: %s %s, %.1f MB; %s\n", who.c_str(), dtype.c_str(), made.c_str(), model.q4_bytes() / 1e6,
+               cpu::q4_kernel_summary().c_str());
+  if (release) RETURN_IF_ERROR(model.release_fp32_matmul_weights().status());
+  return Status::OK();
 }
 
 int fail(const Status& st) {

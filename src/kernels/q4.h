@@ -38,6 +38,13 @@ inline int block_bytes(Type t) { return t == Type::kQ4_0 ? kQ4_0Bytes : kQ4_KByt
 inline int64_t row_bytes(Type t, int64_t C) { return C / block_elems(t) * block_bytes(t); }
 inline bool fits(Type t, int64_t C) { return C > 0 && C % block_elems(t) == 0; }
 const char* type_name(Type t);  // "q4_0", "q4_k"
+// The --dtype names of the int4 tiers: "int4" is Q4_0, "int4k" Q4_K; false
+// for any other name.
+inline bool dtype_type(std::string_view dtype, Type* t) {
+  if (dtype == "int4") return *t = Type::kQ4_0, true;
+  if (dtype == "int4k") return *t = Type::kQ4_K, true;
+  return false;
+}
 
 // IEEE binary16 <-> fp32: the conversion up is exact; down rounds to the
 // nearest (ties to even), overflowing to infinity.

@@ -1,6 +1,7 @@
 #include "nn/gpt.h"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "core/try.h"
 #include "comm/communicator.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/q4.h"
 #include "nn/int8_check.h"
 #include "nn/kv_cache.h"
 #include "nn/vocab_parallel.h"
@@ -574,7 +576,7 @@ Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int 
     // gate and up in one gemm (fch keeps both for swiglu_backward).
     linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, 2 * Fl);
     ops_.swiglu_forward(a.fch_gelu, a.fch, N, Fl);
-  } else if (int8_) {
+  } else if (quantized()) {
     // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
     linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, Fl);
     ops_.gelu_forward(a.fch_gelu, a.fch, int64_t{N} * Fl);
@@ -606,7 +608,7 @@ void GPT::backward(float loss_scale) {
 
 Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss) {
   CHECK(slot >= 0 && slot < activation_slots() && B <= act_B_ && T <= act_T_);
-  if (fp32_released_ && !int8_) return Status::InvalidArgument("an INT8 model's matrices were never loaded");
+  if (fp32_released_ && !quantized()) return Status::InvalidArgument("an INT8 model's matrices were never loaded");
   SlotState& state = slot_state_[slot];
   state.B = B;
   state.T = T;
@@ -975,7 +977,7 @@ Status GPT::quantize_int8() {
 }
 
 Result<int64_t> GPT::release_fp32_matmul_weights() {
-  if (!int8_) return Status::InvalidArgument("the fp32 matmul weights are needed until the model is INT8");
+  if (!quantized()) return Status::InvalidArgument("the fp32 matmul weights are needed until the model is INT8 or int4");
   if (fp32_released_) return int64_t{0};  // already given back, or never allocated (kInt8Inference)
   const long page = sysconf(_SC_PAGESIZE);
   int64_t released = 0;
@@ -996,6 +998,7 @@ Result<int64_t> GPT::release_fp32_matmul_weights() {
 }
 
 Status GPT::load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill) {
+  if (q4_) return Status::InvalidArgument("the model is int4 already");
   if (device_ != Device::kCPU || use_ == ModelUse::kTraining || !whole() || !ops_.matmul_int8_forward)
     return Status::InvalidArgument(
         "INT8 weights are for a whole model loaded for inference on the CPU (the INT8 tier)");
@@ -1044,9 +1047,126 @@ int64_t GPT::int8_bytes() const {
   return n;
 }
 
+namespace {
+
+// The name of int4 matrix k (4 per layer, then the head) for messages.
+const char* q4_matrix_name(int k, int layers) {
+  static constexpr const char* kNames[4] = {"qkv", "attention projection", "MLP", "MLP projection"};
+  return k == 4 * layers ? "output" : kNames[k % 4];
+}
+
+}  // namespace
+
+Status GPT::check_q4_use() const {
+  if (device_ != Device::kCPU || use_ == ModelUse::kTraining || !whole() || !ops_.matmul_q4_forward)
+    return Status::InvalidArgument("int4 weights are for a whole model loaded for inference on the CPU");
+  if (int8_) return Status::InvalidArgument("the model is INT8 already");
+  if (q4_) return Status::InvalidArgument("the model is int4 already");
+  return Status::OK();
+}
+
+std::pair<int, int> GPT::matmul_shape(int k) const {
+  const int C = config_.channels;
+  if (k == 4 * local_layers_) return {config_.padded_vocab(), C};
+  const int shapes[4][2] = {{config_.qkv_dim(), C}, {C, config_.q_dim()}, {config_.fc_rows(), C}, {C, config_.ffn()}};
+  return {shapes[k % 4][0], shapes[k % 4][1]};
+}
+
+Result<std::string> GPT::quantize_q4(q4::Type type) {
+  RETURN_IF_ERROR(check_q4_use());
+  if (fp32_released_)
+    return Status::InvalidArgument("quantize_q4: the fp32 matmul weights were released or never loaded");
+  const ParamPtrs p = param_ptrs();
+  int counts[2] = {0, 0};
+  Status st = load_q4([&](int k, int OC, int K, Q4Matrix* m) -> Status {
+    const bool head = k == 4 * local_layers_;
+    m->type = q4::fits(type, K) ? type : q4::Type::kQ4_0;
+    if (!q4::fits(m->type, K))
+      return Status::InvalidArgument(fmt::format("int4 matrices take input channels in multiples of {}; this model's {} matmul has {}",
+                                                 q4::kQ4_0Elems, q4_matrix_name(k, local_layers_), K));
+    const float* src = config_.tied_head ? p[kWte] : p[kLmHead];
+    if (!head) {
+      const LayerParams l = layer_params(k / 4);
+      const float* per_layer[4] = {l.qkvw, l.attprojw, l.fcw, l.fcprojw};
+      src = per_layer[k % 4];
+    }
+    m->w.resize(static_cast<size_t>(OC) * q4::row_bytes(m->type, K));
+    // The head's padded rows (past vocab, and past wte's rows when tied)
+    // are zeros in the arena, as for INT8.
+    q4::quantize_rows(m->type, m->w.data(), src, OC, K);
+    counts[m->type == q4::Type::kQ4_K]++;
+    return Status::OK();
+  });
+  RETURN_IF_ERROR(st);
+  std::string line;
+  for (q4::Type t : {q4::Type::kQ4_K, q4::Type::kQ4_0})
+    if (counts[t == q4::Type::kQ4_K] > 0)
+      line += fmt::format("{}{}: {} matrices", line.empty() ? "" : ", ", q4::type_name(t),
+                          counts[t == q4::Type::kQ4_K]);
+  return line;
+}
+
+Status GPT::load_q4(const std::function<Status(int index, int OC, int C, Q4Matrix* m)>& fill) {
+  RETURN_IF_ERROR(check_q4_use());
+  auto q = std::make_shared<std::vector<Q4Matrix>>();
+  for (int k = 0; k < 4 * local_layers_ + 1; k++) {
+    const auto [OC, K] = matmul_shape(k);
+    Q4Matrix m;
+    try {
+      RETURN_IF_ERROR(fill(k, OC, K, &m));
+    } catch (const std::bad_alloc&) {
+      return Status::ResourceExhausted("not enough memory for the int4 weights");
+    }
+    const char* name = q4_matrix_name(k, local_layers_);
+    if (!q4::fits(m.type, K) || m.w.size() != static_cast<size_t>(OC) * q4::row_bytes(m.type, K))
+      return Status::InvalidArgument(fmt::format("int4 {} matrix {}: {} bytes of {} blocks for ({}, {})", name, k,
+                                                 m.w.size(), q4::type_name(m.type), OC, K));
+    if (!m.in_perm.empty()) {
+      if (m.in_perm.size() != static_cast<size_t>(K))
+        return Status::InvalidArgument(fmt::format("int4 {} matrix {}: an input permutation of {} columns for {}",
+                                                   name, k, m.in_perm.size(), K));
+      for (int32_t c : m.in_perm)
+        if (c < 0 || c >= K)
+          return Status::InvalidArgument(fmt::format("int4 {} matrix {}: input column {} out of range", name, k, c));
+    }
+    const int64_t rb = q4::row_bytes(m.type, K);
+    for (int o = 0; o < OC; o++)
+      RETURN_IF_ERROR(q4::check_row(m.type, m.w.data() + o * rb, K).With(fmt::format("int4 {} matrix {} row {}", name, k, o)));
+    q->push_back(std::move(m));
+  }
+  q4_ = std::move(q);
+  return Status::OK();
+}
+
+void GPT::for_each_q4(const std::function<void(int index, int OC, int C, const Q4Matrix& m)>& f) const {
+  if (!q4_) return;
+  for (size_t k = 0; k < q4_->size(); k++) {
+    const auto [OC, K] = matmul_shape(static_cast<int>(k));
+    f(static_cast<int>(k), OC, K, (*q4_)[k]);
+  }
+}
+
+int64_t GPT::q4_bytes() const {
+  if (!q4_) return 0;
+  int64_t n = 0;
+  for (const Q4Matrix& m : *q4_) n += static_cast<int64_t>(m.w.size());
+  return n;
+}
+
 void GPT::linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C,
                  int OC) const {
-  if (int8_) {
+  if (q4_) {
+    const Q4Matrix& m = (*q4_)[q];
+    if (!m.in_perm.empty()) {
+      // The stored matrix's column order (load_q4): gather the input.
+      thread_local std::vector<float> gathered;
+      gathered.resize(static_cast<size_t>(N) * C);
+      for (int64_t i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) gathered[i * C + c] = inp[i * C + m.in_perm[c]];
+      inp = gathered.data();
+    }
+    ops_.matmul_q4_forward(out, inp, m.w.data(), m.type, bias, N, C, OC);
+  } else if (int8_) {
     const Int8Weights::Matrix& m = int8_->m[q];
     ops_.matmul_int8_forward(out, inp, m.w.data(), m.scale.data(), bias, N, C, OC);
   } else {
@@ -1059,7 +1179,7 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   if (!shard_.first || !shard_.last || shard_.tp != 1)
     return Status::Unavailable(
         "forward_tokens runs the whole model on one rank (tensor and pipeline parallel inference are not built)");
-  if (fp32_released_ && !int8_) return Status::InvalidArgument("an INT8 model's matrices were never loaded");
+  if (fp32_released_ && !quantized()) return Status::InvalidArgument("an INT8 model's matrices were never loaded");
   if (!cache.fits(*this))
     return Status::InvalidArgument(fmt::format("the KV cache was made for another model than {}", config_.str()));
   const int N = static_cast<int>(batch.tokens.size());

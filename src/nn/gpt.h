@@ -50,10 +50,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
 #include "kernels/precision.h"
+#include "kernels/q4_type.h"
 #include "model/decoder.h"
 #include "nn/ops_table.h"
 #include "tensor/arena.h"
@@ -186,6 +188,37 @@ class GPT {
   Status load_int8(const std::function<Status(int index, int OC, int C, int8_t* w, float* scale)>& fill);
   void for_each_int8(const std::function<void(int index, int OC, int C, const int8_t* w, const float* scale)>& f)
       const;
+  // The int4 tiers (kernels/q4.h: llama.cpp's Q4_0 and Q4_K blocks): the
+  // same matrices as quantize_int8, in 4-bit blocks along the input
+  // channels, run by matmul_q4_forward. A Q4_K model's matrices whose input
+  // channels are not a multiple of 256 are Q4_0 (as llama.cpp falls back);
+  // input channels not a multiple of 32 are refused (InvalidArgument). The
+  // same conditions as quantize_int8; a model is INT8 or int4, not both.
+  // Returns a line naming the types used ("q4_k: 48 matrices, q4_0: 1").
+  Result<std::string> quantize_q4(q4::Type type);
+  bool int4() const { return q4_ != nullptr; }
+  // Quantized by either tier: the forward reads no fp32 matmul weight.
+  bool quantized() const { return int8_ != nullptr || q4_ != nullptr; }
+  // Bytes of the int4 blocks (0 before quantize_q4()).
+  int64_t q4_bytes() const;
+  // One int4 matrix as load_q4 takes it and for_each_q4 gives it: OC rows of
+  // q4::row_bytes(type, C) bytes. in_perm, when not empty, is a gather of
+  // the matmul's input columns (C entries: column c of the stored matrix
+  // multiplies input column in_perm[c]): a GGUF file's attention projection
+  // whose columns are in Hugging Face's head order where a 256-wide Q4_K
+  // block cannot be moved whole (nn/gguf_model.h).
+  struct Q4Matrix {
+    q4::Type type = q4::Type::kQ4_0;
+    std::vector<uint8_t> w;
+    std::vector<int32_t> in_perm;
+  };
+  // The int4 matrices by index, as load_int8's. load_q4 makes the model
+  // int4 from matrices that fill() writes (fill sets the type, sizes w and
+  // may set in_perm; a size that does not match is an error); the same
+  // conditions as quantize_q4(), and the blocks' scales are checked
+  // (q4::check_row). for_each_q4 reads them.
+  Status load_q4(const std::function<Status(int index, int OC, int C, Q4Matrix* m)>& fill);
+  void for_each_q4(const std::function<void(int index, int OC, int C, const Q4Matrix& m)>& f) const;
   Backend backend() const { return backend_; }
   Device device() const { return device_; }
 
@@ -360,11 +393,16 @@ class GPT {
   // output layer; null until quantized.
   struct Int8Weights;
   std::shared_ptr<const Int8Weights> int8_;
+  std::shared_ptr<const std::vector<Q4Matrix>> q4_;  // quantize_q4()'s or load_q4()'s, in the same order
   bool fp32_released_ = false;
   int64_t released_bytes_ = 0;
   // out (N,OC) = inp @ W^T + bias, in int8 when quantized (index: 4*l + k
   // for layer l's k-th matmul, 4*L for the head), else ops_.matmul_forward.
   void linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C, int OC) const;
+  // (OC, C) of matmul k in load_int8's order (4 per layer, then the head).
+  std::pair<int, int> matmul_shape(int k) const;
+  // Why this model cannot take int4 weights now (load_q4, quantize_q4).
+  Status check_q4_use() const;
   GradListener* listener_ = nullptr;
   Arena params_, grads_;
   Arena rope_;                        // rope_inv_freq() on the device

@@ -13,6 +13,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "io/file.h"
+#include "nn/gguf_model.h"
 #include "nn/gpt2_weights.h"
 #include "serve/registry.h"
 #include "core/progress.h"
@@ -127,6 +128,12 @@ int run_add(const RegistryArgs& a) {
     if (Status st = save_int8(m, staged->dir() + "/" + serve::kRegistryInt8File); !st.ok())
       return bar.interrupt(), fail(st);
     man.dtypes.push_back("int8");
+  } else if (a.quantize == "int4" || a.quantize == "int4k") {
+    bar.update(++step, "writing the int4 weights");
+    const GgufWeights w = a.quantize == "int4" ? GgufWeights::kQ4_0 : GgufWeights::kQ4_K;
+    if (Status st = save_gguf(m, staged->dir() + "/" + serve::kRegistryInt4File, w); !st.ok())
+      return bar.interrupt(), fail(st);
+    man.dtypes.push_back(a.quantize);
   } else {
     ++step;
   }
@@ -239,8 +246,10 @@ void add_registry_commands(CLI::App& app) {
   add->add_option("name", a->name, "the model's name")->required();
   add->add_option("--from", a->from, "a checkpoint folder, or a safetensors file with config.json beside it")
       ->required();
-  add->add_option("--quantize", a->quantize, "also store the INT8 weights (tessera quantize's form)")
-      ->check(CLI::IsMember({"int8"}));
+  add->add_option("--quantize", a->quantize,
+                  "also store the INT8 weights (tessera quantize's form), or the 4-bit ones as a GGUF file (int4: "
+                  "Q4_0, int4k: Q4_K)")
+      ->check(CLI::IsMember({"int8", "int4", "int4k"}));
   add->add_flag("--promote", a->promote, "promote the new version (the first version always is)");
   add_root_option(add, *a);
   add->callback([a] { exit_code() = run_add(*a); });

@@ -1228,7 +1228,21 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path_i
     return Status::NotFound(fmt::format("{}: no such file (a Hugging Face tokenizer.json, or a folder with one)",
                                         file.string()));
   ASSIGN_OR_RETURN(std::string bytes, read_json_file(file.string(), kMaxTokenizerBytes));
-  Ctx c{file.string(), options.fast_split};
+  // tokenizer_config.json beside it: the end-of-text id and decode's clean-up.
+  std::string cfg_bytes;
+  const fs::path cfg_path = file.parent_path() / "tokenizer_config.json";
+  if (fs::exists(cfg_path, ec)) {
+    ASSIGN_OR_RETURN(cfg_bytes, read_json_file(cfg_path.string(), kMaxTokenizerBytes));
+  }
+  std::string name = file.parent_path().filename().string();
+  if (name.empty()) name = "tokenizer.json";
+  return from_json(file.string(), name, bytes, cfg_path.string(), cfg_bytes, options);
+}
+
+Result<std::unique_ptr<HfTokenizer>> HfTokenizer::from_json(const std::string& path, const std::string& name,
+                                                            std::string_view bytes, const std::string& cfg_path,
+                                                            std::string_view cfg_bytes, const HfLoadOptions& options) {
+  Ctx c{path, options.fast_split};
   json j = json::parse(bytes, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::Corruption(fmt::format("{}: not valid JSON", c.file));
   if (!j.is_object()) return c.err("top level", "must be an object");
@@ -1236,9 +1250,8 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path_i
   auto tok = std::unique_ptr<HfTokenizer>(new HfTokenizer());
   tok->impl_ = std::make_unique<Impl>();
   Impl& im = *tok->impl_;
-  tok->path_ = file.string();
-  tok->name_ = file.parent_path().filename().string();
-  if (tok->name_.empty()) tok->name_ = "tokenizer.json";
+  tok->path_ = path;
+  tok->name_ = name;
 
   // Model.
   if (!j.contains("model")) return c.err("model", "missing");
@@ -1415,14 +1428,12 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path_i
     tok->id_bytes_[id] = std::move(t);
   }
 
-  // tokenizer_config.json beside it: the end-of-text id and decode's clean-up.
+  // The tokenizer config: the end-of-text id and decode's clean-up.
   json cfg = json::object();
-  const fs::path cfg_path = file.parent_path() / "tokenizer_config.json";
-  if (fs::exists(cfg_path, ec)) {
-    ASSIGN_OR_RETURN(std::string cfg_bytes, read_json_file(cfg_path.string(), kMaxTokenizerBytes));
+  if (!cfg_bytes.empty()) {
     cfg = json::parse(cfg_bytes, nullptr, false);
     if (cfg.is_discarded() || !cfg.is_object())
-      return Status::Corruption(fmt::format("{}: not a JSON object", cfg_path.string()));
+      return Status::Corruption(fmt::format("{}: not a JSON object", cfg_path));
     auto it = cfg.find("clean_up_tokenization_spaces");
     im.clean_up_spaces = it != cfg.end() && it->is_boolean() && it->get<bool>();
   }

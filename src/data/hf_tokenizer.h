@@ -62,6 +62,13 @@ class HfTokenizer : public Tokenizer {
   // (eot() below). NotFound when the file is missing; InvalidArgument or
   // Corruption, one line naming the file and the field, for anything else.
   static Result<std::unique_ptr<HfTokenizer>> load(const std::string& path, const HfLoadOptions& options = {});
+  // The same from text in memory: a tokenizer.json's bytes (path names it
+  // in messages; name is name()) and a tokenizer_config.json's (empty for
+  // none; cfg_path names it). data/gguf_vocab.h builds one from a GGUF
+  // file's vocabulary.
+  static Result<std::unique_ptr<HfTokenizer>> from_json(const std::string& path, const std::string& name,
+                                                        std::string_view bytes, const std::string& cfg_path,
+                                                        std::string_view cfg_bytes, const HfLoadOptions& options = {});
   ~HfTokenizer() override;
 
   // Tokenizer: ordinary text, no special tokens added or parsed

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/json_guard.h"
+#include "nn/gguf_model.h"
 #include "nn/hf_decoder.h"
 
 namespace tessera {
@@ -325,8 +326,10 @@ Status load_hf_weights(GPT& model, const io::SafetensorsFile& f) {
 
 Result<std::unique_ptr<GPT>> load_gpt2(const std::string& path, const GPTConfig* fallback, Backend backend,
                                        ModelUse use) {
-  // The Llama family's folders (config.json names the architecture).
+  // The Llama family's folders (config.json names the architecture), and
+  // GGUF files (llama.cpp's; nn/gguf_model.h).
   if (is_hf_decoder(path)) return load_hf_decoder(path, backend, use);
+  if (is_gguf(path)) return load_gguf(path, backend, use);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     ASSIGN_OR_RETURN(HfFolder folder, resolve_hf_folder(path));

@@ -7,9 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "core/try.h"
+#include "data/gguf_vocab.h"
 #include "data/hf_tokenizer.h"
 #include "io/json_guard.h"
+#include "io/gguf.h"
 #include "io/safetensors.h"
+#include "nn/gguf_model.h"
 
 namespace tessera::serve {
 
@@ -77,6 +80,45 @@ Status sampling_defaults(const nlohmann::json& j, const fs::path& file, Sampling
   return Status::OK();
 }
 
+Result<ModelAssets> gguf_assets(const io::GgufFile& f, const std::string& chat_template, int vocab) {
+  ModelAssets a;
+  ASSIGN_OR_RETURN(std::unique_ptr<data::HfTokenizer> tok, data::gguf_tokenizer(f));
+  if (tok->vocab_size() > vocab)
+    return Status::InvalidArgument(fmt::format("{}: the vocabulary has {} tokens but the model only {}", f.path(),
+                                               tok->vocab_size(), vocab));
+  a.source = fmt::format("the GGUF file's tokenizer ({} tokens)", tok->vocab_size());
+  std::string bos, eos;
+  std::set<int> stops;
+  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    if (!f.has(key)) continue;
+    ASSIGN_OR_RETURN(uint64_t id, f.get_uint(key));
+    if (id >= static_cast<uint64_t>(tok->vocab_size()))
+      return Status::InvalidArgument(fmt::format("{}: {} {} is outside the vocabulary", f.path(), key, id));
+    if (std::string_view(key).find("bos") != std::string_view::npos) {
+      bos = tok->token_text(static_cast<uint32_t>(id));
+    } else {
+      if (eos.empty()) eos = tok->token_text(static_cast<uint32_t>(id));
+      stops.insert(static_cast<int>(id));
+    }
+  }
+  std::string text;
+  if (!chat_template.empty()) {
+    ASSIGN_OR_RETURN(std::vector<std::byte> bytes, io::read_file(chat_template));
+    text.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    a.source += fmt::format(", chat template {}", chat_template);
+  } else if (f.has("tokenizer.chat_template")) {
+    ASSIGN_OR_RETURN(text, f.get_string("tokenizer.chat_template"));
+    a.source += ", its chat template";
+  }
+  if (!text.empty()) {
+    ASSIGN_OR_RETURN(data::ChatTemplate t, data::ChatTemplate::parse(text, bos, eos));
+    a.chat_template = std::make_shared<const data::ChatTemplate>(std::move(t));
+  }
+  a.tokenizer = std::move(tok);
+  a.stop_tokens.assign(stops.begin(), stops.end());
+  return a;
+}
+
 }  // namespace
 
 Result<ModelAssets> load_model_assets(const std::string& model_path, const std::string& tokenizer,
@@ -84,6 +126,11 @@ Result<ModelAssets> load_model_assets(const std::string& model_path, const std::
   ModelAssets a;
   const fs::path dir = folder_of(model_path);
   std::error_code ec;
+  // A GGUF file brings its own vocabulary, chat template and end ids.
+  if (tokenizer.empty() && fs::is_regular_file(model_path, ec) && is_gguf(model_path)) {
+    ASSIGN_OR_RETURN(io::GgufFile f, io::GgufFile::open(model_path));
+    if (data::gguf_has_vocab(f)) return gguf_assets(f, chat_template, vocab);
+  }
   const bool hf_tok = tokenizer.empty() && fs::exists(dir / "tokenizer.json", ec);
   const std::string name = !tokenizer.empty() ? tokenizer : hf_tok ? dir.string() : vocab >= 50257 ? "gpt2" : "byte";
   ASSIGN_OR_RETURN(a.tokenizer, data::make_tokenizer(name, vocab_dir));

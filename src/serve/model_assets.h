@@ -25,7 +25,8 @@ struct ModelAssets {
 };
 
 // model_path: the --model given (a folder, or a weights file whose folder
-// may hold the files above). tokenizer: --tokenizer ("" = the folder's
+// may hold the files above; a GGUF file with a vocabulary brings its own
+// tokenizer, tokenizer.chat_template and bos/eos/eot ids, data/gguf_vocab.h). tokenizer: --tokenizer ("" = the folder's
 // tokenizer.json, else "gpt2" for a vocabulary of 50257 and more, else
 // "byte"). chat_template: --chat-template FILE ("" = the folder's
 // tokenizer_config.json, if it has one). vocab: the model's, which the

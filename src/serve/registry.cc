@@ -373,7 +373,10 @@ Result<int> ModelRegistry::publish(StagedVersion& staged, VersionManifest m) con
       return Status::InvalidArgument(fmt::format("{}: only plain files go into a version", it->path().string()));
     // The writers (save_hf, write_file_atomic) fsync each file; hash what is on disk.
     ASSIGN_OR_RETURN(io::FileDigest d, io::file_xxh64(it->path().string()));
-    std::string dtype = n == kRegistryFp32File ? "fp32" : n == kRegistryInt8File ? "int8" : "";
+    std::string dtype = n == kRegistryFp32File   ? "fp32"
+                        : n == kRegistryInt8File ? "int8"
+                        : n == kRegistryInt4File ? "int4"
+                                                 : "";
     m.files.push_back({n, d.bytes, d.xxh64, dtype});
   }
   if (ec) return Status::IOError(fmt::format("{}: cannot list: {}", tmp, ec.message()));

@@ -44,13 +44,15 @@ constexpr const char* kRegistryPromotedFile = "promoted";
 // The files of a version (docs/formats/registry.md).
 constexpr const char* kRegistryFp32File = "model.safetensors";
 constexpr const char* kRegistryInt8File = "model.int8.safetensors";
+// The 4-bit tier: a GGUF file of Q4_0 or Q4_K blocks (docs/formats/gguf.md).
+constexpr const char* kRegistryInt4File = "model.int4.gguf";
 constexpr const char* kRegistryConfigFile = "config.json";
 
 struct RegistryFile {
   std::string path;   // relative to the version folder, e.g. "model.safetensors"
   uint64_t bytes = 0;
   uint64_t xxh64 = 0;
-  std::string dtype;  // "fp32", "int8", or "" for config.json
+  std::string dtype;  // "fp32", "int8", "int4", or "" for config.json
 };
 
 // manifest.json of one version.
@@ -59,7 +61,7 @@ struct VersionManifest {
   int version = 0;
   std::string created;                  // UTC, ISO 8601 ("2026-11-30T21:48:35Z")
   std::string source;                   // what `add --from` named
-  std::vector<std::string> dtypes;      // "fp32" and/or "int8"
+  std::vector<std::string> dtypes;      // "fp32", "int8", "int4" (Q4_0) / "int4k" (Q4_K)
   nlohmann::json model = nlohmann::json::object();  // the config (n_layer, ...), informative
   std::vector<RegistryFile> files;      // every file of the folder but manifest.json
   const RegistryFile* file(std::string_view path) const;

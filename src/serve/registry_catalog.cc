@@ -35,16 +35,18 @@ RegistryCatalog::~RegistryCatalog() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-std::string RegistryCatalog::pick_weights(const VersionManifest& m, bool prefer_int8) {
+std::string RegistryCatalog::pick_weights(const VersionManifest& m, const std::string& prefer) {
   const bool fp32 = m.file(kRegistryFp32File) != nullptr;
   const bool int8 = m.file(kRegistryInt8File) != nullptr;
-  if (int8 && (prefer_int8 || !fp32)) return kRegistryInt8File;
+  const bool int4 = m.file(kRegistryInt4File) != nullptr;
+  if (int4 && prefer == "int4") return kRegistryInt4File;
+  if (int8 && (prefer == "int8" || !fp32)) return kRegistryInt8File;
   return kRegistryFp32File;  // verify() names it if the manifest lacks it
 }
 
 Result<std::shared_ptr<ServedModel>> RegistryCatalog::load_version(int version) {
   ASSIGN_OR_RETURN(VersionManifest m, registry_.manifest(opts_.name, version));
-  const std::string weights = pick_weights(m, opts_.prefer_int8);
+  const std::string weights = pick_weights(m, opts_.prefer);
   // Only what is loaded is read twice (checksum, then load): an int8 server
   // does not hash the fp32 file.
   RETURN_IF_ERROR(registry_.verify(m, {weights, kRegistryConfigFile}));

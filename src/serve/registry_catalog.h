@@ -39,7 +39,9 @@ class RegistryCatalog : public ModelCatalog {
   using Log = std::function<void(const std::string& line)>;
   struct Options {
     std::string name;          // the model in the registry
-    bool prefer_int8 = false;  // load model.int8.safetensors when the version has it
+    // Which weights to load when the version has them: "int8"
+    // (model.int8.safetensors), "int4" (model.int4.gguf); else the fp32 ones.
+    std::string prefer;
     double poll_s = 0.5;       // how often the promoted pointer is read
   };
 
@@ -55,7 +57,7 @@ class RegistryCatalog : public ModelCatalog {
   int current_version() const;
 
   // What load_version loads for a version: a weights file of the manifest.
-  static std::string pick_weights(const VersionManifest& m, bool prefer_int8);
+  static std::string pick_weights(const VersionManifest& m, const std::string& prefer);
 
  private:
   RegistryCatalog(ModelRegistry registry, Options opts, Loader loader, Log log);

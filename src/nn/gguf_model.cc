@@ -1,0 +1,511 @@
+#include "nn/gguf_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/try.h"
+#include "kernels/q4.h"
+
+namespace tessera {
+
+namespace {
+
+using io::GgmlType;
+
+// One GGUF tensor of the model: its llama.cpp name, its row-major shape
+// (rows, cols) or (n), and where its elements go in Tessera's parameters
+// (model/decoder.h) and, for a matmul weight, in which int4 matrix
+// (GPT::load_q4's index) from which row.
+struct Entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  int id = 0;
+  int layer = -1;  // -1: not a per-layer tensor
+  // kPlain: rows at `offset` elements into the layer's slice. kQRows and
+  // kKRows: a llama model's query / key rows, permuted for llama.cpp's
+  // rotary kernel (and the queries into Tessera's head order). kOCols: the
+  // attention projection, whose columns are in Hugging Face's head order.
+  enum Kind { kPlain, kQRows, kKRows, kOCols } kind = kPlain;
+  int64_t offset = 0;
+  int matrix = -1;   // int4 matrix index; -1 for a tensor that is not a matmul weight
+  int64_t row0 = 0;  // its first row in that matrix
+  bool optional = false;
+};
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::vector<Entry> entries_of(const DecoderConfig& c) {
+  const int64_t C = c.channels, V = c.vocab, hs = c.hs(), NH = c.heads, KV = c.kv(), F = c.ffn(), L = c.layers;
+  std::vector<Entry> e;
+  e.push_back({"token_embd.weight", {V, C}, kWte});
+  if (c.gpt2()) {
+    e.push_back({"position_embd.weight", {c.context, C}, kWpe});
+    for (int l = 0; l < L; l++) {
+      const std::string b = fmt::format("blk.{}.", l);
+      e.push_back({b + "attn_norm.weight", {C}, kLn1W, l});
+      e.push_back({b + "attn_norm.bias", {C}, kLn1B, l});
+      e.push_back({b + "attn_qkv.weight", {3 * C, C}, kQkvW, l, Entry::kPlain, 0, 4 * l});
+      e.push_back({b + "attn_qkv.bias", {3 * C}, kQkvB, l});
+      e.push_back({b + "attn_output.weight", {C, C}, kAttProjW, l, Entry::kPlain, 0, 4 * l + 1});
+      e.push_back({b + "attn_output.bias", {C}, kAttProjB, l});
+      e.push_back({b + "ffn_norm.weight", {C}, kLn2W, l});
+      e.push_back({b + "ffn_norm.bias", {C}, kLn2B, l});
+      e.push_back({b + "ffn_up.weight", {F, C}, kFcW, l, Entry::kPlain, 0, 4 * l + 2});
+      e.push_back({b + "ffn_up.bias", {F}, kFcB, l});
+      e.push_back({b + "ffn_down.weight", {C, F}, kFcProjW, l, Entry::kPlain, 0, 4 * l + 3});
+      e.push_back({b + "ffn_down.bias", {C}, kFcProjB, l});
+    }
+    e.push_back({"output_norm.weight", {C}, kLnfW});
+    e.push_back({"output_norm.bias", {C}, kLnfB});
+    // llama.cpp's converter writes GPT-2's tied output layer out again.
+    Entry head{"output.weight", {V, C}, kWte, -1, Entry::kPlain, 0, 4 * static_cast<int>(L)};
+    head.optional = true;
+    e.push_back(head);
+    return e;
+  }
+  for (int l = 0; l < L; l++) {
+    const std::string b = fmt::format("blk.{}.", l);
+    e.push_back({b + "attn_norm.weight", {C}, kLn1W, l});
+    e.push_back({b + "attn_q.weight", {NH * hs, C}, kQkvW, l, Entry::kQRows, 0, 4 * l, 0});
+    e.push_back({b + "attn_k.weight", {KV * hs, C}, kQkvW, l, Entry::kKRows, NH * hs * C, 4 * l, NH * hs});
+    e.push_back({b + "attn_v.weight", {KV * hs, C}, kQkvW, l, Entry::kPlain, (NH + KV) * hs * C, 4 * l, (NH + KV) * hs});
+    e.push_back({b + "attn_output.weight", {C, NH * hs}, kAttProjW, l, Entry::kOCols, 0, 4 * l + 1});
+    e.push_back({b + "ffn_norm.weight", {C}, kLn2W, l});
+    e.push_back({b + "ffn_gate.weight", {F, C}, kFcW, l, Entry::kPlain, 0, 4 * l + 2, 0});
+    e.push_back({b + "ffn_up.weight", {F, C}, kFcW, l, Entry::kPlain, F * C, 4 * l + 2, F});
+    e.push_back({b + "ffn_down.weight", {C, F}, kFcProjW, l, Entry::kPlain, 0, 4 * l + 3});
+  }
+  e.push_back({"output_norm.weight", {C}, kLnfW});
+  if (!c.tied_head) e.push_back({"output.weight", {V, C}, kLmHead, -1, Entry::kPlain, 0, 4 * static_cast<int>(L)});
+  return e;
+}
+
+// Within a head of hs rows, llama.cpp's row 2i + h is Hugging Face's row
+// h*hs/2 + i (convert_hf_to_gguf.py's permute).
+int64_t hf_row_of_rope_row(int64_t e, int64_t hs) { return (e % 2) * (hs / 2) + e / 2; }
+
+// Tessera's query head of Hugging Face's head h (model/decoder.h).
+int64_t tessera_head(int64_t h, int64_t KV, int64_t G) { return (h % G) * KV + h / G; }
+
+// The row of the parameter piece (Tessera's order) that file row r fills.
+int64_t piece_row(const DecoderConfig& c, const Entry& e, int64_t r) {
+  const int64_t hs = c.hs(), KV = c.kv(), G = c.heads / KV;
+  switch (e.kind) {
+    case Entry::kQRows: return tessera_head(r / hs, KV, G) * hs + hf_row_of_rope_row(r % hs, hs);
+    case Entry::kKRows: return (r / hs) * hs + hf_row_of_rope_row(r % hs, hs);
+    default: return r;
+  }
+}
+
+// The input column (Tessera's order) that file column col multiplies.
+int64_t piece_col(const DecoderConfig& c, const Entry& e, int64_t col) {
+  if (e.kind != Entry::kOCols) return col;
+  const int64_t hs = c.hs(), KV = c.kv(), G = c.heads / KV;
+  return tessera_head(col / hs, KV, G) * hs + col % hs;
+}
+
+// Where entry e's elements start in arena a.
+float* slice_of(const Arena& a, const Entry& e, int layers) {
+  Tensor t = a.tensor(e.id);
+  const int64_t per_layer = e.layer < 0 ? 0 : t.numel() / layers;
+  return t.f32() + (e.layer < 0 ? 0 : e.layer * per_layer) + e.offset;
+}
+
+bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
+q4::Type q4_of(GgmlType t) { return t == GgmlType::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0; }
+GgmlType ggml_of(q4::Type t) { return t == q4::Type::kQ4_K ? GgmlType::kQ4_K : GgmlType::kQ4_0; }
+
+// Any tensor this reader takes, as fp32 in file order.
+Status read_f32(const io::GgufFile& f, const io::GgufTensorInfo& t, std::vector<float>* out) {
+  out->resize(static_cast<size_t>(t.numel()));
+  if (!is_q4(t.type)) return f.read_f32(t.name, std::span<float>(*out));
+  const int64_t cols = t.ne[0], rows = t.numel() / cols, rb = q4::row_bytes(q4_of(t.type), cols);
+  const std::span<const uint8_t> bytes = f.tensor_bytes(t);
+  for (int64_t r = 0; r < rows; r++) {
+    RETURN_IF_ERROR(q4::check_row(q4_of(t.type), bytes.data() + r * rb, cols).With(fmt::format("{}: tensor '{}' row {}", f.path(), t.name, r)));
+    q4::dequantize_row(q4_of(t.type), out->data() + r * cols, bytes.data() + r * rb, cols);
+  }
+  return Status::OK();
+}
+
+Result<uint64_t> get_dim(const io::GgufFile& f, const std::string& key, uint64_t max) {
+  ASSIGN_OR_RETURN(uint64_t v, f.get_uint(key));
+  if (v == 0 || v > max) return Status::InvalidArgument(fmt::format("{}: key '{}' is {} (1 to {})", f.path(), key, v, max));
+  return v;
+}
+
+std::string shape_str(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); i++) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+// Q8_0: blocks of 32, an fp16 scale max|x| / 127 then 32 int8 codes
+// round(x / d) (llama.cpp's quantize_row_q8_0_ref).
+void quantize_q8_0(const float* x, int64_t n, uint8_t* out) {
+  for (int64_t b = 0; b < n / 32; b++) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = q4::f32_to_fp16(d);
+    std::memcpy(out + b * 34, &h, 2);
+    for (int j = 0; j < 32; j++) out[b * 34 + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[b * 32 + j] * id)));
+  }
+}
+
+}  // namespace
+
+Result<GgufWeights> parse_gguf_weights(const std::string& name) {
+  if (name == "f32") return GgufWeights::kF32;
+  if (name == "f16") return GgufWeights::kF16;
+  if (name == "q8_0") return GgufWeights::kQ8_0;
+  if (name == "q4_0" || name == "int4") return GgufWeights::kQ4_0;
+  if (name == "q4_k" || name == "int4k") return GgufWeights::kQ4_K;
+  return Status::InvalidArgument(fmt::format("GGUF tensor type '{}' (f32, f16, q8_0, q4_0 or q4_k)", name));
+}
+
+bool is_gguf(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+Result<DecoderConfig> read_gguf_config(const io::GgufFile& f) {
+  ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
+  if (arch != "gpt2" && arch != "llama")
+    return Status::InvalidArgument(
+        fmt::format("{}: architecture '{}' is not read (gpt2 and llama are)", f.path(), arch));
+  const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (embd == nullptr || embd->ne.size() != 2)
+    return Status::InvalidArgument(fmt::format("{}: no two-dimensional tensor 'token_embd.weight'", f.path()));
+  constexpr uint64_t kMax = uint64_t{1} << 20;
+  DecoderConfig c;
+  auto key = [&](const char* k) { return arch + "." + k; };
+  ASSIGN_OR_RETURN(uint64_t L, get_dim(f, key("block_count"), 4096));
+  ASSIGN_OR_RETURN(uint64_t C, get_dim(f, key("embedding_length"), kMax));
+  ASSIGN_OR_RETURN(uint64_t NH, get_dim(f, key("attention.head_count"), 4096));
+  ASSIGN_OR_RETURN(uint64_t T, get_dim(f, key("context_length"), uint64_t{1} << 24));
+  ASSIGN_OR_RETURN(uint64_t F, get_dim(f, key("feed_forward_length"), kMax));
+  c.layers = static_cast<int>(L);
+  c.channels = static_cast<int>(C);
+  c.heads = static_cast<int>(NH);
+  c.context = static_cast<int>(T);
+  c.vocab = static_cast<int>(std::min<int64_t>(embd->ne[1], INT32_MAX));
+  if (arch == "gpt2") {
+    if (F != 4 * C)
+      return Status::InvalidArgument(fmt::format("{}: gpt2.feed_forward_length {} is not 4 x {}", f.path(), F, C));
+    if (f.has(key("attention.layer_norm_epsilon"))) {
+      ASSIGN_OR_RETURN(double eps, f.get_float(key("attention.layer_norm_epsilon")));
+      if (std::fabs(eps - 1e-5) > 1e-9)
+        return Status::InvalidArgument(fmt::format("{}: layer_norm_epsilon {} (GPT-2's is 1e-5)", f.path(), eps));
+    }
+  } else {
+    c.norm = Norm::kRMSNorm;
+    c.positions = Positions::kRope;
+    c.mlp = Mlp::kSwiGLU;
+    c.qkv_bias = false;
+    c.bias = false;
+    c.mlp_hidden = static_cast<int>(F);
+    c.tied_head = f.find_tensor("output.weight") == nullptr;
+    if (f.has(key("attention.head_count_kv"))) {
+      ASSIGN_OR_RETURN(uint64_t KV, get_dim(f, key("attention.head_count_kv"), NH));
+      c.kv_heads = static_cast<int>(KV);
+    }
+    if (f.has(key("attention.key_length"))) {
+      ASSIGN_OR_RETURN(uint64_t hs, get_dim(f, key("attention.key_length"), kMax));
+      c.head_dim = static_cast<int>(hs);
+    }
+    if (f.has(key("rope.dimension_count"))) {
+      ASSIGN_OR_RETURN(uint64_t rd, get_dim(f, key("rope.dimension_count"), kMax));
+      if (static_cast<int>(rd) != c.hs())
+        return Status::InvalidArgument(fmt::format(
+            "{}: rope.dimension_count {} is not the head size {} (partial rotary is not built)", f.path(), rd, c.hs()));
+    }
+    if (f.has(key("attention.layer_norm_rms_epsilon"))) {
+      ASSIGN_OR_RETURN(double eps, f.get_float(key("attention.layer_norm_rms_epsilon")));
+      c.norm_eps = static_cast<float>(eps);
+    }
+    if (f.has(key("rope.freq_base"))) {
+      ASSIGN_OR_RETURN(c.rope_theta, f.get_float(key("rope.freq_base")));
+    }
+    if (f.has(key("rope.scaling.type"))) {
+      ASSIGN_OR_RETURN(std::string type, f.get_string(key("rope.scaling.type")));
+      if (type == "linear") {
+        ASSIGN_OR_RETURN(double factor, f.get_float(key("rope.scaling.factor")));
+        c.rope_scaling.kind = RopeScaling::Kind::kLinear;
+        c.rope_scaling.factor = factor;
+      } else if (type != "none") {
+        return Status::InvalidArgument(
+            fmt::format("{}: rope.scaling.type '{}' is not read (none and linear are)", f.path(), type));
+      }
+    }
+    if (f.find_tensor("rope_freqs.weight") != nullptr)
+      return Status::InvalidArgument(fmt::format(
+          "{}: tensor 'rope_freqs.weight' (Llama 3.1's rotary scaling) is not read yet", f.path()));
+  }
+  if (Status st = c.validate(); !st.ok()) return st.With(f.path());
+  return c;
+}
+
+Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend, ModelUse use) {
+  ASSIGN_OR_RETURN(io::GgufFile f, io::GgufFile::open(path));
+  ASSIGN_OR_RETURN(DecoderConfig c, read_gguf_config(f));
+  const std::vector<Entry> entries = entries_of(c);
+  // Every name, shape and type before anything is allocated.
+  std::set<std::string> wanted;
+  const int L = c.layers;
+  std::map<int, GgmlType> matrix_type;  // the 4-bit type of each int4 matrix, while all are 4-bit
+  bool all_q4 = true;
+  for (const Entry& e : entries) {
+    wanted.insert(e.name);
+    const io::GgufTensorInfo* t = f.find_tensor(e.name);
+    if (t == nullptr) {
+      if (e.optional) continue;
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is missing (the model is {})", path, e.name, c.str()));
+    }
+    if (t->shape() != e.shape)
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {} but {} needs {}", path, e.name,
+                                                 shape_str(t->shape()), c.str(), shape_str(e.shape)));
+    const GgmlType ty = t->type;
+    if (ty != GgmlType::kF32 && ty != GgmlType::kF16 && ty != GgmlType::kBF16 && ty != GgmlType::kQ8_0 && !is_q4(ty))
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (F32, F16, BF16, Q8_0, Q4_0 and Q4_K are read)",
+                                                 path, e.name, io::ggml_type_name(ty)));
+    if (e.matrix >= 0 && e.matrix < 4 * L) {
+      if (!is_q4(ty)) all_q4 = false;
+      auto [it, added] = matrix_type.emplace(e.matrix, ty);
+      if (!added && it->second != ty) all_q4 = false;  // one fused matrix, two block types
+    }
+  }
+  for (const io::GgufTensorInfo& t : f.tensors())
+    if (!wanted.count(t.name))
+      return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' (not part of {})", path, t.name, c.str()));
+  if (all_q4 && use == ModelUse::kTraining)
+    return Status::InvalidArgument(fmt::format("{}: a 4-bit GGUF file is for inference on the CPU, not training", path));
+  if (all_q4 && backend != Backend::kCPU)
+    return Status::InvalidArgument(fmt::format("{}: a 4-bit GGUF file runs on the CPU (--backend cpu)", path));
+  // The INT8 tier from a file that is not 4-bit: its fp32 model, quantized
+  // whole (the fp32 matmul weights then given back).
+  const bool to_int8 = !all_q4 && use == ModelUse::kInt8Inference;
+  const ModelUse model_use = all_q4 ? ModelUse::kInt8Inference : to_int8 ? ModelUse::kInference : use;
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, backend, ModelShard{}, nullptr, model_use));
+  Arena host_arena;
+  const bool on_host = model->device() == Device::kCPU;
+  if (!on_host) {
+    ASSIGN_OR_RETURN(host_arena, model->params().try_clone_layout(Device::kCPU));
+  }
+  Arena& a = on_host ? model->params() : host_arena;
+  RETURN_IF_ERROR(a.try_zero());
+
+  // The fp32 tensors (every one, or all but the 4-bit matmul weights), one
+  // at a time.
+  std::vector<float> buf;
+  std::vector<float> head_check;
+  for (const Entry& e : entries) {
+    const io::GgufTensorInfo* t = f.find_tensor(e.name);
+    if (t == nullptr) continue;
+    if (all_q4 && e.matrix >= 0) continue;  // into the int4 matrices below
+    RETURN_IF_ERROR(read_f32(f, *t, &buf));
+    if (c.gpt2() && e.matrix == 4 * L) {
+      // GPT-2's output layer is wte: a copy that differs is another model.
+      const float* wte = a.tensor(kWte).f32();
+      for (size_t i = 0; i < buf.size(); i++)
+        if (buf[i] != wte[i])
+          return Status::InvalidArgument(fmt::format(
+              "{}: 'output.weight' differs from 'token_embd.weight' (Tessera's GPT-2 ties them)", path));
+      continue;
+    }
+    const int64_t rows = e.shape[0], cols = e.shape.size() == 2 ? e.shape[1] : 1;
+    float* dst = slice_of(a, e, L);
+    for (int64_t r = 0; r < rows; r++) {
+      float* out = dst + piece_row(c, e, r) * cols;
+      const float* in = buf.data() + r * cols;
+      if (e.kind == Entry::kOCols) {
+        for (int64_t col = 0; col < cols; col++) out[piece_col(c, e, col)] = in[col];
+      } else {
+        std::copy_n(in, cols, out);
+      }
+    }
+  }
+  if (!on_host) RETURN_IF_ERROR(model->params().try_copy_from(host_arena).With("uploading the weights"));
+  if (to_int8) {
+    RETURN_IF_ERROR(model->quantize_int8().With(path));
+    RETURN_IF_ERROR(model->release_fp32_matmul_weights().status().With(path));
+  }
+  if (!all_q4) return model;
+
+  // The int4 matrices from the file's blocks, rows moved as above; columns
+  // of a grouped-query attention projection moved in whole blocks where
+  // the head size allows, else gathered at run time (in_perm).
+  const int64_t hs = c.hs(), KV = c.kv(), G = c.heads / KV;
+  q4::Type head_type = q4_of(matrix_type.begin()->second);
+  Status st = model->load_q4([&](int k, int OC, int K, GPT::Q4Matrix* m) -> Status {
+    m->type = k < 4 * L ? q4_of(matrix_type.at(k)) : head_type;
+    const int64_t rb = q4::row_bytes(m->type, K);
+    m->w.assign(static_cast<size_t>(OC) * rb, 0);
+    bool filled = false;
+    for (const Entry& e : entries) {
+      if (e.matrix != k) continue;
+      const io::GgufTensorInfo* t = f.find_tensor(e.name);
+      if (t == nullptr) continue;
+      if (k == 4 * L && !is_q4(t->type)) break;  // an fp32/Q8_0 head: quantized below
+      if (k == 4 * L) m->type = q4_of(t->type);
+      const int64_t frb = q4::row_bytes(m->type, K);
+      if (k == 4 * L && frb != rb) m->w.assign(static_cast<size_t>(OC) * frb, 0);
+      const std::span<const uint8_t> bytes = f.tensor_bytes(*t);
+      const int64_t be = q4::block_elems(m->type), bb = q4::block_bytes(m->type);
+      const bool move_blocks = e.kind == Entry::kOCols && G > 1 && hs % be == 0;
+      if (e.kind == Entry::kOCols && G > 1 && !move_blocks) {
+        m->in_perm.resize(K);
+        for (int64_t col = 0; col < K; col++) m->in_perm[col] = static_cast<int32_t>(piece_col(c, e, col));
+      }
+      for (int64_t r = 0; r < e.shape[0]; r++) {
+        uint8_t* out = m->w.data() + (e.row0 + piece_row(c, e, r)) * frb;
+        const uint8_t* in = bytes.data() + r * frb;
+        if (!move_blocks) {
+          std::memcpy(out, in, frb);
+        } else {
+          for (int64_t b = 0; b < K / be; b++)
+            std::memcpy(out + piece_col(c, e, b * be) / be * bb, in + b * bb, bb);
+        }
+      }
+      filled = true;
+    }
+    if (filled) return Status::OK();
+    // The head with no 4-bit tensor of its own: the tied embeddings' blocks
+    // when token_embd is 4-bit, else the fp32 rows quantized.
+    const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+    if (c.tied_head && is_q4(embd->type) && q4::fits(q4_of(embd->type), K)) {
+      m->type = q4_of(embd->type);
+      m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
+      std::memcpy(m->w.data(), f.tensor_bytes(*embd).data(), f.tensor_bytes(*embd).size());
+      return Status::OK();
+    }
+    if (!q4::fits(m->type, K)) m->type = q4::Type::kQ4_0;
+    m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
+    const float* src = a.tensor(c.tied_head ? kWte : kLmHead).f32();
+    if (!c.tied_head) {
+      // The untied head was skipped above: read it now.
+      RETURN_IF_ERROR(read_f32(f, *f.find_tensor("output.weight"), &buf));
+      buf.resize(static_cast<size_t>(OC) * K, 0.0f);
+      src = buf.data();
+    }
+    q4::quantize_rows(m->type, m->w.data(), src, OC, K);
+    return Status::OK();
+  });
+  if (!st.ok()) return st.With(path);
+  return model;
+}
+
+Status save_gguf(const GPT& model, const std::string& path, GgufWeights weights,
+                 const std::function<Status(io::GgufWriter&)>& metadata) {
+  const DecoderConfig& c = model.config();
+  if (!model.whole()) return Status::InvalidArgument("save_gguf: a whole model (one rank's shard is not a file)");
+  if (model.fp32_matmul_weights_released())
+    return Status::InvalidArgument(
+        "save_gguf: the model's fp32 matmul weights were released or never loaded (write GGUF from the fp32 model)");
+  if (model.device() != Device::kCPU) return Status::InvalidArgument("save_gguf: a model on the CPU");
+  if (!c.gpt2() && !(c.norm == Norm::kRMSNorm && c.positions == Positions::kRope && c.mlp == Mlp::kSwiGLU &&
+                     !c.qkv_bias && !c.bias))
+    return Status::InvalidArgument(fmt::format(
+        "save_gguf: {} is neither GPT-2 nor a bias-free Llama (GGUF's gpt2 and llama architectures)", c.str()));
+  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3)
+    return Status::InvalidArgument("save_gguf: Llama 3's rotary scaling (rope_freqs.weight) is not written yet");
+  const std::string arch = c.gpt2() ? "gpt2" : "llama";
+  io::GgufWriter w;
+  w.set_string("general.architecture", arch);
+  w.set_string("general.name", fmt::format("tessera {}", c.str()));
+  // llama.cpp's llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2,
+  // MOSTLY_Q8_0 7, MOSTLY_Q4_K_S 14.
+  const uint32_t ftype[] = {0, 1, 7, 2, 14};
+  w.set_uint32("general.file_type", ftype[static_cast<int>(weights)]);
+  if (weights != GgufWeights::kF32 && weights != GgufWeights::kF16) w.set_uint32("general.quantization_version", 2);
+  auto key = [&](const char* k) { return arch + "." + k; };
+  w.set_uint32(key("context_length"), c.context);
+  w.set_uint32(key("embedding_length"), c.channels);
+  w.set_uint32(key("feed_forward_length"), c.ffn());
+  w.set_uint32(key("block_count"), c.layers);
+  w.set_uint32(key("attention.head_count"), c.heads);
+  if (c.gpt2()) {
+    w.set_float32(key("attention.layer_norm_epsilon"), 1e-5f);
+  } else {
+    w.set_uint32(key("attention.head_count_kv"), c.kv());
+    w.set_uint32(key("attention.key_length"), c.hs());
+    w.set_uint32(key("attention.value_length"), c.hs());
+    w.set_uint32(key("rope.dimension_count"), c.hs());
+    w.set_float32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
+    w.set_float32(key("attention.layer_norm_rms_epsilon"), c.norm_eps);
+    w.set_uint32(key("vocab_size"), c.vocab);
+    if (c.rope_scaling.kind == RopeScaling::Kind::kLinear) {
+      w.set_string(key("rope.scaling.type"), "linear");
+      w.set_float32(key("rope.scaling.factor"), static_cast<float>(c.rope_scaling.factor));
+    }
+  }
+  if (metadata) RETURN_IF_ERROR(metadata(w));
+
+  const Arena& a = model.params();
+  const int L = c.layers;
+  for (const Entry& e : entries_of(c)) {
+    const int64_t rows = e.shape[0], cols = e.shape.size() == 2 ? e.shape[1] : 1;
+    // Matmul weights in the requested type; norms, biases, learned
+    // positions and the embeddings in F32 (a lookup reads one row a token;
+    // the reader keeps them fp32 anyway), except a tied Llama's embeddings,
+    // which are also its output layer there.
+    const bool matrix = e.matrix >= 0 || (e.id == kWte && !c.gpt2() && c.tied_head);
+    GgmlType type = GgmlType::kF32;
+    if (matrix) {
+      switch (weights) {
+        case GgufWeights::kF32: type = GgmlType::kF32; break;
+        case GgufWeights::kF16: type = GgmlType::kF16; break;
+        case GgufWeights::kQ8_0: type = cols % 32 == 0 ? GgmlType::kQ8_0 : GgmlType::kF16; break;
+        case GgufWeights::kQ4_0:
+        case GgufWeights::kQ4_K: {
+          const q4::Type want = weights == GgufWeights::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0;
+          type = q4::fits(want, cols) ? ggml_of(want) : q4::fits(q4::Type::kQ4_0, cols) ? GgmlType::kQ4_0 : GgmlType::kF16;
+          break;
+        }
+      }
+    }
+    std::vector<int64_t> ne(e.shape.rbegin(), e.shape.rend());
+    const Entry entry = e;
+    w.add_tensor(e.name, type, ne, [&a, entry, rows, cols, type, &c, L](std::span<uint8_t> out) -> Status {
+      // The tensor in file order, fp32: each file row from its piece row.
+      std::vector<float> x(static_cast<size_t>(rows * cols));
+      const float* src = slice_of(a, entry, L);
+      for (int64_t r = 0; r < rows; r++) {
+        const float* in = src + piece_row(c, entry, r) * cols;
+        float* dst = x.data() + r * cols;
+        if (entry.kind == Entry::kOCols) {
+          for (int64_t col = 0; col < cols; col++) dst[col] = in[piece_col(c, entry, col)];
+        } else {
+          std::copy_n(in, cols, dst);
+        }
+      }
+      switch (type) {
+        case GgmlType::kF32: std::memcpy(out.data(), x.data(), out.size()); break;
+        case GgmlType::kF16:
+          for (size_t i = 0; i < x.size(); i++) {
+            const uint16_t h = q4::f32_to_fp16(x[i]);
+            std::memcpy(out.data() + 2 * i, &h, 2);
+          }
+          break;
+        case GgmlType::kQ8_0: quantize_q8_0(x.data(), static_cast<int64_t>(x.size()), out.data()); break;
+        default: q4::quantize_rows(q4_of(type), out.data(), x.data(), rows, cols); break;
+      }
+      return Status::OK();
+    });
+  }
+  return w.write(path);
+}
+
+}  // namespace tessera

@@ -1,0 +1,272 @@
+// GGUF model files (nn/gguf_model.h): a model written by save_gguf and read
+// by load_gguf gives the same logits as the model itself (F32 bit for bit;
+// 4-bit files against the int4 tier's own quantization, the oracle of what
+// the blocks hold), for GPT-2 and Llama shapes (grouped-query attention,
+// untied and tied heads); bad files are refused in one line.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "io/gguf.h"
+#include "kernels/q4.h"
+#include "nn/gguf_model.h"
+#include "nn/gpt.h"
+#include "nn/gpt2_weights.h"
+#include "nn/kv_cache.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return testing::TempDir() + "/" + name + "_" + std::to_string(::getpid()) + ".gguf";
+}
+
+std::unique_ptr<GPT> tiny_gpt2() {
+  auto m = load_gpt2(TESSERA_TEST_DATA_DIR "/reference/gpt2_tiny.safetensors", nullptr, Backend::kCPU,
+                     ModelUse::kInference);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return std::move(m).value();
+}
+
+DecoderConfig llama(int heads, int kv_heads, bool tied) {
+  DecoderConfig c;
+  c.norm = Norm::kRMSNorm;
+  c.positions = Positions::kRope;
+  c.mlp = Mlp::kSwiGLU;
+  c.qkv_bias = false;
+  c.bias = false;
+  c.layers = 2;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.channels = 256;
+  c.mlp_hidden = 512;
+  c.vocab = 300;
+  c.context = 64;
+  c.rope_theta = 10000.0;
+  c.tied_head = tied;
+  return c;
+}
+
+std::unique_ptr<GPT> random_model(const DecoderConfig& c, uint64_t seed) {
+  auto m = std::make_unique<GPT>(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  m->init_weights(seed);
+  return m;
+}
+
+std::vector<float> all_logits(GPT& m, const std::vector<int>& tokens) {
+  const int N = static_cast<int>(tokens.size()), Vp = m.config().padded_vocab();
+  PagedKVCache cache(m, 4);
+  const int seq = cache.add_sequence().value();
+  EXPECT_TRUE(cache.extend(seq, N).ok());
+  std::vector<int> seqs(N, seq), pos(N), rows(N);
+  for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
+  std::vector<float> logits(static_cast<size_t>(N) * Vp);
+  Status st = m.forward_tokens(TokenBatch{tokens, seqs, pos}, cache, rows, logits.data());
+  EXPECT_TRUE(st.ok()) << st.message();
+  return logits;
+}
+
+std::vector<int> some_tokens(int V, int n) {
+  std::vector<int> t(n);
+  for (int i = 0; i < n; i++) t[i] = (i * 37 + 11) % V;
+  return t;
+}
+
+std::unique_ptr<GPT> round_trip(const GPT& m, GgufWeights w, const std::string& name) {
+  const std::string path = temp_path(name);
+  Status st = save_gguf(m, path, w);
+  EXPECT_TRUE(st.ok()) << st.message();
+  auto back = load_gpt2(path, nullptr, Backend::kCPU, ModelUse::kInference);  // by its magic
+  EXPECT_TRUE(back.ok()) << back.status().message();
+  std::remove(path.c_str());
+  return back.ok() ? std::move(back).value() : nullptr;
+}
+
+TEST(GgufModel, Gpt2F32GivesTheSameLogitsBitForBit) {
+  auto m = tiny_gpt2();
+  auto back = round_trip(*m, GgufWeights::kF32, "gpt2_f32");
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->config(), m->config());
+  EXPECT_FALSE(back->int4());
+  const std::vector<int> t = some_tokens(m->config().vocab, 20);
+  EXPECT_EQ(all_logits(*back, t), all_logits(*m, t));
+}
+
+TEST(GgufModel, LlamaF32GivesTheSameLogitsBitForBit) {
+  for (auto [heads, kv, tied] : {std::tuple{8, 2, false}, std::tuple{8, 8, true}, std::tuple{8, 1, false}}) {
+    auto m = random_model(llama(heads, kv, tied), 3);
+    auto back = round_trip(*m, GgufWeights::kF32, "llama_f32");
+    ASSERT_NE(back, nullptr);
+    EXPECT_EQ(back->config(), m->config()) << back->config().str();
+    const std::vector<int> t = some_tokens(300, 24);
+    EXPECT_EQ(all_logits(*back, t), all_logits(*m, t)) << heads << " heads, " << kv << " kv";
+  }
+}
+
+// The file's tensors are laid out as llama.cpp reads them: shapes in ggml
+// order, the query rows permuted for its rotary kernel.
+TEST(GgufModel, LlamaTensorsAreInLlamaCppsLayout) {
+  const DecoderConfig c = llama(8, 8, false);
+  auto m = random_model(c, 4);
+  const std::string path = temp_path("llama_layout");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
+  auto f = io::GgufFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_EQ(*f->get_string("general.architecture"), "llama");
+  EXPECT_EQ(*f->get_uint("llama.attention.head_count_kv"), 8u);
+  const io::GgufTensorInfo* q = f->find_tensor("blk.0.attn_q.weight");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->ne, (std::vector<int64_t>{256, 256}));
+  // With one group (KV == NH) Tessera's head order is HF's: file row 1 of
+  // head 0 is HF row hs/2 = 16, which is the model's qkv row 16.
+  std::vector<float> qw(static_cast<size_t>(q->numel()));
+  ASSERT_TRUE(f->read_f32("blk.0.attn_q.weight", qw).ok());
+  const float* qkv = m->layer_params(0).qkvw;
+  for (int col = 0; col < 256; col++) ASSERT_EQ(qw[256 + col], qkv[16 * 256 + col]);
+  EXPECT_EQ(f->find_tensor("output.weight")->ne, (std::vector<int64_t>{256, 300}));
+  std::remove(path.c_str());
+}
+
+TEST(GgufModel, Q4_0Gpt2EqualsTheInt4TierBitForBit) {
+  auto m = tiny_gpt2();
+  auto back = round_trip(*m, GgufWeights::kQ4_0, "gpt2_q4_0");
+  ASSERT_NE(back, nullptr);
+  EXPECT_TRUE(back->int4());
+  EXPECT_TRUE(back->fp32_matmul_weights_released());  // never held: the blocks are the file's
+  auto q = tiny_gpt2();
+  ASSERT_TRUE(q->quantize_q4(q4::Type::kQ4_0).ok());
+  EXPECT_EQ(back->q4_bytes(), q->q4_bytes());
+  const std::vector<int> t = some_tokens(m->config().vocab, 20);
+  EXPECT_EQ(all_logits(*back, t), all_logits(*q, t));
+}
+
+// Multi-head: the rows move (rotary permutation), each row's blocks stay
+// the same, so the products are the int4 tier's own, bit for bit.
+TEST(GgufModel, Q4_KLlamaEqualsTheInt4TierBitForBit) {
+  const DecoderConfig c = llama(8, 8, false);
+  auto m = random_model(c, 5);
+  auto back = round_trip(*m, GgufWeights::kQ4_K, "llama_q4_k");
+  ASSERT_NE(back, nullptr);
+  EXPECT_TRUE(back->int4());
+  auto q = random_model(c, 5);
+  ASSERT_TRUE(q->quantize_q4(q4::Type::kQ4_K).ok());
+  const std::vector<int> t = some_tokens(300, 24);
+  EXPECT_EQ(all_logits(*back, t), all_logits(*q, t));
+}
+
+// Grouped-query: the attention projection's columns are in HF's head order
+// in the file. Q4_0 blocks (32) move whole within the head size; Q4_K
+// blocks (256) cannot, and the input is gathered instead. Either way the
+// logits are the int4 tier's within fp32 rounding (Q4_0: the same blocks
+// summed in another order) or within 4-bit error (Q4_K: the projection's
+// blocks cut along other columns).
+TEST(GgufModel, GroupedQueryInt4FilesMatchTheInt4Tier) {
+  const DecoderConfig c = llama(8, 2, false);
+  const std::vector<int> t = some_tokens(300, 24);
+  auto fp = random_model(c, 6);
+  const std::vector<float> ref = all_logits(*fp, t);
+  for (q4::Type type : {q4::Type::kQ4_0, q4::Type::kQ4_K}) {
+    auto back = round_trip(*fp, type == q4::Type::kQ4_0 ? GgufWeights::kQ4_0 : GgufWeights::kQ4_K, "gqa_q4");
+    ASSERT_NE(back, nullptr);
+    auto q = random_model(c, 6);
+    ASSERT_TRUE(q->quantize_q4(type).ok());
+    const std::vector<float> a = all_logits(*back, t), b = all_logits(*q, t);
+    const double err = testing_util::normalised_error(a.data(), b.data(), static_cast<int64_t>(a.size()));
+    EXPECT_LE(err, type == q4::Type::kQ4_0 ? 1e-5 : 0.1) << q4::type_name(type);
+    EXPECT_LE(testing_util::normalised_error(a.data(), ref.data(), static_cast<int64_t>(a.size())), 0.25);
+  }
+}
+
+TEST(GgufModel, F16AndQ8_0LoadAsFp32CloseToTheModel) {
+  const DecoderConfig c = llama(8, 2, false);
+  auto m = random_model(c, 7);
+  const std::vector<int> t = some_tokens(300, 24);
+  const std::vector<float> ref = all_logits(*m, t);
+  for (GgufWeights w : {GgufWeights::kF16, GgufWeights::kQ8_0}) {
+    auto back = round_trip(*m, w, "llama_f16_q8");
+    ASSERT_NE(back, nullptr);
+    EXPECT_FALSE(back->int4());
+    EXPECT_FALSE(back->int8());
+    const std::vector<float> got = all_logits(*back, t);
+    const double err = testing_util::normalised_error(got.data(), ref.data(), static_cast<int64_t>(ref.size()));
+    EXPECT_GT(err, 0.0);
+    EXPECT_LE(err, w == GgufWeights::kF16 ? 1e-3 : 2e-2);
+  }
+}
+
+// A file whose tensor is of a type Tessera does not read, an architecture
+// it does not build, a missing tensor and a misshapen one: one line each,
+// naming what is wrong.
+TEST(GgufModel, RefusalsNameWhatIsWrong) {
+  auto m = tiny_gpt2();
+  auto expect_refused = [&](const std::function<void(io::GgufWriter&)>& edit, const std::string& words) {
+    const std::string path = temp_path("refused");
+    Status st = save_gguf(*m, path, GgufWeights::kF32, [&](io::GgufWriter& w) {
+      edit(w);
+      return Status::OK();
+    });
+    ASSERT_TRUE(st.ok()) << st.message();
+    auto r = load_gguf(path);
+    ASSERT_FALSE(r.ok()) << words;
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
+    std::remove(path.c_str());
+  };
+  expect_refused([](io::GgufWriter& w) { w.set_string("general.architecture", "falcon"); }, "architecture 'falcon'");
+  expect_refused([](io::GgufWriter& w) { w.set_uint32("gpt2.block_count", 3); }, "'blk.2.attn_norm.weight' is missing");
+  expect_refused([](io::GgufWriter& w) { w.set_uint32("gpt2.context_length", 64); },
+                 "tensor 'position_embd.weight' has shape [32, 64]");
+  expect_refused([](io::GgufWriter& w) { w.set_uint32("gpt2.embedding_length", 32); }, "is not 4 x 32");
+  expect_refused(
+      [](io::GgufWriter& w) {
+        w.add_tensor("blk.9.ffn_up.weight", io::GgmlType::kQ5_0, {32, 2}, std::vector<uint8_t>(2 * 22, 0));
+      },
+      "unexpected tensor 'blk.9.ffn_up.weight'");
+  // A 4-bit file is for the CPU tier, not training.
+  const std::string path = temp_path("q4_train");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kQ4_0).ok());
+  EXPECT_EQ(load_gguf(path, Backend::kCPU, ModelUse::kTraining).status().code(), StatusCode::kInvalidArgument);
+  std::remove(path.c_str());
+}
+
+TEST(GgufModel, TypesTesseraDoesNotReadAreNamed) {
+  // A Q5_0 matmul weight in a hand-made file.
+  auto m = tiny_gpt2();
+  const std::string path = temp_path("q5");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
+  auto f = io::GgufFile::open(path);
+  ASSERT_TRUE(f.ok());
+  io::GgufWriter w;
+  for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
+  for (const io::GgufTensorInfo& t : f->tensors()) {
+    if (t.name == "blk.0.ffn_up.weight") {
+      w.add_tensor(t.name, io::GgmlType::kQ5_0, t.ne, std::vector<uint8_t>(t.numel() / 32 * 22, 0));
+    } else {
+      auto b = f->tensor_bytes(t);
+      w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
+    }
+  }
+  const std::string path2 = temp_path("q5b");
+  ASSERT_TRUE(w.write(path2).ok());
+  auto r = load_gguf(path2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("'blk.0.ffn_up.weight' is Q5_0"), std::string::npos) << r.status().message();
+  std::remove(path.c_str());
+  std::remove(path2.c_str());
+}
+
+TEST(GgufModel, SaveRefusesWhatGgufCannotHold) {
+  auto m = tiny_gpt2();
+  ASSERT_TRUE(m->quantize_q4(q4::Type::kQ4_0).ok());
+  ASSERT_TRUE(m->release_fp32_matmul_weights().ok());
+  EXPECT_EQ(save_gguf(*m, temp_path("released"), GgufWeights::kQ4_0).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -118,7 +118,8 @@ BENCHMARK(BM_MatmulInt8)
 // weight bytes are the blocks' (4.5 bits a weight).
 void BM_MatmulQ4(benchmark::State& s) {
   const int N = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
-  const q4::Type t = s.range(3) == 0 ? q4::Type::kQ4_0 : q4::Type::kQ4_K;
+  // range(3): 0 Q4_0, 1 Q4_K, 2 Q4_0 interleaved by 16 rows (what the model runs).
+  const q4::Type t = s.range(3) == 1 ? q4::Type::kQ4_K : q4::Type::kQ4_0;
   if (s.range(4) == 1 && !cpu::set_int8_kernel(cpu::Int8Kernel::kAvx2).ok()) {
     s.SkipWithError("this CPU cannot run that kernel");
     return;
@@ -126,15 +127,22 @@ void BM_MatmulQ4(benchmark::State& s) {
   auto x = random_vec(size_t(N) * C, 1), w = random_vec(size_t(OC) * C, 2);
   std::vector<uint8_t> wq(OC * q4::row_bytes(t, C));
   q4::quantize_rows(t, wq.data(), w.data(), OC, C);
+  q4::Type run = t;
+  if (s.range(3) == 2) {
+    std::vector<uint8_t> packed(wq.size());
+    q4::pack_q4_0x16(packed.data(), wq.data(), OC, C);
+    wq = std::move(packed);
+    run = q4::Type::kQ4_0x16;
+  }
   std::vector<float> out(size_t(N) * OC);
-  for (auto _ : s) cpu::matmul_q4_forward(out.data(), x.data(), wq.data(), t, nullptr, N, C, OC);
+  for (auto _ : s) cpu::matmul_q4_forward(out.data(), x.data(), wq.data(), run, nullptr, N, C, OC);
   (void)cpu::set_int8_kernel(cpu::Int8Kernel::kAuto);
   s.counters["weight_B/s"] =
       benchmark::Counter(static_cast<double>(wq.size()) * s.iterations(), benchmark::Counter::kIsRate);
   s.counters["OP/s"] = benchmark::Counter(2.0 * N * C * OC * s.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatmulQ4)
-    ->ArgsProduct({{1, 4, 8, 32, 128}, {768}, {2304, 50304}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{1, 4, 8, 32, 128}, {768}, {2304, 50304}, {0, 1, 2}, {0, 1}})
     ->Args({1, 3072, 768, 0, 0})->Args({1, 3072, 768, 1, 0})
     ->Unit(benchmark::kMicrosecond);
 

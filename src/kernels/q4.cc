@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
+
 namespace tessera::q4 {
 
 namespace {
@@ -161,7 +163,45 @@ void quantize_block_q4_k(uint8_t* y, const float* x) {
 
 }  // namespace
 
-const char* type_name(Type t) { return t == Type::kQ4_0 ? "q4_0" : "q4_k"; }
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::kQ4_0: return "q4_0";
+    case Type::kQ4_K: return "q4_k";
+    case Type::kQ4_0x16: return "q4_0x16";
+  }
+  return "?";
+}
+
+void pack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
+  CHECK(fits_x16(OC, C));
+  const int64_t nb = C / 32, rb = nb * kQ4_0Bytes;
+  for (int64_t g = 0; g < OC / 16; g++)
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t* out = dst + (g * nb + b) * 16 * kQ4_0Bytes;
+      for (int r = 0; r < 16; r++) {
+        const uint8_t* y = src + (g * 16 + r) * rb + b * kQ4_0Bytes;
+        std::memcpy(out + 2 * r, y, 2);
+        // y[2 + i]: weight i (low) and weight 16 + i (high), i = 4q + j.
+        for (int q = 0; q < 4; q++)
+          for (int j = 0; j < 4; j++) out[32 + 64 * q + 4 * r + j] = y[2 + 4 * q + j];
+      }
+    }
+}
+
+void unpack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
+  CHECK(fits_x16(OC, C));
+  const int64_t nb = C / 32, rb = nb * kQ4_0Bytes;
+  for (int64_t g = 0; g < OC / 16; g++)
+    for (int64_t b = 0; b < nb; b++) {
+      const uint8_t* in = src + (g * nb + b) * 16 * kQ4_0Bytes;
+      for (int r = 0; r < 16; r++) {
+        uint8_t* y = dst + (g * 16 + r) * rb + b * kQ4_0Bytes;
+        std::memcpy(y, in + 2 * r, 2);
+        for (int q = 0; q < 4; q++)
+          for (int j = 0; j < 4; j++) y[2 + 4 * q + j] = in[32 + 64 * q + 4 * r + j];
+      }
+    }
+}
 
 float fp16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -197,6 +237,7 @@ uint16_t f32_to_fp16(float f) {
 }
 
 void quantize_rows(Type t, uint8_t* dst, const float* src, int64_t rows, int64_t C) {
+  CHECK(t != Type::kQ4_0x16);  // rows are Q4_0's; pack_q4_0x16 moves them
   const int64_t blocks = C / block_elems(t), rb = row_bytes(t, C);
 #pragma omp parallel for schedule(static) if (rows * C > 65536)
   for (int64_t r = 0; r < rows; r++)
@@ -209,6 +250,7 @@ void quantize_rows(Type t, uint8_t* dst, const float* src, int64_t rows, int64_t
 }
 
 void dequantize_row(Type t, float* dst, const uint8_t* src, int64_t C) {
+  CHECK(t != Type::kQ4_0x16);
   const int64_t blocks = C / block_elems(t);
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t* y = src + b * block_bytes(t);
@@ -255,6 +297,7 @@ void quantize_activations(Type t, const float* x, int64_t C, int8_t* codes, floa
 }
 
 Status check_row(Type t, const uint8_t* row, int64_t C) {
+  CHECK(t != Type::kQ4_0x16);
   const int64_t blocks = C / block_elems(t);
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t* y = row + b * block_bytes(t);

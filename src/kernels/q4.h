@@ -32,12 +32,12 @@ constexpr int kQ4_0Elems = 32, kQ4_0Bytes = 18;
 constexpr int kQ4_KElems = 256, kQ4_KBytes = 144;
 constexpr int kSubBlock = 32;  // Q4_K's sub-blocks; the activation sums' span
 
-inline int block_elems(Type t) { return t == Type::kQ4_0 ? kQ4_0Elems : kQ4_KElems; }
-inline int block_bytes(Type t) { return t == Type::kQ4_0 ? kQ4_0Bytes : kQ4_KBytes; }
+inline int block_elems(Type t) { return t == Type::kQ4_K ? kQ4_KElems : kQ4_0Elems; }
+inline int block_bytes(Type t) { return t == Type::kQ4_K ? kQ4_KBytes : kQ4_0Bytes; }
 // A row of C weights (C a multiple of block_elems).
 inline int64_t row_bytes(Type t, int64_t C) { return C / block_elems(t) * block_bytes(t); }
 inline bool fits(Type t, int64_t C) { return C > 0 && C % block_elems(t) == 0; }
-const char* type_name(Type t);  // "q4_0", "q4_k"
+const char* type_name(Type t);  // "q4_0", "q4_k", "q4_0x16"
 // The --dtype names of the int4 tiers: "int4" is Q4_0, "int4k" Q4_K; false
 // for any other name.
 inline bool dtype_type(std::string_view dtype, Type* t) {
@@ -75,8 +75,23 @@ void dequantize_row(Type t, float* dst, const uint8_t* src, int64_t C);
 // matmul_q4_forward): per act_block(t) values an fp32 scale max|x| / 127
 // (1 for zeros) and codes round(x / scale) in [-127, 127]; and the sum of
 // every 32 codes. codes: C, scales: C / act_block(t), sums: C / 32.
-inline int act_block(Type t) { return t == Type::kQ4_0 ? kQ4_0Elems : kQ4_KElems; }
+inline int act_block(Type t) { return t == Type::kQ4_K ? kQ4_KElems : kQ4_0Elems; }
 void quantize_activations(Type t, const float* x, int64_t C, int8_t* codes, float* scales, int32_t* sums);
+
+// The CPU kernel's layout of a Q4_0 matrix (Type::kQ4_0x16): OC rows (a
+// multiple of 16) in groups of 16, each group's blocks one after another,
+// and per group and block of 32 inputs 288 bytes, the 16 rows' 18 bytes
+// rearranged:
+//   16 fp16 scales, row r's at 2r (32 bytes), then
+//   4 chunks q = 0..3 of 64 bytes, byte 4r + j of chunk q holding
+//   weight (r, 4q + j) in its low nibble and weight (r, 16 + 4q + j) in
+//   its high nibble.
+// So one 64-byte load gives 16 rows x 4 inputs (and 16 rows x the 4
+// inputs 16 further on): a vpdpbusd per 4 inputs for 16 rows. The same
+// bytes as Q4_0, moved: pack and unpack are exact inverses.
+inline bool fits_x16(int64_t OC, int64_t C) { return OC > 0 && OC % 16 == 0 && fits(Type::kQ4_0, C); }
+void pack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C);
+void unpack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C);
 
 // One error line for a row's blocks that no quantizer writes (scales that
 // are not finite): GGUF files and int4 files are checked as they are read.

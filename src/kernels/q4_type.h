@@ -6,6 +6,8 @@
 
 namespace tessera::q4 {
 
-enum class Type : uint8_t { kQ4_0, kQ4_K };
+// kQ4_0x16: Q4_0's blocks of 16 rows interleaved, the CPU kernel's layout
+// of a Q4_0 matrix (kernels/q4.h, pack_q4_0x16); never in a file.
+enum class Type : uint8_t { kQ4_0, kQ4_K, kQ4_0x16 };
 
 }  // namespace tessera::q4

@@ -315,6 +315,8 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     const io::GgufTensorInfo* t = f.find_tensor(e.name);
     if (t == nullptr) continue;
     if (all_q4 && e.matrix >= 0) continue;  // into the int4 matrices below
+    if (c.gpt2() && e.matrix == 4 * L && t->type != f.find_tensor("token_embd.weight")->type)
+      continue;  // the tied head again at the matrices' precision (our writer's F32 wte, Q8_0 head): wte is the head
     RETURN_IF_ERROR(read_f32(f, *t, &buf));
     if (c.gpt2() && e.matrix == 4 * L) {
       // GPT-2's output layer is wte: a copy that differs is another model.

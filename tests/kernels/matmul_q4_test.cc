@@ -261,6 +261,76 @@ TEST(MatmulQ4, EveryKernelMatchesTheOracleOnEveryShape) {
   }
 }
 
+// The interleaved layout (q4::pack_q4_0x16) holds the same bytes: unpack
+// gives the rows back, and every kernel's products from it are the rows'
+// own, the integer parts exactly.
+TEST(MatmulQ4, InterleavedLayoutIsTheSameBlocks) {
+  const int OC = 48, C = 96;
+  std::vector<float> wf = gaussian(int64_t{OC} * C, 3, 0.05f);
+  std::vector<uint8_t> rows(OC * q4::row_bytes(Type::kQ4_0, C)), packed(rows.size()), back(rows.size());
+  q4::quantize_rows(Type::kQ4_0, rows.data(), wf.data(), OC, C);
+  q4::pack_q4_0x16(packed.data(), rows.data(), OC, C);
+  EXPECT_NE(packed, rows);
+  q4::unpack_q4_0x16(back.data(), packed.data(), OC, C);
+  EXPECT_EQ(back, rows);
+  // Row 17's block 1 scale sits at group 1, block 1, slot 1.
+  EXPECT_EQ(std::memcmp(packed.data() + (1 * 3 + 1) * 288 + 2, rows.data() + 17 * 54 + 18, 2), 0);
+  EXPECT_FALSE(q4::fits_x16(40, C));
+  EXPECT_FALSE(q4::fits_x16(48, 48));
+}
+
+TEST(MatmulQ4, InterleavedKernelsAreExact) {
+  const int C = 1024, OC = 48;
+  std::vector<float> wf(static_cast<size_t>(OC) * C);
+  std::mt19937_64 rng(5);
+  for (size_t i = 0; i < wf.size(); i++) wf[i] = static_cast<float>(static_cast<int>(rng() % 16) - 8);
+  for (size_t i = 0; i < wf.size(); i += 32) wf[i] = -8.0f;  // d = 1
+  std::vector<uint8_t> w(OC * q4::row_bytes(Type::kQ4_0, C)), packed(w.size());
+  q4::quantize_rows(Type::kQ4_0, w.data(), wf.data(), OC, C);
+  q4::pack_q4_0x16(packed.data(), w.data(), OC, C);
+  for (int N : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {
+    const std::vector<float> x = unit_activations(N, C, 200 + N);
+    const std::vector<double> want = int64_oracle(Type::kQ4_0, x, w, N, C, OC);
+    std::vector<float> ref(want.size());
+    ref::matmul_q4_forward(ref.data(), x.data(), packed.data(), Type::kQ4_0x16, nullptr, N, C, OC);
+    for (size_t i = 0; i < want.size(); i++) ASSERT_EQ(ref[i], want[i]) << "ref " << i;
+    for (cpu::Int8Kernel k : kKernels) {
+      ForcedKernel f(k);
+      if (!f.ok()) continue;
+      std::vector<float> ours(want.size(), -1.0f);
+      cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), Type::kQ4_0x16, nullptr, N, C, OC);
+      for (size_t i = 0; i < want.size(); i++)
+        ASSERT_EQ(ours[i], want[i]) << "N=" << N << " " << cpu::q4_kernel_summary() << " at " << i;
+    }
+  }
+}
+
+TEST(MatmulQ4, InterleavedKernelsMatchTheOracle) {
+  for (int C : {32, 96, 768}) {
+    for (int OC : {16, 64}) {
+      std::vector<float> wf = gaussian(int64_t{OC} * C, C + OC, 0.05f);
+      std::vector<uint8_t> w(OC * q4::row_bytes(Type::kQ4_0, C)), packed(w.size());
+      q4::quantize_rows(Type::kQ4_0, w.data(), wf.data(), OC, C);
+      q4::pack_q4_0x16(packed.data(), w.data(), OC, C);
+      const std::vector<float> bias = gaussian(OC, 6);
+      for (int N : {1, 3, 8, 65}) {
+        const std::vector<float> x = gaussian(int64_t{N} * C, N * 3 + C);
+        std::vector<float> want(static_cast<size_t>(N) * OC);
+        ref::matmul_q4_forward(want.data(), x.data(), w.data(), Type::kQ4_0, bias.data(), N, C, OC);
+        for (cpu::Int8Kernel k : kKernels) {
+          ForcedKernel f(k);
+          if (!f.ok()) continue;
+          std::vector<float> ours(want.size(), -1.0f);
+          cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), Type::kQ4_0x16, bias.data(), N, C, OC);
+          for (size_t i = 0; i < want.size(); i++)
+            ASSERT_NEAR(ours[i], want[i], 1e-5 * (std::fabs(want[i]) + 1.0))
+                << "N=" << N << " C=" << C << " OC=" << OC << " " << cpu::q4_kernel_summary();
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulQ4, ComputesTheMatmulOfTheDequantizedWeights) {
   const int N = 3, C = 768, OC = 40;
   for (Type t : {Type::kQ4_0, Type::kQ4_K}) {

@@ -204,6 +204,112 @@ void generic_tile(const Operands& p, q4::Type t, int i0, int o0) {
     }
 }
 
+// ---- Q4_0x16 (q4::pack_q4_0x16): 16 weight rows a vector, no horizontal
+// sums. Per block and activation row: the 4-bit codes of 16 rows x 4
+// inputs in a register, times 4 activation codes broadcast, 8 times
+// (32 inputs); the -8 offset enters as 8 x the block's activation sum,
+// the start of the int32 sums; then one scale multiply for 16 rows.
+
+constexpr int kX16Bytes = 16 * q4::kQ4_0Bytes;  // one block of a group of 16 rows
+
+int32_t load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#define TESSERA_TARGET_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vnni")))
+
+// R activation rows from i0, the 16 weight rows of group g.
+template <int R>
+TESSERA_TARGET_VNNI512 void x16_vnni(const Operands& p, int i0, int g) {
+  const int nb = p.C / 32;
+  const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16Bytes;
+  const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)));
+    __m512i w[8];
+    for (int q = 0; q < 4; q++) {
+      const __m512i raw = _mm512_loadu_si512(y + 32 + 64 * q);
+      w[q] = _mm512_and_si512(raw, low);
+      w[q + 4] = _mm512_and_si512(_mm512_srli_epi32(raw, 4), low);
+    }
+    for (int r = 0; r < R; r++) {
+      const int64_t i = i0 + r;
+      const int8_t* a = p.a + i * p.C + b * 32;
+      __m512i sum = _mm512_set1_epi32(-8 * p.sums[i * nb + b]);
+      for (int q = 0; q < 4; q++) sum = _mm512_dpbusd_epi32(sum, w[q], _mm512_set1_epi32(load32(a + 4 * q)));
+      for (int q = 0; q < 4; q++) sum = _mm512_dpbusd_epi32(sum, w[q + 4], _mm512_set1_epi32(load32(a + 16 + 4 * q)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(p.xs[i * nb + b])), acc[r]);
+    }
+  }
+  const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + g * 16) : _mm512_setzero_ps();
+  for (int r = 0; r < R; r++)
+    _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16, _mm512_add_ps(acc[r], bias));
+}
+
+// AVX2: each half of the group (8 rows) on its own, vpmaddubsw then
+// vpmaddwd by ones in place of vpdpbusd (pair sums <= 2 x 15 x 127).
+template <int R>
+TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
+  const int nb = p.C / 32;
+  const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16Bytes;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; h++) {
+    __m256 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+      const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
+      __m256i w[8];
+      for (int q = 0; q < 4; q++) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 + 64 * q + 32 * h));
+        w[q] = _mm256_and_si256(raw, low);
+        w[q + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+      }
+      for (int r = 0; r < R; r++) {
+        const int64_t i = i0 + r;
+        const int8_t* a = p.a + i * p.C + b * 32;
+        __m256i sum = _mm256_set1_epi32(-8 * p.sums[i * nb + b]);
+        for (int q = 0; q < 8; q++) {
+          const __m256i av = _mm256_set1_epi32(load32(a + (q < 4 ? 4 * q : 16 + 4 * (q - 4))));
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w[q], av), ones));
+        }
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(p.xs[i * nb + b])), acc[r]);
+      }
+    }
+    const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
+    for (int r = 0; r < R; r++)
+      _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h, _mm256_add_ps(acc[r], bias));
+  }
+}
+
+enum class X16Kind { kGeneric, kAvx2, kVnni512 };
+
+X16Kind pick_x16() {
+  const CpuFeatures& f = cpu_features();
+  const Int8Kernel forced = forced_int8_kernel();
+  if (forced == Int8Kernel::kGeneric || !f.avx2 || !f.fma || !f.f16c) return X16Kind::kGeneric;
+  if (forced == Int8Kernel::kAvx2 || !f.avx512f || !f.avx512_vnni) return X16Kind::kAvx2;
+  return X16Kind::kVnni512;
+}
+
+// Rows [i_begin, i_end) of group g, R rows at a time.
+void x16_rows(X16Kind kind, const Operands& p, int i_begin, int i_end, int g) {
+  int i = i_begin;
+  if (kind == X16Kind::kVnni512) {
+    for (; i + 8 <= i_end; i += 8) x16_vnni<8>(p, i, g);
+    for (; i + 4 <= i_end; i += 4) x16_vnni<4>(p, i, g);
+    for (; i < i_end; i++) x16_vnni<1>(p, i, g);
+  } else {
+    for (; i + 4 <= i_end; i += 4) x16_avx2<4>(p, i, g);
+    for (; i < i_end; i++) x16_avx2<1>(p, i, g);
+  }
+}
+
 enum class Kind { kGeneric, kQ4_0Avx2, kQ4_0Vnni, kQ4_KAvx2 };
 
 Kind pick(q4::Type t) {
@@ -260,13 +366,25 @@ std::string q4_kernel_summary() {
     }
     return "generic (plain loops; no AVX2)";
   };
-  return fmt::format("q4_0 {}, q4_k {}; exact int32 block sums", name(pick(q4::Type::kQ4_0)),
-                     name(pick(q4::Type::kQ4_K)));
+  const char* x16 = pick_x16() == X16Kind::kVnni512 ? "avx512-vnni (vpdpbusd, 16 rows a register)"
+                    : pick_x16() == X16Kind::kAvx2   ? "avx2 (vpmaddubsw, 8 rows a register)"
+                                                     : "generic";
+  return fmt::format("q4_0 (rows interleaved by 16) {}; q4_0 {}; q4_k {}; exact int32 block sums", x16,
+                     name(pick(q4::Type::kQ4_0)), name(pick(q4::Type::kQ4_K)));
 }
+
+bool q4_prefers_x16() { return pick_x16() != X16Kind::kGeneric; }
 
 void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type type, const float* bias, int N,
                        int C, int OC) {
   if (N <= 0 || OC <= 0) return;
+  if (type == q4::Type::kQ4_0x16 && pick_x16() == X16Kind::kGeneric) {
+    // Without AVX2: the blocks in their rows again, through the loops below.
+    thread_local std::vector<uint8_t> rows;
+    rows.resize(static_cast<size_t>(OC) * q4::row_bytes(q4::Type::kQ4_0, C));
+    q4::unpack_q4_0x16(rows.data(), wq, OC, C);
+    return matmul_q4_forward(out, inp, rows.data(), q4::Type::kQ4_0, bias, N, C, OC);
+  }
   thread_local ThreadState st;
   const int na = C / q4::act_block(type), ns = C / q4::kSubBlock;
   st.a.resize(static_cast<size_t>(N) * C);
@@ -280,6 +398,14 @@ void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type
     q4::quantize_activations(type, inp + static_cast<int64_t>(i) * C, C, a + static_cast<int64_t>(i) * C,
                              xs + static_cast<int64_t>(i) * na, sums + static_cast<int64_t>(i) * ns);
   const Operands p{a, xs, sums, wq, bias, out, C, OC, q4::row_bytes(type, C)};
+  if (type == q4::Type::kQ4_0x16) {
+    const X16Kind kind = pick_x16();
+    const int groups = OC / 16, rblocks = (N + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for collapse(2) schedule(static) if (int64_t{N} * OC * C > 65536)
+    for (int rb = 0; rb < rblocks; rb++)
+      for (int g = 0; g < groups; g++) x16_rows(kind, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), g);
+    return;
+  }
   const Kind kind = pick(type);
   const int cblocks = (OC + kColumnBlock - 1) / kColumnBlock;
   const int rblocks = (N + kRowBlock - 1) / kRowBlock;

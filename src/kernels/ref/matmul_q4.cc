@@ -10,6 +10,12 @@ namespace tessera::ref {
 
 void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type type, const float* bias, int N,
                        int C, int OC) {
+  if (type == q4::Type::kQ4_0x16) {
+    // The same blocks in their rows again.
+    std::vector<uint8_t> rows(static_cast<size_t>(OC) * q4::row_bytes(q4::Type::kQ4_0, C));
+    q4::unpack_q4_0x16(rows.data(), wq, OC, C);
+    return matmul_q4_forward(out, inp, rows.data(), q4::Type::kQ4_0, bias, N, C, OC);
+  }
   const int64_t rb = q4::row_bytes(type, C);
   const int nb = C / q4::block_elems(type);
   std::vector<int8_t> a(C);

@@ -57,6 +57,8 @@ int run_sample(const SampleArgs& a) {
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
   m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  if (a.dtype == "int8" && m.int4())
+    return fail(Status::InvalidArgument(fmt::format("{}: a 4-bit file runs as the int4 tier (--dtype int4)", a.weights)));
   if (Status st = apply_int4_dtype(m, a.dtype, "sample", true); !st.ok()) return fail(st);
   const GPTConfig& cfg = m.config();
 

@@ -4,17 +4,21 @@
 // Reading: tokenizer.ggml.model "gpt2" (byte-level BPE: the tokens, the
 // merges, the token types, bos/eos and add_bos_token) with the
 // pre-tokenizer tokenizer.ggml.pre names (default / gpt-2: GPT-2's pattern;
-// llama-bpe: Llama 3's; qwen2: Qwen2's) becomes the tokenizer.json that
-// Hugging Face would hold, run by HfTokenizer, so a GGUF model encodes
-// exactly as the folder it came from. Control tokens (type 3) are special
-// added tokens, user-defined ones (type 4) ordinary added tokens. Another
-// tokenizer model (SentencePiece's "llama", "bert", ...) or pre-tokenizer is
-// refused in one line naming it.
+// llama-bpe: Llama 3's; qwen2: Qwen2's, with its NFC) becomes the
+// tokenizer.json that Hugging Face would hold, run by HfTokenizer, so a
+// GGUF model encodes exactly as the folder it came from. Control tokens
+// (type 3) are special added tokens, user-defined ones (type 4) ordinary
+// added tokens. "llama" (SentencePiece: tokens, scores, types) becomes the
+// byte-fallback BPE that transformers' LlamaConverter makes of it (merges
+// from the scores). Another tokenizer model ("bert", ...) or pre-tokenizer
+// is refused in one line naming it.
 //
 // Writing: the vocabulary of a GPT-2 vocabulary folder (encoder.json and
 // vocab.bpe) or of a byte-level BPE tokenizer.json (with the
 // tokenizer_config.json beside it for add_bos_token), as llama.cpp's
-// converter writes them.
+// converter writes them; a byte-fallback BPE tokenizer.json (Llama 2's) as
+// llama.cpp's SentencePiece vocabulary (scores: the negated rank of the
+// first merge that makes each token).
 #pragma once
 
 #include <memory>

@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "data/bpe.h"
 #include "data/char_class.h"
+#include "data/gguf_vocab.h"
 #include "data/hf_tokenizer.h"
 
 namespace tessera::data {
@@ -388,6 +389,12 @@ Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& name, const
     return std::unique_ptr<Tokenizer>(std::move(tok));
   }
   std::error_code ec;
+  if (name.ends_with(".gguf") && fs::is_regular_file(name, ec)) {
+    // A GGUF file's own vocabulary (data/gguf_vocab.h).
+    ASSIGN_OR_RETURN(io::GgufFile f, io::GgufFile::open(name));
+    ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tok, gguf_tokenizer(f));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
+  }
   if (name.find('/') != std::string::npos || name.ends_with(".json") || fs::exists(name, ec)) {
     ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> tok, HfTokenizer::load(name));
     return std::unique_ptr<Tokenizer>(std::move(tok));

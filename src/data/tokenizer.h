@@ -106,9 +106,10 @@ class Gpt2Tokenizer : public Tokenizer {
   std::unordered_map<uint32_t, Merge> merges_;       // pair_key(left, right) -> merge
 };
 
-// "byte", "gpt2" (read from vocab_dir; "" means data/raw/gpt2), or the
-// path of a tokenizer.json or of a folder holding one (HfTokenizer,
-// data/hf_tokenizer.h). InvalidArgument for any other name.
+// "byte", "gpt2" (read from vocab_dir; "" means data/raw/gpt2), the path
+// of a tokenizer.json or of a folder holding one (HfTokenizer,
+// data/hf_tokenizer.h), or of a GGUF file (FILE.gguf: its vocabulary,
+// data/gguf_vocab.h). InvalidArgument for any other name.
 Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& name, const std::string& vocab_dir);
 
 }  // namespace tessera::data

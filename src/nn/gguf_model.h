@@ -5,7 +5,7 @@
 //
 // Reading (load_gguf): the shape from the architecture's metadata keys, the
 // tensors by llama.cpp's names (token_embd, blk.N.attn_q, ...; the map is in
-// docs/formats/gguf.md), each checked against that shape before anything is
+// docs/inference.md, "GGUF models"), each checked against that shape before anything is
 // allocated. Tensor types F32, F16, BF16, Q8_0, Q4_0 and Q4_K; any other is
 // refused in one line naming the tensor and the type, as is an architecture
 // other than gpt2 and llama, and a llama file with rotary scaling other
@@ -60,11 +60,12 @@ Result<DecoderConfig> read_gguf_config(const io::GgufFile& f);
 Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend = Backend::kCPU,
                                        ModelUse use = ModelUse::kInference);
 
-// Writes model (fp32, or int4 for kQ4_0/kQ4_K when the model already is
-// int4: its own blocks are written) as a GGUF file at path. metadata, when
-// given, adds keys (the tokenizer's) before the file is written. An
-// int4 or INT8 model whose fp32 matmul weights are gone writes only as
-// its own int4 blocks. Atomic (written beside, then renamed).
+// Writes model as a GGUF file at path, every tensor converted (or
+// quantized) from the fp32 weights as the writer reaches it. metadata,
+// when given, adds keys (the tokenizer's) before the file is written. A
+// model whose fp32 matmul weights are gone (an INT8 or int4 model loaded
+// for inference) is refused: write from the fp32 model. Atomic (written
+// beside, then renamed).
 Status save_gguf(const GPT& model, const std::string& path, GgufWeights weights,
                  const std::function<Status(io::GgufWriter&)>& metadata = {});
 

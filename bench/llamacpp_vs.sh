@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Tessera against llama.cpp on the same weights (issue #31, "Measure";
+# docs/performance.md "Against llama.cpp"): decode of 1 and 8 sequences
+# after a prompt, and prefill, at fp32 / int8 / int4 against llama.cpp's
+# F32 / Q8_0 / Q4_0, plus each process's peak resident memory.
+#   bench/llamacpp_vs.sh [MODEL=gpt2|tinyllama] [REPS=3] [PROMPT=128] [TOKENS=32]
+#
+# The model: random weights in a Hugging Face folder (tessera synth model:
+# GPT-2 124M with GPT-2's vocabulary, or TinyLlama-1.1B's shape with Llama
+# 2's vocabulary), converted by the project's own converter (tessera
+# quantize --out FILE.gguf) to F32, Q8_0 and Q4_0 GGUF files that both
+# engines load. Per file and repetition, interleaved:
+#   tessera bench decode --model FILE.gguf --batch 1,8 --prompt P --tokens T
+#     (fp32 for F32; the INT8 tier, per-channel int8 from the Q8_0 file's
+#     values, for Q8_0; the file's own Q4_0 blocks for Q4_0)
+#   llama-batched-bench -m FILE.gguf -npp P -ntg T -npl 1,8 -t 2
+# both after a prompt of P tokens per sequence, with OMP/llama threads = 2.
+# Prints one JSON line per run and a Markdown table of medians and ratios.
+# llama.cpp is built by bench/llamacpp_build.sh (from the llama.cpp source
+# that the npm package node-llama-cpp ships; nothing of it is linked).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=${1:-gpt2}
+reps=${2:-3}
+prompt=${3:-128}
+tokens=${4:-32}
+tessera=$PWD/build/release/tessera
+eval "$(bash bench/llamacpp_build.sh)"
+work=${TESSERA_LLAMACPP_DIR:-/var/tmp/tessera-llamacpp}/models
+mkdir -p "$work"
+dir=$work/$model
+if [ ! -f "$dir/config.json" ]; then
+  case $model in
+    gpt2) "$tessera" synth model --preset gpt2-124m --dtype fp32 --out "$dir" >&2 ;;
+    tinyllama)
+      "$tessera" synth model --preset tinyllama-1.1b --dtype fp32 --out "$dir" >&2
+      cp data/raw/tokenizers/llama2/tokenizer.json data/raw/tokenizers/llama2/tokenizer_config.json "$dir/" ;;
+    *) echo "llamacpp_vs: model '$model' (gpt2 or tinyllama)" >&2; exit 2 ;;
+  esac
+fi
+for t in f32 q8_0 q4_0; do
+  [ -f "$work/$model-$t.gguf" ] || "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
+done
+out=$work/$model-runs.jsonl
+: > "$out"
+export OMP_NUM_THREADS=2
+for r in $(seq "$reps"); do
+  for t in f32 q8_0 q4_0; do
+    case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0) d=int4 ;; esac
+    f=$work/$model-$t.gguf
+    /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
+      "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
+      2>/dev/null > "$work/t.jsonl"
+    peak=$(python3 -c "import json; print(json.load(open('$work/time.json'))['peak_rss_mb'] / 1024)")
+    python3 - "$work/t.jsonl" "$t" "$r" "$peak" >> "$out" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    print(json.dumps({"engine": "tessera", "type": sys.argv[2], "rep": int(sys.argv[3]), "batch": j["batch"],
+                      "decode": j["decode_tokens_per_s"], "prefill": j["prefill_tokens_per_s"],
+                      "read_gb_s": j["read_gb_s"], "weight_mb": j["weight_mb"], "peak_rss_mb": float(sys.argv[4])}))
+PY
+    # -npl 1,8,1: batched-bench's logger may drop its last line at exit.
+    /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
+      "$LLAMA_BATCHED_BENCH" -m "$f" -t 2 -tb 2 -c 2048 -npp "$prompt" -ntg "$tokens" -npl 1,8,1 \
+      --output-format jsonl 2>/dev/null > "$work/l.jsonl" || true
+    peak=$(python3 -c "import json; print(json.load(open('$work/time.json'))['peak_rss_mb'] / 1024)")
+    python3 - "$work/l.jsonl" "$t" "$r" "$peak" >> "$out" <<'PY'
+import json, sys
+seen = set()
+for line in open(sys.argv[1]):
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    j = json.loads(line)
+    if j["pl"] in seen:
+        continue
+    seen.add(j["pl"])
+    print(json.dumps({"engine": "llama.cpp", "type": sys.argv[2], "rep": int(sys.argv[3]), "batch": j["pl"],
+                      "decode": j["speed_tg"], "prefill": j["speed_pp"], "peak_rss_mb": float(sys.argv[4])}))
+PY
+  done
+done
+cat "$out"
+python3 - "$out" "$model" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+def med(engine, t, b, key):
+    v = [r[key] for r in runs if r["engine"] == engine and r["type"] == t and r["batch"] == b]
+    return statistics.median(v) if v else float("nan")
+names = {"f32": ("fp32", "F32"), "q8_0": ("int8", "Q8_0"), "q4_0": ("int4", "Q4_0")}
+print(f"\n{sys.argv[2]}: medians of {max(r['rep'] for r in runs)} interleaved runs, tokens/s")
+print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MB |")
+print("|---|---|---|---|---|---|")
+for t, (ours, theirs) in names.items():
+    cells = []
+    for key, b in (("decode", 1), ("decode", 8), ("prefill", 1), ("prefill", 8)):
+        a, l = med("tessera", t, b, key), med("llama.cpp", t, b, key)
+        cells.append(f"{a:.1f} / {l:.1f} = **{a / l:.2f}x**")
+    rss = f"{med('tessera', t, 1, 'peak_rss_mb'):.0f} / {med('llama.cpp', t, 1, 'peak_rss_mb'):.0f}"
+    print(f"| {ours} / {theirs} | " + " | ".join(cells) + f" | {rss} |")
+reads = [r["read_gb_s"] for r in runs if r["engine"] == "tessera"]
+for t, (ours, _) in names.items():
+    w = [r["weight_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t]
+    if w and reads:
+        roof = statistics.median(reads) * 1e3 / w[0]
+        print(f"{ours}: one-sequence decode at {med('tessera', t, 1, 'decode') / roof:.2f} of the read roof "
+              f"({statistics.median(reads):.1f} GB/s over {w[0]:.1f} MB a token = {roof:.1f} tokens/s)")
+PY

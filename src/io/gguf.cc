@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "io/file.h"
+#include "io/safetensors.h"
 
 namespace tessera::io {
 namespace {
@@ -296,28 +297,6 @@ std::string ggml_type_name(uint32_t id) {
 bool ggml_type_known(uint32_t id) { return ggml_row(id) != nullptr; }
 uint32_t ggml_block_elems(GgmlType t) { return known_row(t).block_elems; }
 uint32_t ggml_block_bytes(GgmlType t) { return known_row(t).block_bytes; }
-
-float gguf_f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {  // inf or NaN: keep the payload
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {  // normal: rebias 15 -> 127
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {  // signed zero
-    bits = sign;
-  } else {  // subnormal mant * 2^-24: shift until the implicit bit appears
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
 
 std::string gguf_type_name(uint32_t id) {
   return value_type_known(id) ? std::string(kValueTypeNames[id]) : fmt::format("type {}", id);
@@ -718,7 +697,7 @@ Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
         for (size_t k = 0; k < i1 - i0; ++k) {
           uint16_t h;
           std::memcpy(&h, p + 2 * k, 2);  // tensors need not be 2-byte aligned
-          out[k] = gguf_f16_to_f32(h);
+          out[k] = f16_to_f32(h);
         }
         break;
       case GgmlType::kBF16:
@@ -733,7 +712,7 @@ Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
           const uint8_t* block = p + 34 * b;
           uint16_t h;
           std::memcpy(&h, block, 2);
-          const float d = gguf_f16_to_f32(h);
+          const float d = f16_to_f32(h);
           for (size_t k = 0; k < 32; ++k) out[32 * b + k] = d * static_cast<float>(static_cast<int8_t>(block[2 + k]));
         }
         break;

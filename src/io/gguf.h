@@ -58,8 +58,6 @@ bool ggml_type_known(uint32_t id);
 uint32_t ggml_block_elems(GgmlType t);
 uint32_t ggml_block_bytes(GgmlType t);
 
-// IEEE half (raw bits) -> float, exact (subnormals, inf and NaN included).
-float gguf_f16_to_f32(uint16_t h);
 
 // ---- metadata values ----
 

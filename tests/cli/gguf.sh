@@ -11,6 +11,7 @@
 set -euo pipefail
 tessera=$1; tests=$2
 root=$(cd "$tests/.." && pwd)
+cd "$root"  # data/raw/gpt2: the default --vocab of sample and quantize
 export OMP_NUM_THREADS=1
 spm="$root/data/raw/tokenizers/llama2"
 [ -f "$spm/tokenizer.json" ] || { echo "FAIL $spm is missing: run scripts/setup.sh (scripts/fetch-data.sh)"; exit 1; }

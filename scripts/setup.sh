@@ -32,6 +32,7 @@ packages=(
   nodejs                           # the serving tests' real client (tests/clients: openai)
   chromium                         # headless, the dashboard test's real browser
   qemu-user                        # the isa.zen3_emulated test: an AMD Zen 3 (AVX2, no AVX-512, no VNNI) emulated
+  time                             # /usr/bin/time: peak resident memory in bench/llamacpp_vs.sh
 )
 
 missing=()

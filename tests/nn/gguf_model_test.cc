@@ -18,20 +18,17 @@
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
+#include "nn/forward_util.h"
 #include "test_util.h"
 
 namespace tessera {
 namespace {
 
+using testing_util::all_logits;
+using testing_util::tiny_gpt2;
+
 std::string temp_path(const std::string& name) {
   return testing::TempDir() + "/" + name + "_" + std::to_string(::getpid()) + ".gguf";
-}
-
-std::unique_ptr<GPT> tiny_gpt2() {
-  auto m = load_gpt2(TESSERA_TEST_DATA_DIR "/reference/gpt2_tiny.safetensors", nullptr, Backend::kCPU,
-                     ModelUse::kInference);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return std::move(m).value();
 }
 
 DecoderConfig llama(int heads, int kv_heads, bool tied) {
@@ -57,19 +54,6 @@ std::unique_ptr<GPT> random_model(const DecoderConfig& c, uint64_t seed) {
   auto m = std::make_unique<GPT>(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
   m->init_weights(seed);
   return m;
-}
-
-std::vector<float> all_logits(GPT& m, const std::vector<int>& tokens) {
-  const int N = static_cast<int>(tokens.size()), Vp = m.config().padded_vocab();
-  PagedKVCache cache(m, 4);
-  const int seq = cache.add_sequence().value();
-  EXPECT_TRUE(cache.extend(seq, N).ok());
-  std::vector<int> seqs(N, seq), pos(N), rows(N);
-  for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
-  std::vector<float> logits(static_cast<size_t>(N) * Vp);
-  Status st = m.forward_tokens(TokenBatch{tokens, seqs, pos}, cache, rows, logits.data());
-  EXPECT_TRUE(st.ok()) << st.message();
-  return logits;
 }
 
 std::vector<int> some_tokens(int V, int n) {

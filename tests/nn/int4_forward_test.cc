@@ -15,17 +15,14 @@
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
+#include "nn/forward_util.h"
 #include "test_util.h"
 
 namespace tessera {
 namespace {
 
-std::unique_ptr<GPT> tiny() {
-  auto m = load_gpt2(TESSERA_TEST_DATA_DIR "/reference/gpt2_tiny.safetensors", nullptr, Backend::kCPU,
-                     ModelUse::kInference);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return std::move(m).value();
-}
+using testing_util::all_logits;
+std::unique_ptr<GPT> tiny() { return testing_util::tiny_gpt2(); }
 
 // A Llama-shaped model (RMSNorm, SwiGLU, GQA, untied head) whose input
 // channels are multiples of 256, so Q4_K covers every matrix but the MLP
@@ -46,19 +43,6 @@ GPTConfig llama_256() {
   c.context = 64;
   c.tied_head = false;
   return c;
-}
-
-std::vector<float> all_logits(GPT& m, const std::vector<int>& tokens) {
-  const int N = static_cast<int>(tokens.size()), Vp = m.config().padded_vocab();
-  PagedKVCache cache(m, 4);
-  const int seq = cache.add_sequence().value();
-  EXPECT_TRUE(cache.extend(seq, N).ok());
-  std::vector<int> seqs(N, seq), pos(N), rows(N);
-  for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
-  std::vector<float> logits(static_cast<size_t>(N) * Vp);
-  Status st = m.forward_tokens(TokenBatch{tokens, seqs, pos}, cache, rows, logits.data());
-  EXPECT_TRUE(st.ok()) << st.message();
-  return logits;
 }
 
 int same_argmax(const std::vector<float>& a, const std::vector<float>& b, int N, int V, int Vp) {

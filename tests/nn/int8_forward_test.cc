@@ -16,30 +16,14 @@
 #include "nn/kv_cache.h"
 #include "nn/sampler.h"
 #include "obs/process.h"
+#include "nn/forward_util.h"
 #include "test_util.h"
 
 namespace tessera {
 namespace {
 
-std::unique_ptr<GPT> tiny() {
-  auto m = load_gpt2(TESSERA_TEST_DATA_DIR "/reference/gpt2_tiny.safetensors", nullptr, Backend::kCPU,
-                     ModelUse::kInference);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return std::move(m).value();
-}
-
-// Logits of every position of one sequence, through the paged cache.
-std::vector<float> all_logits(GPT& m, const std::vector<int>& tokens) {
-  const int N = static_cast<int>(tokens.size()), Vp = m.config().padded_vocab();
-  PagedKVCache cache(m, 4);
-  const int seq = cache.add_sequence().value();
-  EXPECT_TRUE(cache.extend(seq, N).ok());
-  std::vector<int> seqs(N, seq), pos(N), rows(N);
-  for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
-  std::vector<float> logits(static_cast<size_t>(N) * Vp);
-  EXPECT_TRUE(m.forward_tokens(TokenBatch{tokens, seqs, pos}, cache, rows, logits.data()).ok());
-  return logits;
-}
+using testing_util::all_logits;
+std::unique_ptr<GPT> tiny() { return testing_util::tiny_gpt2(); }
 
 TEST(Int8Forward, CloseToFp32AndMostlyTheSameArgmax) {
   auto fp = tiny();

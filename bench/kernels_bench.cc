@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include "kernels/cpu/int8_kernel.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/q4.h"
 
@@ -111,6 +112,27 @@ void BM_MatmulInt8(benchmark::State& s) {
 BENCHMARK(BM_MatmulInt8)
     ->ArgsProduct({{1, 4, 8, 16, 32, 128}, {768}, {2304, 50304}, {-1, 0, 1, 2, 3}})
     ->Args({1, 3072, 768, -1})->Args({1, 3072, 768, 1})->Args({1, 3072, 768, 2})->Args({1, 3072, 768, 3})
+    ->Unit(benchmark::kMicrosecond);
+
+// The fp32 matmul of a few rows (a decode step): oneDNN's (kernel 0)
+// against Tessera's weight-streaming loops (kernel 1, cpu::matmul_f32_rows),
+// with the weight bytes read per second; the model runs kernel 1 up to
+// cpu::kFewRowsMax rows.
+void BM_MatmulF32Rows(benchmark::State& s) {
+  const int N = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
+  auto x = random_vec(size_t(N) * C, 1), w = random_vec(size_t(OC) * C, 2);
+  std::vector<float> out(size_t(N) * OC);
+  if (s.range(3) == 0) {
+    for (auto _ : s) cpu::matmul_forward(out.data(), x.data(), w.data(), nullptr, N, C, OC, MatmulPrecision::kF32);
+  } else {
+    for (auto _ : s) cpu::matmul_f32_rows(out.data(), x.data(), w.data(), nullptr, N, C, OC);
+  }
+  s.counters["weight_B/s"] = benchmark::Counter(4.0 * OC * C * s.iterations(), benchmark::Counter::kIsRate);
+  s.counters["FLOP/s"] = benchmark::Counter(2.0 * N * C * OC * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulF32Rows)
+    ->ArgsProduct({{1, 2, 4, 8, 16, 32, 64}, {768}, {2304, 50304}, {0, 1}})
+    ->Args({1, 3072, 768, 0})->Args({1, 3072, 768, 1})
     ->Unit(benchmark::kMicrosecond);
 
 // The 4-bit matmul (kernels/q4.h) on the same shapes: type 0 = Q4_0, 1 =

@@ -4,6 +4,7 @@
 # after a prompt, and prefill, at fp32 / int8 / int4 against llama.cpp's
 # F32 / Q8_0 / Q4_0, plus each process's peak resident memory.
 #   bench/llamacpp_vs.sh [MODEL=gpt2|tinyllama] [REPS=3] [PROMPT=128] [TOKENS=32]
+#   TYPES="f32" bench/llamacpp_vs.sh ...   (a subset of f32 q8_0 q4_0)
 #
 # The model: random weights in a Hugging Face folder (tessera synth model:
 # GPT-2 124M with GPT-2's vocabulary, or TinyLlama-1.1B's shape with Llama
@@ -24,6 +25,7 @@ model=${1:-gpt2}
 reps=${2:-3}
 prompt=${3:-128}
 tokens=${4:-32}
+types=${TYPES:-f32 q8_0 q4_0}
 tessera=$PWD/build/release/tessera
 eval "$(bash bench/llamacpp_build.sh)"
 work=${TESSERA_LLAMACPP_DIR:-/var/tmp/tessera-llamacpp}/models
@@ -38,14 +40,14 @@ if [ ! -f "$dir/config.json" ]; then
     *) echo "llamacpp_vs: model '$model' (gpt2 or tinyllama)" >&2; exit 2 ;;
   esac
 fi
-for t in f32 q8_0 q4_0; do
+for t in $types; do
   [ -f "$work/$model-$t.gguf" ] || "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
 done
 out=$work/$model-runs.jsonl
 : > "$out"
 export OMP_NUM_THREADS=2
 for r in $(seq "$reps"); do
-  for t in f32 q8_0 q4_0; do
+  for t in $types; do
     case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0) d=int4 ;; esac
     f=$work/$model-$t.gguf
     /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
@@ -93,6 +95,8 @@ print(f"\n{sys.argv[2]}: medians of {max(r['rep'] for r in runs)} interleaved ru
 print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MB |")
 print("|---|---|---|---|---|---|")
 for t, (ours, theirs) in names.items():
+    if not any(r["type"] == t for r in runs):
+        continue
     cells = []
     for key, b in (("decode", 1), ("decode", 8), ("prefill", 1), ("prefill", 8)):
         a, l = med("tessera", t, b, key), med("llama.cpp", t, b, key)

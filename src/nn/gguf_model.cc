@@ -40,12 +40,6 @@ struct Entry {
   bool optional = false;
 };
 
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
-
 std::vector<Entry> entries_of(const DecoderConfig& c) {
   const int64_t C = c.channels, V = c.vocab, hs = c.hs(), NH = c.heads, KV = c.kv(), F = c.ffn(), L = c.layers;
   std::vector<Entry> e;

@@ -20,6 +20,7 @@
 #include "core/try.h"
 #include "comm/communicator.h"
 #include "kernels/cpu/int8_kernel.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/q4.h"
 #include "nn/int8_check.h"
@@ -577,7 +578,7 @@ Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int 
     // gate and up in one gemm (fch keeps both for swiglu_backward).
     linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, 2 * Fl);
     ops_.swiglu_forward(a.fch_gelu, a.fch, N, Fl);
-  } else if (quantized()) {
+  } else if (quantized() || few_rows_f32(N)) {
     // fch is kept for gelu_backward; fused into the gemm's epilogue on CUDA.
     linear(a.fch, a.ln2, w.fcw, 4 * l + 2, w.fcb, N, C, Fl);
     ops_.gelu_forward(a.fch_gelu, a.fch, int64_t{N} * Fl);
@@ -1170,6 +1171,12 @@ int64_t GPT::q4_bytes() const {
   return n;
 }
 
+// An fp32 matmul of so few rows on the CPU that reading the weights is its
+// whole cost: Tessera's own loops (kernels/cpu/matmul.h) rather than oneDNN's.
+bool GPT::few_rows_f32(int N) const {
+  return device_ == Device::kCPU && prec_ == MatmulPrecision::kF32 && N <= cpu::kFewRowsMax;
+}
+
 void GPT::linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C,
                  int OC) const {
   if (q4_) {
@@ -1186,6 +1193,8 @@ void GPT::linear(float* out, const float* inp, const float* w, int q, const floa
   } else if (int8_) {
     const Int8Weights::Matrix& m = int8_->m[q];
     ops_.matmul_int8_forward(out, inp, m.w.data(), m.scale.data(), bias, N, C, OC);
+  } else if (few_rows_f32(N)) {
+    cpu::matmul_f32_rows(out, inp, w, bias, N, C, OC);  // decode: weight-read bound (kernels/cpu/matmul.h)
   } else {
     ops_.matmul_forward(out, inp, w, bias, N, C, OC, prec_);
   }

@@ -396,9 +396,11 @@ class GPT {
   std::shared_ptr<const std::vector<Q4Matrix>> q4_;  // quantize_q4()'s or load_q4()'s, in the same order
   bool fp32_released_ = false;
   int64_t released_bytes_ = 0;
-  // out (N,OC) = inp @ W^T + bias, in int8 when quantized (index: 4*l + k
-  // for layer l's k-th matmul, 4*L for the head), else ops_.matmul_forward.
+  // out (N,OC) = inp @ W^T + bias, in int8 or int4 when quantized (index:
+  // 4*l + k for layer l's k-th matmul, 4*L for the head), in fp32 of few
+  // rows on the CPU by cpu::matmul_f32_rows, else ops_.matmul_forward.
   void linear(float* out, const float* inp, const float* w, int q, const float* bias, int N, int C, int OC) const;
+  bool few_rows_f32(int N) const;  // linear() takes cpu::matmul_f32_rows
   // (OC, C) of matmul k in load_int8's order (4 per layer, then the head).
   std::pair<int, int> matmul_shape(int k) const;
   // Why this model cannot take int4 weights now (load_q4, quantize_q4).

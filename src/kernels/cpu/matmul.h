@@ -1,5 +1,6 @@
 // Introspection of the CPU matmul's primitive cache (kernels/cpu/matmul.cc),
-// for tests and diagnostics. The matmul ops themselves are in ops.h.
+// for tests and diagnostics, and the few-row fp32 matmul the model's decode
+// steps run. The matmul ops themselves are in ops.h.
 // Thread safety: both functions may be called from any thread at any time.
 #pragma once
 
@@ -21,5 +22,16 @@ uint64_t matmul_primitives_compiled();
 // primitive compiled for exactly that count; false when it shares one
 // compiled with a run-time row count (see matmul.cc for the rule and why).
 bool matmul_rows_get_exact_primitive(int64_t rows);
+
+// The fp32 matmul of a few rows, out (N, OC) = inp (N, C) @ weight (OC, C)^T
+// + bias (may be null), with Tessera's own weight-streaming loops
+// (matmul_f32_rows.cc) instead of oneDNN: what a decode step runs, where
+// reading the weights is the whole cost. Any N is correct; the model uses it
+// for N <= kFewRowsMax (bench/kernels_bench.cc, BM_MatmulF32Rows, compares
+// the two). Each output is one dot product, the same whatever N is.
+constexpr int kFewRowsMax = 8;
+void matmul_f32_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
+// "avx512 (...)", "avx2 (...)" or "generic (...)": the loop this CPU runs.
+const char* f32_rows_kernel_name();
 
 }  // namespace tessera::cpu

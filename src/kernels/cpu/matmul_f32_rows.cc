@@ -1,0 +1,203 @@
+// The fp32 matmul of a few rows (cpu::matmul_f32_rows, matmul.h): a decode
+// step, or a few sequences decoding together. With so few rows the product
+// is bound by reading the weights, so each thread streams one contiguous
+// share of the weight rows, once, and multiplies every input row against a
+// block of them while that block is in cache (the inputs, at most
+// kFewRowsMax x C floats, stay in L1/L2). oneDNN's matmul reaches about 0.75
+// of the machine's read bandwidth at one row (docs/performance.md); this
+// loop is what llama.cpp's F32 path does, one weight row a dot product.
+//
+// - avx512: tiles of up to 4 input rows x 4 weight rows, 16 zmm accumulators.
+// - avx2: tiles of up to 2 input rows x 4 weight rows, 8 ymm accumulators.
+// - generic: plain loops (CPUs without AVX2).
+// A width that is not a multiple of the vector length ends in masked loads
+// (avx512) or a scalar tail (avx2). Each output is one dot product summed in
+// vector lanes, so the result does not depend on how many rows came along.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cpu_features.h"
+#include "kernels/cpu/matmul.h"
+
+namespace tessera::cpu {
+
+namespace {
+
+struct Args {
+  const float* x;  // (N, C)
+  const float* w;  // (OC, C)
+  const float* bias;
+  float* out;  // (N, OC)
+  int N, C, OC;
+};
+
+constexpr int kWeightRows = 4;  // weight rows a tile
+
+#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
+
+TESSERA_TARGET_AVX2 inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Shuffles in zero-masking form with a full mask: the same instructions,
+// but the plain forms (and _mm512_reduce_add_ps) start from an undefined
+// register that GCC 12 warns about inside immintrin.h.
+TESSERA_TARGET_AVX512 inline float hsum512(__m512 v) {
+  const __mmask16 all = 0xFFFF;
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0x4E));  // 256-bit halves
+  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0xB1));  // 128-bit lanes
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0x4E));        // pairs
+  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0xB1));
+  return _mm512_cvtss_f32(v);
+}
+
+template <int R, int K>
+TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
+  const int64_t C = a.C;
+  const float* x = a.x + i * C;
+  const float* w = a.w + o * C;
+  __m512 acc[R][K];
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++) acc[r][k] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    __m512 wv[K];
+    for (int k = 0; k < K; k++) wv[k] = _mm512_loadu_ps(w + k * C + c);
+    for (int r = 0; r < R; r++) {
+      const __m512 xv = _mm512_loadu_ps(x + r * C + c);
+      for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
+    }
+  }
+  if (c < C) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (C - c)) - 1);
+    __m512 wv[K];
+    for (int k = 0; k < K; k++) wv[k] = _mm512_maskz_loadu_ps(m, w + k * C + c);
+    for (int r = 0; r < R; r++) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * C + c);
+      for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++)
+      a.out[(i + r) * int64_t{a.OC} + o + k] = hsum512(acc[r][k]) + (a.bias ? a.bias[o + k] : 0.0f);
+}
+
+template <int R, int K>
+TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o) {
+  const int64_t C = a.C;
+  const float* x = a.x + i * C;
+  const float* w = a.w + o * C;
+  __m256 acc[R][K];
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++) acc[r][k] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= C; c += 8) {
+    __m256 wv[K];
+    for (int k = 0; k < K; k++) wv[k] = _mm256_loadu_ps(w + k * C + c);
+    for (int r = 0; r < R; r++) {
+      const __m256 xv = _mm256_loadu_ps(x + r * C + c);
+      for (int k = 0; k < K; k++) acc[r][k] = _mm256_fmadd_ps(xv, wv[k], acc[r][k]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++) {
+      float s = hsum256(acc[r][k]);
+      for (int64_t t = c; t < C; t++) s += x[r * C + t] * w[k * C + t];
+      a.out[(i + r) * int64_t{a.OC} + o + k] = s + (a.bias ? a.bias[o + k] : 0.0f);
+    }
+}
+
+template <int R, int K>
+void tile_generic(const Args& a, int i, int o) {
+  const int64_t C = a.C;
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < K; k++) {
+      const float* x = a.x + (i + r) * C;
+      const float* w = a.w + (o + k) * C;
+      float s = 0;
+      for (int64_t c = 0; c < C; c++) s += x[c] * w[c];
+      a.out[(i + r) * int64_t{a.OC} + o + k] = s + (a.bias ? a.bias[o + k] : 0.0f);
+    }
+}
+
+enum class Kind { kGeneric, kAvx2, kAvx512 };
+
+Kind pick() {
+  const CpuFeatures& f = cpu_features();
+  if (!f.avx2 || !f.fma) return Kind::kGeneric;
+  return f.avx512f ? Kind::kAvx512 : Kind::kAvx2;
+}
+
+template <int R, int K>
+void tile(Kind kind, const Args& a, int i, int o) {
+  switch (kind) {
+    case Kind::kAvx512: tile_avx512<R, K>(a, i, o); break;
+    case Kind::kAvx2: tile_avx2<R, K>(a, i, o); break;
+    case Kind::kGeneric: tile_generic<R, K>(a, i, o); break;
+  }
+}
+
+// Every input row against weight rows [o, o + K).
+template <int K>
+void weight_block(Kind kind, const Args& a, int o) {
+  int i = 0;
+  if (kind == Kind::kAvx512) {
+    for (; i + 4 <= a.N; i += 4) tile<4, K>(kind, a, i, o);
+    switch (a.N - i) {
+      case 3: tile<3, K>(kind, a, i, o); break;
+      case 2: tile<2, K>(kind, a, i, o); break;
+      case 1: tile<1, K>(kind, a, i, o); break;
+      default: break;
+    }
+  } else {
+    for (; i + 2 <= a.N; i += 2) tile<2, K>(kind, a, i, o);
+    if (i < a.N) tile<1, K>(kind, a, i, o);
+  }
+}
+
+// Weight rows [o_begin, o_end): blocks of kWeightRows, then one at a time.
+// One input row (a single decode step) takes 8 weight rows a tile on
+// avx512: 8 independent accumulators hide the FMA latency.
+void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
+  int o = o_begin;
+  if (a.N == 1 && kind == Kind::kAvx512)
+    for (; o + 8 <= o_end; o += 8) tile<1, 8>(kind, a, 0, o);
+  for (; o + kWeightRows <= o_end; o += kWeightRows) weight_block<kWeightRows>(kind, a, o);
+  for (; o < o_end; o++) weight_block<1>(kind, a, o);
+}
+
+}  // namespace
+
+const char* f32_rows_kernel_name() {
+  switch (pick()) {
+    case Kind::kAvx512: return "avx512 (4 rows x 4 weight rows a tile)";
+    case Kind::kAvx2: return "avx2 (2 rows x 4 weight rows a tile)";
+    case Kind::kGeneric: break;
+  }
+  return "generic (plain loops; no AVX2)";
+}
+
+void matmul_f32_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  const Kind kind = pick();
+  const Args a{inp, weight, bias, out, N, C, OC};
+  // Contiguous shares of whole blocks, one a thread: each thread's reads are
+  // one stream the hardware prefetcher follows.
+  const int blocks = (OC + kWeightRows - 1) / kWeightRows;
+  const bool parallel = int64_t{OC} * C >= (int64_t{1} << 16) && omp_get_max_threads() > 1;
+#pragma omp parallel if (parallel)
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int b0 = static_cast<int>(int64_t{blocks} * t / nt), b1 = static_cast<int>(int64_t{blocks} * (t + 1) / nt);
+    weight_range(kind, a, b0 * kWeightRows, std::min(OC, b1 * kWeightRows));
+  }
+}
+
+}  // namespace tessera::cpu

@@ -17,13 +17,15 @@
 // Ownership: a GPT owns its weights (the parameter arena, laid out by
 // param_layout()) and, made for training (ModelUse::kTraining), a gradient
 // arena of the same layout, so either can be treated as a flat buffer
-// (global norm, all-reduce, checkpoint) or as named tensors; optimizer
-// moments belong to the optimizer (parallel/data_parallel.h). A model made
-// for inference holds only the weights plus the activations its forward
-// needs. Training activations are sized on the first forward() for (B, T)
-// and re-laid only if a later call needs more; forward_tokens' scratch
-// grows to the largest ragged batch seen. Steady-state steps allocate
-// nothing. Not thread-safe: one step at a time.
+// (global norm, all-reduce, checkpoint) or as named tensors. The AdamW
+// moments (m, v) are not the model's: optim/optimizer.h's AdamW allocates
+// and owns them, on the model's device (optim/zero.h's ShardedAdamW, which
+// the trainer uses, holds one AdamW: all the moments, or its ZeRO-1 shard).
+// A model made for inference holds only the weights plus the activations
+// its forward needs. Training activations are sized on the first forward()
+// for (B, T) and re-laid only if a later call needs more; forward_tokens'
+// scratch grows to the largest ragged batch seen. Steady-state steps
+// allocate nothing. Not thread-safe: one step at a time.
 //
 // One forward: every transformer block runs through layer_forward(), for
 // training (dense causal attention over (B,T), activations kept per layer

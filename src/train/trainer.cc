@@ -1028,7 +1028,12 @@ Status Trainer::save_final_weights() {
       if (r.ok()) full = std::move(r).value();
     }
     RETURN_IF_ERROR(agree(made, "could not allocate the whole model to save it"));
-    RETURN_IF_ERROR(gather_whole(*model_, *mesh_, stage_layers_, full.get()));
+    // Agreed, so that no rank finishes (and closes its MPI connections)
+    // before rank 0 holds every piece: a sender whose send completed could
+    // exit with its last bytes still in flight (seen under Slurm, a rank 0
+    // waiting out its deadline for a stage that had already exited 0).
+    const Status gathered = gather_whole(*model_, *mesh_, stage_layers_, full.get());
+    RETURN_IF_ERROR(agree(gathered, "could not gather the whole model"));
   }
   if (rank_ == 0) {
     std::error_code ec;

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The README's main job: set up (packages, GPT-2 vocabulary, Brown corpus,
-# build), tokenize the Brown corpus with GPT-2 BPE, train configs/brown.toml
-# (a small GPT-2, about 3 minutes) data-parallel on 2 local ranks under
+# build the tessera program), tokenize the Brown corpus with GPT-2 BPE,
+# train configs/brown.toml (a small GPT-2) data-parallel on 2 local ranks under
 # mpirun, then print the validation loss before and after and a sample from
 # the trained model. Each rank takes half of the config's global batch
 # (micro_batch 8 -> 4 per rank), so the training is the same as on one rank.
 # Extra arguments go to `tessera train` (e.g. --set train.steps=50).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-tessera=build/release/tessera
+# Only the program this job runs (build/main: no tests, benchmarks or CUDA
+# kernels); scripts/test.sh builds everything into build/release.
+bash scripts/setup.sh --main
+tessera=build/main/tessera
 
 "$tessera" info
 "$tessera" prepare --input data/raw/brown --format brown --tokenizer gpt2 --out data/brown --val-fraction 0.1

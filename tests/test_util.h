@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
+#include <vector>
 
 namespace tessera::testing_util {
 
@@ -16,6 +18,18 @@ inline double normalised_error(const float* ours, const float* ref, int64_t n) {
     max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
   }
   return max_diff / max_ref;
+}
+inline double normalised_error(const std::vector<float>& ours, const std::vector<float>& ref) {
+  return normalised_error(ours.data(), ref.data(), static_cast<int64_t>(std::min(ours.size(), ref.size())));
+}
+
+// n floats uniform in [lo, hi) from mt19937(seed): the kernels' test inputs.
+inline std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
 }
 
 }  // namespace tessera::testing_util

@@ -75,13 +75,7 @@ class Dev {
 };
 
 using Vec = std::vector<float>;
-Vec uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  Vec v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing_util::uniform;
 double err(const Vec& want, const Vec& got) {
   return testing_util::normalised_error(got.data(), want.data(), static_cast<int64_t>(want.size()));
 }

@@ -11,19 +11,14 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/ref/ops.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
 
 using Vec = std::vector<float>;
 
-Vec uniform(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  Vec v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing_util::uniform;
 
 void expect_matches_oracle(int N, int C, int OC, bool with_bias) {
   SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C << " OC=" << OC << " bias=" << with_bias);

@@ -18,29 +18,15 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/ref/ops.h"
+#include "test_util.h"
 
 namespace tessera {
 namespace {
 
 using Vec = std::vector<float>;
 
-Vec uniform(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  Vec v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// max |got - want| / max(1, max |want|), as in kernels_test.cc.
-double normalised_error(const Vec& got, const Vec& want) {
-  double err = 0, scale = 1;
-  for (size_t i = 0; i < want.size(); i++) {
-    err = std::max(err, static_cast<double>(std::fabs(got[i] - want[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
-  }
-  return err / scale;
-}
+using testing_util::normalised_error;  // max |got - want| / max(1, max |want|)
+using testing_util::uniform;
 
 double tolerance(MatmulPrecision prec) {
   if (prec == MatmulPrecision::kF32) return 1e-5;

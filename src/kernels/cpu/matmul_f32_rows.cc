@@ -22,6 +22,7 @@
 
 #include "core/cpu_features.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace tessera::cpu {
 
@@ -39,13 +40,6 @@ constexpr int kWeightRows = 4;  // weight rows a tile
 
 #define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
-
-TESSERA_TARGET_AVX2 inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Shuffles in zero-masking form with a full mask: the same instructions,
 // but the plain forms (and _mm512_reduce_add_ps) start from an undefined
@@ -145,7 +139,7 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o) {
   }
   for (int r = 0; r < R; r++)
     for (int k = 0; k < K; k++) {
-      float s = hsum256(acc[r][k]);
+      float s = hsum256_ps(acc[r][k]);
       for (int64_t t = c; t < C; t++) s += x[r * C + t] * w[k * C + t];
       a.out[(i + r) * int64_t{a.OC} + o + k] = s + (a.bias ? a.bias[o + k] : 0.0f);
     }

@@ -3,6 +3,8 @@
 // the binary stays generic x86-64 and still uses AVX-512 where present.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -63,6 +65,16 @@ inline float exp_approx(float x) {
   float out;
   std::memcpy(&out, &y_bits, 4);
   return out;
+}
+
+// The sum of a ymm register's 8 floats: the upper half onto the lower,
+// then pairs. For kernels compiled for AVX2 or more (the attribute lets
+// them inline it).
+__attribute__((target("avx"))) inline float hsum256_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
 }  // namespace tessera::cpu

@@ -21,6 +21,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "comm/mpi/mpi_communicator.h"
+#include "core/host.h"
 #include "data/loader.h"
 #include "elastic/elastic_checkpoints.h"
 #include "elastic/rendezvous.h"

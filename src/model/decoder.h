@@ -65,7 +65,7 @@ struct DecoderConfig {
   float norm_eps = 1e-5f;  // layernorm: 1e-5 only (GPT-2's)
   Positions positions = Positions::kLearned;
   double rope_theta = 10000.0;
-  RopeScaling rope_scaling;
+  RopeScaling rope_scaling{};
   Mlp mlp = Mlp::kGelu;
   bool qkv_bias = true;   // biases on q, k, v (GPT-2, Qwen2)
   bool bias = true;       // biases on the attention output and the MLP (GPT-2)

@@ -38,7 +38,7 @@ struct DlrmSettings {
 struct TrainConfig {
   std::string model_kind = "gpt";  // "gpt" or "dlrm" (dlrm: the keys of DlrmSettings)
   DlrmSettings dlrm;
-  GPTConfig model{4, 4, 128, 256, 128};
+  GPTConfig model{.layers = 4, .heads = 4, .channels = 128, .vocab = 256, .context = 128};
   // The decoder's family keys as written (docs/config.md): model.arch picks
   // the defaults ("gpt2", "llama", "qwen2"), the others override them; turned
   // into `model` by load_train_config.

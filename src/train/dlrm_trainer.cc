@@ -14,6 +14,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/dir_lock.h"
+#include "core/host.h"
 #include "data/criteo.h"
 #include "io/file.h"
 #include "obs/http/metrics_exporter.h"

@@ -10,16 +10,10 @@
 #include <fmt/format.h>
 
 #include "comm/mpi/local_device.h"
+#include "core/host.h"
 #include "io/file.h"
 
 namespace tessera {
-
-std::string host_name() {
-  if (const char* h = std::getenv("TESSERA_HOST"); h && *h) return h;
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
 
 obs::Labels rank_labels(const TrainConfig& c, int rank, const comm::MeshCoord& coord) {
   return obs::Labels{{"rank", std::to_string(rank)},

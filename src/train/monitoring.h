@@ -18,10 +18,6 @@
 
 namespace tessera {
 
-// This rank's host: TESSERA_HOST (which the emulated cluster sets), else the
-// host name.
-std::string host_name();
-
 // {rank, dp, tp, pp, host, job}: the world rank, this rank's coordinates in
 // the dp x tp x pp mesh, the host (TESSERA_HOST, which the emulated cluster
 // sets, else the host name) and c.job ("tessera" when empty).

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/host.h"
 #include "data/loader.h"
 #include "comm/mpi/local_device.h"
 #include "comm/mesh.h"

@@ -54,7 +54,7 @@ TEST(GptCuda, UnavailableBackendIsAClearError) {
     if (!_dev.ok()) GTEST_SKIP() << "no CUDA device: " << _dev.message();          \
   } while (0)
 
-const GPTConfig kConfig{2, 4, 64, 200, 32};  // Vp = 256
+const GPTConfig kConfig{.layers = 2, .heads = 4, .channels = 64, .vocab = 200, .context = 32};  // Vp = 256
 constexpr int kB = 4, kT = 32;
 
 struct Batch {

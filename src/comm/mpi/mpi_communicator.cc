@@ -25,6 +25,7 @@
 
 #include "comm/traffic.h"
 #include "core/check.h"
+#include "core/host.h"
 
 namespace tessera::comm {
 
@@ -133,13 +134,6 @@ std::string format_peer_hosts(const std::vector<int>& peers) {
   std::string out = names.size() == 1 ? " on host " : " on hosts ";
   for (size_t i = 0; i < names.size() && i < 16; i++) out += (i ? ", " : "") + names[i];
   return out;
-}
-
-std::string this_host() {
-  if (const char* h = std::getenv("TESSERA_HOST"); h && *h) return h;
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-  return buf;
 }
 
 // What a Work needs of its communicator for diagnostics; shared so a Work
@@ -806,7 +800,7 @@ class StartupWatchdog {
                  "tessera: error: rank %s of %s on host %s: start-up did not finish within %.1f s (waiting in %s: a "
                  "rank did not arrive)\n",
                  env({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}).c_str(),
-                 env({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}).c_str(), this_host().c_str(),
+                 env({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}).c_str(), host_name().c_str(),
                  std::chrono::duration<double>(timeout_).count(), phase_.load());
     std::fflush(stderr);
     std::fflush(stdout);
@@ -873,7 +867,7 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   // Learn every rank's host once, for timeout messages.
   constexpr int kHostLen = 64;
   char mine[kHostLen] = {};
-  std::snprintf(mine, kHostLen, "%s", this_host().c_str());
+  std::snprintf(mine, kHostLen, "%s", host_name().c_str());
   std::vector<char> all(static_cast<size_t>(kHostLen) * size);
   MPI_Request host_req;
   TRY_MPI(MPI_Iallgather, mine, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm, &host_req);

@@ -18,6 +18,7 @@
 
 #include "comm/traffic.h"
 #include "core/check.h"
+#include "core/host.h"
 #include "runtime/cuda_check.h"
 
 namespace tessera::comm {
@@ -55,13 +56,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   CHECK(false && "unknown ReduceOp");
   return ncclSum;
-}
-
-std::string this_host() {
-  if (const char* h = std::getenv("TESSERA_HOST"); h && *h) return h;
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
-  return buf;
 }
 
 // Makes a device current for a scope and restores the caller's.
@@ -703,7 +697,7 @@ Result<std::unique_ptr<Communicator>> make_nccl_communicator(Communicator& boots
   //    left waiting in NCCL's bootstrap for one that gave up).
   Status local = make_local_resources(*s);
   JoinInfo mine;
-  std::snprintf(mine.host, sizeof(mine.host), "%s", this_host().c_str());
+  std::snprintf(mine.host, sizeof(mine.host), "%s", host_name().c_str());
   mine.device = s->device;
   mine.ok = local.ok();
   std::vector<JoinInfo> all(n);

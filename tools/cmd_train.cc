@@ -70,6 +70,11 @@ int run_train(const TrainArgs& a) {
     if (!r.ok()) return fail(r.status());
     return kExitOk;
   }
+  // SIGUSR1 (a batch system's warning before the time limit) and SIGTERM
+  // (preemption, scancel) stop at the next step with a verified checkpoint.
+  // Installed before the ranks meet: Slurm may send --signal's warning up to
+  // a minute early, and during start-up its default action would end the rank.
+  const StopFlag& stop = install_stop_signals();
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   auto world = comm::world_communicator(opts);
@@ -80,9 +85,6 @@ int run_train(const TrainArgs& a) {
     return fail(world.status());
   }
   comm::Communicator& w = *world.value();
-  // SIGUSR1 (a batch system's warning before the time limit) and SIGTERM
-  // (preemption, scancel) stop at the next step with a verified checkpoint.
-  const StopFlag& stop = install_stop_signals();
   if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value(), &stop);
   auto r = run_training(c.value(), w, stdout, nullptr, &stop);
   if (!r.ok()) {

@@ -31,7 +31,5 @@ bool matmul_rows_get_exact_primitive(int64_t rows);
 // the two). Each output is one dot product, the same whatever N is.
 constexpr int kFewRowsMax = 8;
 void matmul_f32_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
-// "avx512 (...)", "avx2 (...)" or "generic (...)": the loop this CPU runs.
-const char* f32_rows_kernel_name();
 
 }  // namespace tessera::cpu

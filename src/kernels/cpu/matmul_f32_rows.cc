@@ -206,15 +206,6 @@ void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
 
 }  // namespace
 
-const char* f32_rows_kernel_name() {
-  switch (pick()) {
-    case Kind::kAvx512: return "avx512 (4 rows x 4 weight rows a tile)";
-    case Kind::kAvx2: return "avx2 (2 rows x 4 weight rows a tile)";
-    case Kind::kGeneric: break;
-  }
-  return "generic (plain loops; no AVX2)";
-}
-
 void matmul_f32_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
   if (N <= 0 || OC <= 0) return;
   const Kind kind = pick();

@@ -1,10 +1,11 @@
 // Communicator: the collective and point-to-point operations Tessera's
 // parallel training uses, behind one interface so MPI (CPU clusters), NCCL
 // (GPUs) and Gloo (elastic) backends are interchangeable. Layers, as in Gloo:
-// this interface and its algorithms; a backend's transport (mpi/, with the
-// one-rank self_communicator(); nccl/; gloo/); rendezvous (how ranks find
-// each other: mpirun/srun for MPI, an MPI or self communicator carrying
-// NCCL's unique id, a rendezvous/ store for Gloo). NCCL's buffers are device
+// this interface and its algorithms (agree.h); a backend's transport (mpi/,
+// nccl/, gloo/, and local/: the one-rank self communicator and N ranks as
+// threads of one process); rendezvous (how ranks find each other: mpirun/srun
+// for MPI, an MPI or self communicator carrying NCCL's unique id, a
+// rendezvous/ store for Gloo). NCCL's buffers are device
 // memory (takes_device_memory()), the others' host memory.
 //
 // Every operation has an asynchronous form returning a Work handle and a

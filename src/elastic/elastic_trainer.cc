@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/self_communicator.h"
 #include "core/host.h"
 #include "data/loader.h"
 #include "elastic/elastic_checkpoints.h"

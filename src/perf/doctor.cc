@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/agree.h"
 #include "comm/mpi/local_device.h"
 #include "comm/nccl/nccl_factory.h"
 #include "perf/comm_bench.h"
@@ -178,10 +179,10 @@ Status run_comm_checks(comm::Communicator& world, const DoctorOptions& o, Profil
   }
   const int64_t top = sizes.back();
   Result<int> device = comm::select_local_device(2 * static_cast<size_t>(top) + (size_t{64} << 20));
-  int32_t ok = device.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  if (!ok) {
-    if (root) say(o, fmt::format("skipped gpu.nccl: {}", device.ok() ? "another rank has no device" : device.status().message()));
+  // One rank without a device skips the NCCL rows on every rank (not an
+  // error: the CPU rows stand).
+  if (Status every = comm::agree(world, device.status()); !every.ok()) {
+    if (root) say(o, fmt::format("skipped gpu.nccl: {}", every.message()));
     return Status::OK();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> nccl, comm::make_nccl_communicator(world, "doctor"));

@@ -14,6 +14,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpointer.h"
 #include "ckpt/dir_lock.h"
+#include "comm/agree.h"
 #include "core/host.h"
 #include "data/criteo.h"
 #include "io/file.h"
@@ -87,7 +88,6 @@ class DlrmTrainer {
   // (one rank's memory, one rank's piece of a checkpoint) would leave the
   // others in the next collective until its deadline. A failing rank other
   // than 0 prints its own line (only rank 0 reports the returned error).
-  Status agree(Status mine, const char* what);
   Status setup();
   Status setup_outputs();
   Result<DlrmConfig> model_config() const;
@@ -136,17 +136,6 @@ class DlrmTrainer {
   double resident_before_model_ = 0;
 };
 
-Status DlrmTrainer::agree(Status mine, const char* what) {
-  int32_t ok = mine.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  if (!mine.ok()) {
-    if (rank_ != 0) std::fprintf(stderr, "tessera: error: rank %d: %s\n", rank_, mine.message().c_str());
-    return mine;
-  }
-  if (!ok) return Status::InvalidArgument(fmt::format("another rank failed to {} (see its error line)", what));
-  return Status::OK();
-}
-
 Status DlrmTrainer::setup_outputs() {
   Status mine;
   if (rank_ == 0) {
@@ -162,11 +151,7 @@ Status DlrmTrainer::setup_outputs() {
     if (mine.ok()) mine = metrics_.open(c_.metrics).With("log.metrics");
     if (!mine.ok()) mine = Status::InvalidArgument(mine.message());
   }
-  int32_t ok = mine.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  RETURN_IF_ERROR(mine);
-  if (!ok) return Status::InvalidArgument("rank 0 refused an output path (see its error)");
-  return Status::OK();
+  return comm::agree(world_, mine);
 }
 
 // The model: num_dense and the tables from data.train, the rest from the keys.
@@ -235,7 +220,7 @@ Status DlrmTrainer::setup() {
   if (Result<obs::ProcessStats> ps = obs::read_process_stats(); ps.ok()) resident_before_model_ = ps->resident_bytes;
   {
     Result<std::unique_ptr<DlrmParallel>> made = DlrmParallel::create(mc, o, &world_, static_cast<uint64_t>(c_.seed));
-    RETURN_IF_ERROR(agree(made.ok() ? Status::OK() : made.status(), "build its part of the model"));
+    RETURN_IF_ERROR(comm::agree(world_, made.ok() ? Status::OK() : made.status()));
     engine_ = std::move(made).value();
   }
   int64_t table_params = 0;
@@ -255,7 +240,7 @@ Status DlrmTrainer::setup() {
   if (!c_.resume.empty()) {
     const std::string path = c_.resume == "latest" ? c_.checkpoint_dir : c_.resume;
     Result<ckpt::Checkpoint> opened = ckpt::Checkpoint::open(path);
-    RETURN_IF_ERROR(agree(opened.status(), "open the checkpoint"));
+    RETURN_IF_ERROR(comm::agree(world_, opened.status()));
     const ckpt::Checkpoint& ck = *opened;
     const std::string saved_opt = ck.config().value("table_optimizer", "");
     if (saved_opt != c_.dlrm.table_optimizer)  // the same on every rank: no agreement needed
@@ -263,7 +248,7 @@ Status DlrmTrainer::setup() {
                                                  "asks for \"{}\"",
                                                  ck.dir(), saved_opt, c_.dlrm.table_optimizer));
     Result<DlrmResumeState> loaded = load_dlrm_checkpoint(ck, *engine_);
-    RETURN_IF_ERROR(agree(loaded.status(), "read its part of the checkpoint"));
+    RETURN_IF_ERROR(comm::agree(world_, loaded.status()));
     const DlrmResumeState rs = *loaded;
     const int64_t saved_rows = ck.config().value("train_rows", int64_t{-1});
     const int saved_batch = ck.config().value("batch", -1);
@@ -439,7 +424,7 @@ Status DlrmTrainer::stop_on_signal(int step) {
   const std::string dir = c_.checkpoint_dir + "/" + ckpt::step_dir_name(step);
   Status verified;
   if (rank_ == 0) verified = verify_stop_checkpoint(dir, step);
-  RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
+  RETURN_IF_ERROR(comm::agree(world_, verified));
   const StopReport report = describe_stop(name, step, c_.steps, dir, seconds_since(t0), *stop_);
   say("%s", report.line.c_str());
   metrics_.write(report.record);

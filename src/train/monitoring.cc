@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/agree.h"
 #include "comm/mpi/local_device.h"
 #include "core/host.h"
 #include "io/file.h"
@@ -32,24 +33,16 @@ Result<std::unique_ptr<obs::MetricsExporter>> start_metrics_exporter(const Train
   ASSIGN_OR_RETURN(comm::LocalRank local, comm::local_rank());
   const int port = c.metrics_port + local.rank;
   auto exporter = std::make_unique<obs::MetricsExporter>(registry);
-  Status st = port <= 65535 ? exporter->start(c.metrics_host, port)
-                            : Status::InvalidArgument(fmt::format("log.metrics_port {} + local rank {} is beyond 65535",
-                                                                  c.metrics_port, local.rank));
-  // failed[r]: the port rank r could not serve on, or 0.
-  std::vector<int32_t> failed(static_cast<size_t>(world.size()), 0);
-  if (!st.ok()) failed[static_cast<size_t>(world.rank())] = port;
-  RETURN_IF_ERROR(world.all_reduce(failed.data(), failed.data(), world.size(), comm::ElemType::kI32));
-  for (int r = 0; r < world.size(); r++) {
-    if (failed[static_cast<size_t>(r)] == 0) continue;
-    const std::string who = world.size() > 1 ? fmt::format("rank {}: ", r) : "";
-    if (failed[static_cast<size_t>(r)] > 65535)
-      return Status::InvalidArgument(fmt::format("{}log.metrics_port {} + its local rank is beyond 65535", who,
-                                                 c.metrics_port));
-    return Status::InvalidArgument(fmt::format(
-        "{}cannot serve metrics on {}:{} (the port is in use, or the address is not one of this host's); choose another "
-        "--metrics-port (log.metrics_port; rank r uses it + its local rank) or 0 for none",
-        who, c.metrics_host, failed[static_cast<size_t>(r)]));
-  }
+  Status st = port > 65535
+                  ? Status::InvalidArgument(fmt::format("log.metrics_port {} + local rank {} is beyond 65535",
+                                                        c.metrics_port, local.rank))
+                  : exporter->start(c.metrics_host, port);
+  if (!st.ok() && port <= 65535)
+    st = Status::InvalidArgument(fmt::format(
+        "cannot serve metrics on {}:{} (the port is in use, or the address is not one of this host's); choose "
+        "another --metrics-port (log.metrics_port; rank r uses it + its local rank) or 0 for none",
+        c.metrics_host, port));
+  RETURN_IF_ERROR(comm::agree(world, st));
   return exporter;
 }
 

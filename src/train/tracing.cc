@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/agree.h"
 #include "io/file.h"
 #include "obs/trace.h"
 #include "train/monitoring.h"
@@ -90,11 +91,7 @@ Result<std::unique_ptr<TraceSession>> start_trace(const TrainConfig& c, comm::Co
   // folder, and one rank's refusal is every rank's InvalidArgument, which
   // rank 0 reports in one line before the model is built.
   Status mine = io::check_writable_folder(c.trace).With("log.trace (--trace)");
-  int32_t failed = mine.ok() ? world.size() : world.rank();  // the lowest failing rank, or size
-  RETURN_IF_ERROR(world.all_reduce(&failed, &failed, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  if (!mine.ok()) return Status::InvalidArgument(mine.message());
-  if (failed < world.size())
-    return Status::InvalidArgument(fmt::format("rank {} cannot write log.trace (--trace) {}", failed, c.trace));
+  RETURN_IF_ERROR(comm::agree(world, mine.ok() ? mine : Status::InvalidArgument(mine.message())));
   // TESSERA_TRACE_PING=1: measure every rank, even one on rank 0's host
   // (tests/cli/train_trace.sh checks the estimate against the true 0).
   const char* ping = std::getenv("TESSERA_TRACE_PING");

@@ -19,6 +19,7 @@
 
 #include "core/host.h"
 #include "data/loader.h"
+#include "comm/agree.h"
 #include "comm/mpi/local_device.h"
 #include "comm/mesh.h"
 #include "comm/nccl/nccl_factory.h"
@@ -136,7 +137,6 @@ class Trainer {
   // failed, or an error saying that another rank failed (`what`: "has no
   // usable CUDA device"), so one rank's failure is every rank's error
   // instead of a wait at the next collective.
-  Status agree(const Status& mine, const char* what);
   // Rank 0 checks the outputs (check_outputs) and locks checkpoint.dir; its
   // verdict is every rank's.
   Status agree_on_outputs();
@@ -283,10 +283,9 @@ Status Trainer::setup_device() {
   // Every rank needs its GPU; the ranks agree on each stage before going
   // on (select_local_device may itself be collective), so one rank's
   // failure is every rank's error, not a wait for it.
-  const char* kNoDevice = "has no usable CUDA device";
-  RETURN_IF_ERROR(agree(backend_available(Backend::kCUDA), kNoDevice));
+  RETURN_IF_ERROR(comm::agree(world_, backend_available(Backend::kCUDA)));
   Result<int> device = comm::select_local_device();
-  RETURN_IF_ERROR(agree(device.ok() ? Status::OK() : device.status(), kNoDevice));
+  RETURN_IF_ERROR(comm::agree(world_, device.ok() ? Status::OK() : device.status()));
   say("device: cuda:%d (%s)%s\n", *device, cuda::device_summary(*device).c_str(),
       world_.size() > 1 ? " on rank 0, one GPU per rank" : "");
   start_gpu_monitor(*device);
@@ -310,14 +309,6 @@ void Trainer::start_gpu_monitor(int device) {
   gpu_->start(registry_);
 }
 
-Status Trainer::agree(const Status& mine, const char* what) {
-  int32_t ok = mine.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  RETURN_IF_ERROR(mine);
-  if (!ok) return Status::Unavailable(fmt::format("another rank {} (see its error)", what));
-  return Status::OK();
-}
-
 Status Trainer::agree_on_outputs() {
   // A bad path is a user error: rank 0 reports it and every rank gets an
   // InvalidArgument, so the job ends cleanly (no abort, no hang in a peer
@@ -332,10 +323,7 @@ Status Trainer::agree_on_outputs() {
     else mine = lock.status().With("checkpoint.dir");
   }
   if (!mine.ok()) mine = Status::InvalidArgument(mine.message());
-  int32_t ok = mine.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  RETURN_IF_ERROR(mine);
-  if (!ok) return Status::InvalidArgument("rank 0 refused an output path (see its error)");
+  RETURN_IF_ERROR(comm::agree(world_, mine));
   if (!took_over.empty())
     say("checkpoint.dir: took over the lock of %s, which ended without releasing it\n", took_over.c_str());
   return Status::OK();
@@ -361,7 +349,7 @@ Status Trainer::setup_model() {
   RETURN_IF_ERROR(check_memory_fits(shard));
   // Out of memory on one rank is every rank's error before the first
   // collective over the model.
-  RETURN_IF_ERROR(agree(make_model(std::move(whole), shard), "could not make its model and optimizer"));
+  RETURN_IF_ERROR(comm::agree(world_, make_model(std::move(whole), shard)));
   RETURN_IF_ERROR(ddp_->sync_parameters());
   pipe_ = std::make_unique<Pipeline>(*model_, mesh_->pp(), schedule_);
   ASSIGN_OR_RETURN(tied_, TiedEmbedding::create(*mesh_));
@@ -390,11 +378,7 @@ Status Trainer::check_memory_fits(const ModelShard& shard) {
         "train.micro_batch or train.seq smaller, or spread it over more hosts",
         least * ranks_here / 1e9, who, least / 1e9, plan.str(), host_name(), limit.bytes / 1e9, limit.source));
   }
-  int32_t ok = mine.ok() ? 1 : 0;
-  RETURN_IF_ERROR(world_.all_reduce(&ok, &ok, 1, comm::ElemType::kI32, comm::ReduceOp::kMin));
-  RETURN_IF_ERROR(mine);
-  if (!ok) return Status::InvalidArgument("another rank's host cannot hold the job's memory (see its error)");
-  return Status::OK();
+  return comm::agree(world_, mine);
 }
 
 // This rank's model (whole's weights, or initialised), its data parallelism
@@ -443,7 +427,7 @@ Status Trainer::setup_checkpointer() {
     for (const ckpt::SavePiece& p : *pieces) floats += static_cast<size_t>(p.slice.numel());
     mine = checkpointer_->reserve_staging(floats);
   }
-  return agree(mine, "cannot hold its checkpoint staging memory");
+  return comm::agree(world_, mine);
 }
 
 Status Trainer::setup() {
@@ -510,7 +494,7 @@ Status Trainer::setup() {
   tokens_per_step_ = static_cast<double>(rows_per_step_) * T;
   {
     Result<std::optional<perf::Profile>> profile = perf::find_profile(c_.profile);
-    RETURN_IF_ERROR(agree(profile.status(), "could not read its doctor profile (log.profile or TESSERA_PROFILE)"));
+    RETURN_IF_ERROR(comm::agree(world_, profile.status()));
     perf::PeakReference ref;
     if (on_cuda_) {
       const std::optional<perf::DeviceInfo> here = perf::probe_gpu();  // the rank's current device
@@ -524,8 +508,8 @@ Status Trainer::setup() {
     gemm_peak_ = ref.gemm_peak_gflops;
     peak_source_ = ref.source;
   }
-  RETURN_IF_ERROR(agree(model_->try_reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA)),
-                        "could not allocate its activations"));
+  RETURN_IF_ERROR(
+      comm::agree(world_, model_->try_reserve_activations(B, T, pipeline_slots(schedule_, c_.pp, coord_.pp, GA))));
   double mem[kMemParts] = {static_cast<double>(model_->params().bytes()),
                            static_cast<double>(model_->grads().bytes()), static_cast<double>(opt_->state_bytes()),
                            static_cast<double>(model_->activation_bytes()), checkpoint_staging_bytes()};
@@ -875,7 +859,7 @@ Result<bool> Trainer::start_save(int step) {
   // Only a CUDA model's pieces can fail (a device copy); the ranks agree
   // then, so none waits in the save's collectives for a failed one.
   Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
-  if (on_cuda_) RETURN_IF_ERROR(agree(made.status(), "could not copy its tensors for the checkpoint"));
+  if (on_cuda_) RETURN_IF_ERROR(comm::agree(world_, made.status()));
   RETURN_IF_ERROR(made.status());
   const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
   ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, *made, state));
@@ -985,7 +969,7 @@ Result<TrainSummary> Trainer::stop_on_signal(int step) {
   Status verified;
   const std::string dir = (std::filesystem::path(c_.checkpoint_dir) / ckpt::step_dir_name(step)).string();
   if (rank_ == 0) verified = verify_stop_checkpoint(dir, step);
-  RETURN_IF_ERROR(agree(verified, "could not verify the checkpoint"));
+  RETURN_IF_ERROR(comm::agree(world_, verified));
   const StopReport report = describe_stop(name, step, c_.steps, dir, std::chrono::duration<double>(Clock::now() - t0).count(), *stop_);
   say("%s", report.line.c_str());
   metrics_.write(report.record);
@@ -1011,7 +995,7 @@ Status Trainer::finish() {
   // Agreed by the world, not only the data-parallel group: a pipeline
   // stage whose replicas differ must not leave the other stages waiting in
   // the gather below until their deadline.
-  RETURN_IF_ERROR(agree(ddp_->check_parameters_identical(), "found its data-parallel replicas differ"));
+  RETURN_IF_ERROR(comm::agree(world_, ddp_->check_parameters_identical()));
   summary_.weights_path = final_weights_path();
   return save_final_weights();
 }
@@ -1028,13 +1012,13 @@ Status Trainer::save_final_weights() {
       made = r.status();
       if (r.ok()) full = std::move(r).value();
     }
-    RETURN_IF_ERROR(agree(made, "could not allocate the whole model to save it"));
+    RETURN_IF_ERROR(comm::agree(world_, made));
     // Agreed, so that no rank finishes (and closes its MPI connections)
     // before rank 0 holds every piece: a sender whose send completed could
     // exit with its last bytes still in flight (seen under Slurm, a rank 0
     // waiting out its deadline for a stage that had already exited 0).
     const Status gathered = gather_whole(*model_, *mesh_, stage_layers_, full.get());
-    RETURN_IF_ERROR(agree(gathered, "could not gather the whole model"));
+    RETURN_IF_ERROR(comm::agree(world_, gathered));
   }
   if (rank_ == 0) {
     std::error_code ec;

@@ -1,6 +1,6 @@
 // Sharded checkpoints (src/ckpt): round trips, resharding between layouts,
 // ZeRO flat ranges, padding, corruption, failing writes, publishing and
-// pruning. Multi-rank cases run ranks as threads (thread_comm.h); the MPI
+// pruning. Multi-rank cases run ranks as threads (comm/local/thread_communicator.h); the MPI
 // version is tests/comm/mpi_checkpoint.cc.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -23,15 +23,15 @@
 #include "ckpt/checkpointer.h"
 #include "ckpt/dir_lock.h"
 #include "ckpt/reshard.h"
-#include "ckpt/thread_comm.h"
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/thread_communicator.h"
+#include "comm/local/self_communicator.h"
 #include "io/safetensors.h"
 
 namespace tessera::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
-using testing_util::run_ranks;
+using comm::run_ranks;
 
 testing::AssertionResult contains(const std::string& text, std::string_view part) {
   if (text.find(part) != std::string::npos) return testing::AssertionSuccess();

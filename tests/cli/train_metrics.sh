@@ -176,7 +176,7 @@ promtool check metrics <"$tmp/two.prom" >"$tmp/promtool2.out" 2>&1 && [ ! -s "$t
 "$tessera" launch -n 2 -- train --config "$tmp/mjob.toml" --metrics-port "$b" --set parallel.dp=2 \
   --set train.micro_batch=4 --set checkpoint.dir="$tmp/run5" >"$tmp/busy2.out" 2>"$tmp/busy2.err"; rc=$?
 if [ $rc -ne 0 ] && [ "$(grep -c '^tessera: error' "$tmp/busy2.err")" -eq 1 ] && ! grep -q "^step" "$tmp/busy2.out" \
-   && grep -q "^tessera: error: rank 1: cannot serve metrics on 127.0.0.1:$p2 " "$tmp/busy2.err"; then
+   && grep -q "^tessera: error: rank 1 on host [^:]*: cannot serve metrics on 127.0.0.1:$p2 " "$tmp/busy2.err"; then
   pass "two ranks, port in use: $(grep '^tessera: error' "$tmp/busy2.err" | cut -c1-80)..."
 else flunk "two ranks, port in use: exit $rc, want one error line naming rank 1:"; cat "$tmp/busy2.err"; fi
 

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/mesh.h"
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/self_communicator.h"
 
 namespace tessera::comm {
 namespace {

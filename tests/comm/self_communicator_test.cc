@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "all_to_all_cases.h"
+#include "comm/local/self_communicator.h"
 #include "comm/mpi/mpi_communicator.h"
 
 namespace tessera::comm {

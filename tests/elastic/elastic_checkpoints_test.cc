@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "ckpt/checkpoint.h"
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/self_communicator.h"
 #include "elastic/elastic_checkpoints.h"
 #include "nn/gpt.h"
 #include "optim/zero.h"

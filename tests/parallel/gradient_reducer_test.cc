@@ -1,4 +1,4 @@
-// GradientReducer on N ranks as threads (tests/ckpt/thread_comm.h): buckets
+// GradientReducer on N ranks as threads (comm/local/thread_communicator.h): buckets
 // of spans average exactly what each rank holds, whatever the bucket size,
 // and a group that never becomes ready is an error, not a hang.
 #include "parallel/gradient_reducer.h"
@@ -8,7 +8,7 @@
 #include <atomic>
 #include <vector>
 
-#include "ckpt/thread_comm.h"
+#include "comm/local/thread_communicator.h"
 
 namespace tessera {
 namespace {
@@ -24,7 +24,7 @@ TEST(GradientReducer, BucketsAverageAcrossRanksForAnyBucketSize) {
     for (int64_t bucket_bytes : {int64_t{1}, int64_t{16}, int64_t{1} << 20}) {
       SCOPED_TRACE(testing::Message() << n << " ranks, buckets of " << bucket_bytes << " bytes");
       std::atomic<int> failures{0};
-      testing_util::run_ranks(n, [&](comm::Communicator& comm) {
+      comm::run_ranks(n, [&](comm::Communicator& comm) {
         std::vector<float> g(10);
         for (int i = 0; i < 10; i++) g[i] = static_cast<float>(comm.rank() * 100 + i);
         GradientReducer reducer(comm, groups_over(g.data()), {bucket_bytes, Device::kCPU});
@@ -46,7 +46,7 @@ TEST(GradientReducer, BucketsAverageAcrossRanksForAnyBucketSize) {
 
 TEST(GradientReducer, OnlyTheCommunicatingBackwardPostsBuckets) {
   std::atomic<int> failures{0};
-  testing_util::run_ranks(2, [&](comm::Communicator& comm) {
+  comm::run_ranks(2, [&](comm::Communicator& comm) {
     std::vector<float> g(10, static_cast<float>(comm.rank()));
     GradientReducer reducer(comm, groups_over(g.data()), {1 << 20, Device::kCPU});
     reducer.set_communicate(false);  // an accumulation micro-step
@@ -61,7 +61,7 @@ TEST(GradientReducer, OnlyTheCommunicatingBackwardPostsBuckets) {
 
 TEST(GradientReducer, GroupNeverReadyIsAnError) {
   std::atomic<int> failures{0};
-  testing_util::run_ranks(2, [&](comm::Communicator& comm) {
+  comm::run_ranks(2, [&](comm::Communicator& comm) {
     std::vector<float> g(10, 1.0f);
     GradientReducer reducer(comm, groups_over(g.data()), {1, Device::kCPU});
     reducer.set_communicate(true);
@@ -73,7 +73,7 @@ TEST(GradientReducer, GroupNeverReadyIsAnError) {
 }
 
 TEST(GradientReducer, OneRankPlansNothing) {
-  testing_util::run_ranks(1, [&](comm::Communicator& comm) {
+  comm::run_ranks(1, [&](comm::Communicator& comm) {
     std::vector<float> g(10, 2.0f);
     GradientReducer reducer(comm, groups_over(g.data()), {1, Device::kCPU});
     EXPECT_EQ(reducer.buckets(), 0);

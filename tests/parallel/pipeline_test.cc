@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/self_communicator.h"
 #include "nn/gpt.h"
 #include "parallel/model_parallel.h"
 #include "tensor/slice.h"

@@ -9,14 +9,14 @@
 
 #include <gtest/gtest.h>
 
-#include "ckpt/thread_comm.h"
+#include "comm/local/thread_communicator.h"
 #include "parallel/dlrm_parallel.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-using testing_util::run_ranks;
+using comm::run_ranks;
 
 DlrmConfig small_config() {
   DlrmConfig c;

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/self_communicator.h"
 
 namespace tessera {
 namespace {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
-#include "comm/mpi/mpi_communicator.h"
+#include "comm/local/self_communicator.h"
 #include "train/stop.h"
 
 namespace tessera {

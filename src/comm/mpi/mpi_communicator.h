@@ -45,12 +45,8 @@ std::string mpi_library_version();
 // for another independent one, e.g. with a different timeout). Collective.
 Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options = {});
 
-// Size 1, rank 0, named "self": every collective is a local copy; send and
-// recv to peer 0 match each other in posting order per tag. For runs without
-// mpirun. Needs no MPI.
-std::unique_ptr<Communicator> self_communicator();
-
-// mpi_world() when launched_under_mpi(), else self_communicator().
+// mpi_world() when launched_under_mpi(), else self_communicator()
+// (comm/local/self_communicator.h).
 Result<std::unique_ptr<Communicator>> world_communicator(const CommOptions& options = {});
 
 // MPI_Finalize if this process initialised MPI and has not finalised yet;

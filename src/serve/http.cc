@@ -17,6 +17,25 @@ ApiError api_error(int http, std::string message, std::string type, std::string 
   return e;
 }
 
+std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization) {
+  if (key.empty()) return std::nullopt;
+  const std::string want = "Bearer " + key;
+  unsigned diff = authorization.size() != want.size();
+  for (size_t i = 0; i < want.size(); i++)
+    diff |= static_cast<unsigned>(want[i] ^ (i < authorization.size() ? authorization[i] : 0));
+  if (diff == 0) return std::nullopt;
+  return api_error(401,
+                   authorization.empty() ? "no API key: send the header 'Authorization: Bearer KEY'"
+                                         : "the API key is wrong",
+                   "invalid_request_error", "", "invalid_api_key");
+}
+
+void write_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http;
+  if (e.http == 429 || e.http == 503) res.set_header("Retry-After", "1");
+  res.set_content(e.body().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+}
+
 void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,
                     std::function<void(const std::string& path)> pre_route) {
   s.set_payload_max_length(opts.max_body_bytes);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -77,5 +78,14 @@ class SseReader {
 
 ApiError api_error(int http, std::string message, std::string type = "invalid_request_error",
                    std::string param = "", std::string code = "");
+
+// The API key check of both front ends: nothing when `key` is empty or the
+// Authorization header is "Bearer KEY" (compared in constant time in the
+// key's length), else the 401 to send.
+std::optional<ApiError> check_api_key(const std::string& key, const std::string& authorization);
+
+// An error answer as both front ends write it: the status, Retry-After: 1 on
+// a 429 or 503 (the client may try again soon), the OpenAI-shaped JSON body.
+void write_error(httplib::Response& res, const ApiError& e);
 
 }  // namespace tessera::serve

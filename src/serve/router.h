@@ -32,7 +32,8 @@
 // A worker's 4xx is the client's error and is passed through; a 429 tries
 // the other workers and is passed through when all are full.
 //
-// The switch is visible: /health names the active tier and why, each switch
+// The workers, the pick and the retry policy are route_policy.h; this file
+// is the HTTP front end and the stream relay. The switch is visible: /health names the active tier and why, each switch
 // writes one log line, and /metrics has tessera_route_tier_active{tier},
 // tessera_route_failovers_total{from,to,reason},
 // tessera_route_retries_total, tessera_route_worker_up{tier,worker} and
@@ -47,17 +48,13 @@
 #include "core/status.h"
 #include "obs/metrics.h"
 #include "serve/http_server.h"
+#include "serve/route_policy.h"
 
 namespace httplib {
 class Server;
 }
 
 namespace tessera::serve {
-
-struct RouteTier {
-  std::string name;               // gpu, cpu, ...
-  std::vector<std::string> urls;  // http://HOST:PORT
-};
 
 // "NAME=URL[,URL...]"; InvalidArgument naming what is wrong.
 Result<RouteTier> parse_route_tier(const std::string& spec);

@@ -132,27 +132,14 @@ struct Server::Handlers {
   }
 
   void send_error(httplib::Response& res, const ApiError& e) {
-    res.status = e.http;
-    if (e.http == 429) res.set_header("Retry-After", "1");
-    res.set_content(dump(e.body()), "application/json");
+    write_error(res, e);
     errors(e.http).add(1);
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (opts.api_key.empty()) return true;
-    const std::string want = "Bearer " + opts.api_key;
-    const std::string got = req.get_header_value("Authorization");
-    // Constant time in the key's length.
-    unsigned diff = got.size() != want.size();
-    for (size_t i = 0; i < want.size(); i++) diff |= static_cast<unsigned>(want[i] ^ (i < got.size() ? got[i] : 0));
-    if (diff == 0) return true;
-    ApiError e;
-    e.http = 401;
-    e.type = "invalid_request_error";
-    e.code = "invalid_api_key";
-    e.message = got.empty() ? "no API key: send the header 'Authorization: Bearer KEY'" : "the API key is wrong";
-    send_error(res, e);
-    return false;
+    std::optional<ApiError> refused = check_api_key(opts.api_key, req.get_header_value("Authorization"));
+    if (refused) send_error(res, *refused);
+    return !refused;
   }
 
   // While a hang is injected: waits until it is cleared.

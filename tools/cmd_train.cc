@@ -11,6 +11,7 @@
 #include "comm/mpi/mpi_communicator.h"
 #include "elastic/elastic_trainer.h"
 #include "tools/commands.h"
+#include "tools/fault_env.h"
 #include "train/config.h"
 #include "train/dlrm_trainer.h"
 #include "train/stop.h"
@@ -29,9 +30,10 @@ struct TrainArgs {
 };
 
 // model.kind = "dlrm" (train/dlrm_trainer.h); ends the world as run_train does.
-int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world, const StopFlag* stop) {
+int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world, const StopFlag* stop,
+             const FaultPlan* faults) {
   comm::Communicator& w = *world;
-  auto r = run_dlrm_training(c, w, stdout, nullptr, stop);
+  auto r = run_dlrm_training(c, w, stdout, nullptr, stop, faults);
   if (!r.ok()) {
     if (w.size() > 1 && r.status().code() != StatusCode::kInvalidArgument) comm::abort_job(r.status());
     int code = w.rank() == 0 ? fail(r.status()) : kExitError;
@@ -61,8 +63,12 @@ int run_train(const TrainArgs& a) {
   c->resume = resolve_resume(a.resume, c->checkpoint_dir);
   if (a.metrics_port >= 0) c->metrics_port = a.metrics_port;
   if (!a.trace.empty()) c->trace = a.trace;
+  Result<const FaultPlan*> plan = process_fault_plan();
+  if (!plan.ok()) return fail(plan.status());
+  const FaultPlan* faults = *plan;
   elastic::ElasticOptions eo;
   const bool elastic = elastic::elastic_options_from_env(&eo);
+  eo.faults = faults;
   if (elastic && c->model_kind == "dlrm")
     return fail(Status::InvalidArgument("model.kind = \"dlrm\" does not train under `tessera elastic` yet"));
   if (elastic) {  // started by `tessera elastic`
@@ -77,6 +83,7 @@ int run_train(const TrainArgs& a) {
   const StopFlag& stop = install_stop_signals();
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
+  stop_at_start_if_asked(*faults);
   auto world = comm::world_communicator(opts);
   if (!world.ok()) {
     // No ranks yet: under srun every task has the same error; task 0 says it.
@@ -85,8 +92,8 @@ int run_train(const TrainArgs& a) {
     return fail(world.status());
   }
   comm::Communicator& w = *world.value();
-  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value(), &stop);
-  auto r = run_training(c.value(), w, stdout, nullptr, &stop);
+  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value(), &stop, faults);
+  auto r = run_training(c.value(), w, stdout, nullptr, &stop, faults);
   if (!r.ok()) {
     // A user error is the same on every rank: rank 0 reports it, all exit
     // cleanly. Anything else (a peer timed out, I/O) may be this rank's

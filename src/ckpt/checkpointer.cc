@@ -112,7 +112,7 @@ Result<bool> Checkpointer::save(comm::Communicator& world, int64_t step, std::sp
     rank_state_.assign(state);
     job_step_ = step;
     job_rank_ = world.rank();
-    job_fault_ = options_.env != nullptr ? 0 : fault_errno_from_env(world.rank());
+    job_fault_ = options_.fault_errno;
   }
   {
     std::lock_guard lock(mu_);

@@ -60,9 +60,12 @@ struct CheckpointerOptions {
   OnBusy on_busy = OnBusy::kWait;
   nlohmann::json config = nlohmann::json::object();  // copied into each manifest (rank 0's)
   nlohmann::json layout = nlohmann::json::object();  // copied into each manifest (rank 0's)
-  // Not owned; must outlive the Checkpointer. nullptr: posix_env(), with
-  // TESSERA_CKPT_FAULT honoured for the shard write.
+  // Not owned; must outlive the Checkpointer. nullptr: posix_env().
   Env* env = nullptr;
+  // Non-zero: this rank's shard writes fail with this errno after half
+  // their bytes (FaultEnv), as a full or failing disk would; a test's fault
+  // (core/fault_plan.h, TESSERA_CKPT_FAULT).
+  int fault_errno = 0;
 };
 
 // One piece of a global tensor held by this rank.

@@ -67,22 +67,6 @@ Status FaultEnv::write_file(const std::string& path, std::span<const std::span<c
   return io_error(path, "write failed", err_);
 }
 
-int fault_errno_from_env(int rank) {
-  const char* value = std::getenv("TESSERA_CKPT_FAULT");
-  if (value == nullptr) return 0;
-  std::string_view spec(value), kind = spec;
-  if (size_t at = spec.find('@'); at != std::string_view::npos) {
-    kind = spec.substr(0, at);
-    std::string_view who = spec.substr(at + 1);
-    int target = -1;
-    auto [end, ec] = std::from_chars(who.data(), who.data() + who.size(), target);
-    if (ec != std::errc() || end != who.data() + who.size() || target != rank) return 0;
-  }
-  if (kind == "eio") return EIO;
-  if (kind == "enospc") return ENOSPC;
-  return 0;
-}
-
 Status sync_dir(const std::string& dir) { return io::sync_dir(dir); }
 
 }  // namespace tessera::ckpt

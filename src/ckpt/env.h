@@ -1,10 +1,9 @@
 // Env: the file writes a checkpoint makes, behind a small interface so tests
 // can inject I/O faults (LevelDB's Env idea). Reads and folder operations
 // (mkdir, rename, fsync of a folder) go straight to POSIX.
-//
-// Fault injection without code: TESSERA_CKPT_FAULT=eio|enospc[@RANK] makes
-// the shard write of rank RANK (every rank when @RANK is absent) fail with
-// that errno after writing half its bytes, as a full or failing disk would.
+// A test's failing disk: CheckpointerOptions::fault_errno (from the CLI's
+// fault plan, core/fault_plan.h: TESSERA_CKPT_FAULT) wraps the shard write
+// in a FaultEnv.
 #pragma once
 
 #include <cstddef>
@@ -39,10 +38,6 @@ class FaultEnv : public Env {
   Env& base_;
   int err_;
 };
-
-// The errno TESSERA_CKPT_FAULT asks `rank` to fail with; 0 when the variable
-// is unset, names another rank, or is not understood. Allocates nothing.
-int fault_errno_from_env(int rank);
 
 // fsync of a folder, making renames and new entries in it durable. File
 // systems that cannot fsync a folder (EINVAL) count as success.

@@ -166,6 +166,7 @@ Status ElasticTrainer::setup() {
   ro.max = o_.max;
   ro.last_call_s = o_.last_call_s;
   ro.timeout_s = o_.rdzv_timeout_s;
+  ro.faults = o_.faults;
   ro.host = store_->local_address();
   rdzv_ = std::make_unique<Rendezvous>(*store_, ro, id_);
 
@@ -259,7 +260,7 @@ Status ElasticTrainer::sync_state() {
   Arena& params = model_->params();
   Status s = comm_->broadcast(params.base(), static_cast<int64_t>(params.bytes() / sizeof(float)),
                               comm::ElemType::kF32, root);
-  if (s.ok() && receiver) fault_point("transfer", epoch_);
+  if (s.ok() && receiver) fault_point(o_.faults, "transfer", epoch_);
   ShardedAdamW::State st = opt_->state();
   if (s.ok()) s = comm_->broadcast(st.m, st.hi - st.lo, comm::ElemType::kF32, root);
   if (s.ok()) s = comm_->broadcast(st.v, st.hi - st.lo, comm::ElemType::kF32, root);
@@ -569,7 +570,7 @@ Status ElasticTrainer::train_step() {
                            {"store_ms", store_ms}, {"time", unix_now()}};
   recent_.push_back(record);
   if (recent_.size() > kRecentSteps) recent_.pop_front();
-  if (rank_ == 0) fault_point("before-log", step_);
+  if (rank_ == 0) fault_point(o_.faults, "before-log", step_);
   say("step {:5d}/{} | loss {:.6f} | lr {:.2e} | norm {:.3f} | {} worker(s)\n", step_, c_.steps, last_loss_, lr, norm,
       size_);
   if (!logged_.count(step_)) {  // a step redone after a reload from disk has its line
@@ -586,7 +587,7 @@ Status ElasticTrainer::train_step() {
     progress_at_ = Clock::now();
   }
   ckpts_->after_step(rank_, step_, *model_, *opt_);
-  fault_point("after-step", step_);
+  fault_point(o_.faults, "after-step", step_);
   if (failed_at_) {
     const double resume_s = since(*failed_at_);
     event({{"event", "resumed"}, {"step", step_}, {"resume_s", resume_s}, {"time", unix_now()}},

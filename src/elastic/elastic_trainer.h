@@ -13,6 +13,7 @@
 #include <string>
 
 #include "comm/rendezvous/store.h"
+#include "core/fault_plan.h"
 #include "core/status.h"
 #include "train/config.h"
 
@@ -24,6 +25,7 @@ struct ElasticOptions {
   int min = 1, max = 1;
   double last_call_s = 1.0;
   double rdzv_timeout_s = 60.0;
+  const FaultPlan* faults = nullptr;  // a test's deaths (rendezvous.h, fault_point); not owned
 };
 
 // Reads the options the agent passes in the environment (TESSERA_ELASTIC_*);

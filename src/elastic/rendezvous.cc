@@ -1,6 +1,5 @@
 #include "elastic/rendezvous.h"
 
-#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,19 +33,14 @@ constexpr auto kRecordWait = std::chrono::seconds(5);
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 }  // namespace
 
-void fault_point(const char* point, int64_t epoch) {
-  static const char* spec = std::getenv("TESSERA_ELASTIC_FAULT");
-  static const char* restart = std::getenv("TESSERA_ELASTIC_RESTART");
-  if (!spec || !*spec || (restart && std::atoi(restart) != 0)) return;  // the agent's first worker only
-  const char* at = std::strchr(spec, '@');
-  if (!at || static_cast<size_t>(at - spec) != std::strlen(point) || std::strncmp(spec, point, at - spec) != 0) return;
-  if (std::strtoll(at + 1, nullptr, 10) != epoch) return;
+void fault_point(const FaultPlan* plan, const char* point, int64_t epoch) {
+  if (plan == nullptr || !plan->kill || plan->elastic_point != point || plan->elastic_epoch != epoch) return;
   // Their number is a step, not a round.
   const bool step = std::strcmp(point, "before-log") == 0 || std::strcmp(point, "after-step") == 0;
   std::fprintf(stderr, "tessera: elastic: test fault: killing this worker at %s in %s %lld\n", point,
                step ? "step" : "round", static_cast<long long>(epoch));
   std::fflush(stderr);
-  ::raise(SIGKILL);
+  plan->kill();
 }
 
 Rendezvous::Rendezvous(comm::Store& store, RendezvousOptions o, std::string id)
@@ -82,8 +76,8 @@ Result<int> Rendezvous::lead(int64_t epoch) {
     ASSIGN_OR_RETURN(int64_t n, store_.add(key(epoch, "count"), 0));
     if (n >= o_.min && !reached_min) {
       reached_min = Clock::now();
-      fault_point("rdzv", epoch);
-      fault_point("rdzv-leader", epoch);
+      fault_point(o_.faults, "rdzv", epoch);
+      fault_point(o_.faults, "rdzv-leader", epoch);
     }
     if (n >= o_.max || (reached_min && since(*reached_min) >= o_.last_call_s)) break;
     if (!reached_min && since(t0) >= o_.timeout_s) {
@@ -174,13 +168,13 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
       continue;
     }
     const int slot = static_cast<int>(n - 1);
-    if (slot == 1) fault_point("rdzv-record", epoch);
+    if (slot == 1) fault_point(o_.faults, "rdzv-record", epoch);
     RETURN_IF_ERROR(store_.set(key(epoch, fmt::format("m{}", slot)), fmt::format("{} {}", prev_rank, id_)));
     int size = 0;
     if (slot == 0) {
       ASSIGN_OR_RETURN(size, lead(epoch));
     } else {
-      fault_point("rdzv", epoch);
+      fault_point(o_.faults, "rdzv", epoch);
       Status w = wait_closed(epoch);
       if (!w.ok())
         return Status::Unavailable(fmt::format("elastic: round {} was never closed (its leader gone?): {}", epoch,

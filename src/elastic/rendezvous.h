@@ -20,6 +20,7 @@
 
 #include "comm/communicator.h"
 #include "comm/rendezvous/store.h"
+#include "core/fault_plan.h"
 
 namespace tessera::elastic {
 
@@ -29,6 +30,7 @@ struct RendezvousOptions {
   double last_call_s = 1.0;  // after min have joined, how long to wait for more
   double timeout_s = 60.0;   // below min this long: the job fails
   std::string host;          // this worker's address for its peers
+  const FaultPlan* faults = nullptr;  // a test's deaths in the rounds (fault_point); not owned
 };
 
 struct Member {
@@ -81,16 +83,18 @@ class Rendezvous {
   int64_t tried_ = -1;
 };
 
-// Test hook (tests/cli/elastic_faults.sh): TESSERA_ELASTIC_FAULT=POINT@EPOCH
-// makes this process kill itself with SIGKILL when it reaches POINT in round
-// EPOCH: `rdzv` (a member of the open round, after its record; a leader once
+// Test hook (tests/cli/elastic_faults.sh): a fault plan (core/fault_plan.h)
+// with elastic_point POINT and elastic_epoch EPOCH (TESSERA_ELASTIC_FAULT=
+// POINT@EPOCH) ends this process with the plan's kill() (SIGKILL in the CLI)
+// when it reaches POINT in round EPOCH: `rdzv` (a member of the open round, after its record; a leader once
 // min have joined, in the last call), `rdzv-leader` (only the round's leader,
 // in the last call), `rdzv-record` (the member in slot 1, after its add and
 // before its record), `transfer` (a receiver of the state broadcast, after the
 // parameters and before the moments), `before-log` (EPOCH is a step here:
 // rank 0 once it completed that step, before it logged it), `after-step`
-// (a step too: every worker, once it completed and logged it). Only an agent's first worker
-// (TESSERA_ELASTIC_RESTART=0) dies: a restarted one rejoins.
-void fault_point(const char* point, int64_t epoch);
+// (a step too: every worker, once it completed and logged it). Only an
+// agent's first worker has the fault in its plan: a restarted one rejoins.
+// No plan, or no kill(): nothing happens.
+void fault_point(const FaultPlan* plan, const char* point, int64_t epoch);
 
 }  // namespace tessera::elastic

@@ -23,7 +23,7 @@
 #include "obs/process.h"
 #include "train/dlrm_checkpointing.h"
 #include "parallel/dlrm_parallel.h"
-#include "train/faults.h"
+#include "core/fault_plan.h"
 #include "train/monitoring.h"
 #include "train/plan_check.h"
 #include "train/stop.h"
@@ -77,8 +77,9 @@ class ClickBatch {
 class DlrmTrainer {
  public:
   DlrmTrainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry,
-              const StopFlag* stop)
+              const StopFlag* stop, const FaultPlan* faults)
       : c_(c), world_(world), out_(world.rank() == 0 ? out : nullptr), rank_(world.rank()), stop_(stop),
+        faults_(faults),
         registry_(registry ? *registry : own_registry_) {}
 
   Result<DlrmTrainSummary> run();
@@ -112,6 +113,7 @@ class DlrmTrainer {
   std::FILE* out_;
   const int rank_;
   const StopFlag* stop_;  // null: signals do not stop this run
+  const FaultPlan* faults_;  // null: none injected
   obs::Registry own_registry_;
   obs::Registry& registry_;
   std::unique_ptr<obs::MetricsExporter> exporter_;
@@ -274,6 +276,7 @@ Status DlrmTrainer::setup() {
 
   ckpt::CheckpointerOptions co;
   co.dir = c_.checkpoint_dir;
+  co.fault_errno = faults_ ? faults_->ckpt_errno_for(rank_) : 0;
   co.keep = c_.checkpoint_keep;
   co.on_busy = c_.checkpoint_on_busy == "skip" ? ckpt::OnBusy::kSkip : ckpt::OnBusy::kWait;
   co.config = {{"kind", "dlrm"},         {"model", dlrm_config_json(mc)}, {"seed", c_.seed},
@@ -446,7 +449,7 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
     const int step = static_cast<int>(s);
     const auto t0 = Clock::now();
     const DlrmBatch& b = batch_.fill(*train_, s * B % train_->rows(), B, true);
-    maybe_inject_fault(rank_, step);
+    RETURN_IF_ERROR(inject_step_fault(faults_, rank_, step));
     const double a2a0 = engine_->stats().alltoall_s;
     ASSIGN_OR_RETURN(float loss, engine_->train_step(b));
     train_alltoall_s_ += engine_->stats().alltoall_s - a2a0;
@@ -572,8 +575,8 @@ Status DlrmTrainer::report_plan_check() {
 }  // namespace
 
 Result<DlrmTrainSummary> run_dlrm_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                           obs::Registry* metrics, const StopFlag* stop) {
-  DlrmTrainer trainer(c, world, out, metrics, stop);
+                                           obs::Registry* metrics, const StopFlag* stop, const FaultPlan* faults) {
+  DlrmTrainer trainer(c, world, out, metrics, stop, faults);
   return trainer.run();
 }
 

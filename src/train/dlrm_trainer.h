@@ -29,14 +29,17 @@ struct DlrmTrainSummary {
 };
 
 struct StopFlag;
+struct FaultPlan;
 
 // Runs c.steps steps (c.model_kind == "dlrm") on the ranks of `world`. Rank 0
 // prints progress to `out`, writes the metrics file and publishes the
 // checkpoints; every rank records its series into `metrics` when given (it
 // must outlive the call), else into a registry of its own. With `stop`, a
 // signal recorded there on any rank ends the run at the next step with a
-// verified checkpoint (stopped_by set).
+// verified checkpoint (stopped_by set). `faults`: what a test injects
+// (core/fault_plan.h); null: nothing.
 Result<DlrmTrainSummary> run_dlrm_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                           obs::Registry* metrics = nullptr, const StopFlag* stop = nullptr);
+                                           obs::Registry* metrics = nullptr, const StopFlag* stop = nullptr,
+                                           const FaultPlan* faults = nullptr);
 
 }  // namespace tessera

@@ -85,17 +85,15 @@ Result<ClockOffset> measure_clock_offset(comm::Communicator& world, bool same_bo
 }
 
 Result<std::unique_ptr<TraceSession>> start_trace(const TrainConfig& c, comm::Communicator& world,
-                                                  const comm::MeshCoord& coord, std::FILE* out) {
+                                                  const comm::MeshCoord& coord, std::FILE* out,
+                                                  bool measure_every_rank) {
   if (c.trace.empty()) return std::unique_ptr<TraceSession>();
   // Every rank writes its own file (on its own host): each checks the
   // folder, and one rank's refusal is every rank's InvalidArgument, which
   // rank 0 reports in one line before the model is built.
   Status mine = io::check_writable_folder(c.trace).With("log.trace (--trace)");
   RETURN_IF_ERROR(comm::agree(world, mine.ok() ? mine : Status::InvalidArgument(mine.message())));
-  // TESSERA_TRACE_PING=1: measure every rank, even one on rank 0's host
-  // (tests/cli/train_trace.sh checks the estimate against the true 0).
-  const char* ping = std::getenv("TESSERA_TRACE_PING");
-  const bool always = ping && std::string(ping) == "1";
+  const bool always = measure_every_rank;
   ASSIGN_OR_RETURN(ClockOffset clock, measure_clock_offset(world, !always));
   const bool measured = world.rank() > 0 && (always || clock.rtt_ns > 0);
   std::unique_ptr<TraceSession> s(new TraceSession);

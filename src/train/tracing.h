@@ -49,7 +49,10 @@ Result<ClockOffset> measure_clock_offset(comm::Communicator& world, bool same_bo
 // thread "training", and turns the tracer on. Destruction, also on an error
 // path, turns it off and writes DIR/trace-rank-R.json (a failure is one
 // warning line on stderr; training's result stands). `out` (rank 0's
-// console, or null) gets one line naming the folder.
+// console, or null) gets one line naming the folder. measure_every_rank:
+// measure even a rank on rank 0's host (a test's fault plan,
+// TESSERA_TRACE_PING: tests/cli/train_trace.sh checks the estimate against
+// the true 0).
 class TraceSession {
  public:
   ~TraceSession();
@@ -61,7 +64,8 @@ class TraceSession {
 
  private:
   friend Result<std::unique_ptr<TraceSession>> start_trace(const TrainConfig& c, comm::Communicator& world,
-                                                           const comm::MeshCoord& coord, std::FILE* out);
+                                                           const comm::MeshCoord& coord, std::FILE* out,
+                                                           bool measure_every_rank);
   TraceSession() = default;
   std::string path_;
   int rank_ = 0;
@@ -72,6 +76,7 @@ class TraceSession {
 };
 
 Result<std::unique_ptr<TraceSession>> start_trace(const TrainConfig& c, comm::Communicator& world,
-                                                  const comm::MeshCoord& coord, std::FILE* out);
+                                                  const comm::MeshCoord& coord, std::FILE* out,
+                                                  bool measure_every_rank = false);
 
 }  // namespace tessera

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/fault_plan.h"
 #include "core/host.h"
 #include "data/loader.h"
 #include "comm/agree.h"
@@ -44,7 +45,6 @@
 #include "train/plan_check.h"
 #include "train/stop.h"
 #include "train/evaluate.h"
-#include "train/faults.h"
 #include "perf/flops.h"
 #include "train/memory_plan.h"
 #include "train/monitoring.h"
@@ -98,12 +98,13 @@ std::string format_duration(double seconds) {
 class Trainer {
  public:
   Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry,
-          const StopFlag* stop)
+          const StopFlag* stop, const FaultPlan* faults)
       : c_(c),
         world_(world),
         out_(world.rank() == 0 ? out : nullptr),
         rank_(world.rank()),
         stop_(stop),
+        faults_(faults),
         registry_(registry ? *registry : own_registry_) {}
 
   Result<TrainSummary> run();
@@ -167,6 +168,7 @@ class Trainer {
   std::FILE* out_;  // rank 0 speaks for the job; null elsewhere
   const int rank_;
   const StopFlag* stop_;  // null: signals do not stop this run
+  const FaultPlan* faults_;  // null: none injected
   std::unique_ptr<TraceSession> trace_;  // --trace; destroyed last, so it writes what the others recorded
   std::unique_ptr<comm::Mesh> mesh_;
   comm::Communicator* dp_ = nullptr;
@@ -411,6 +413,7 @@ Status Trainer::setup_checkpointer() {
   if (c_.checkpoint_every <= 0) return Status::OK();
   ckpt::CheckpointerOptions o;
   o.dir = c_.checkpoint_dir;
+  o.fault_errno = faults_ ? faults_->ckpt_errno_for(rank_) : 0;
   o.keep = c_.checkpoint_keep;
   o.on_busy = c_.checkpoint_on_busy == "skip" ? ckpt::OnBusy::kSkip : ckpt::OnBusy::kWait;
   o.config = {{"model", model_config_json(mc_)}, {"seed", c_.seed}, {"micro_batch", c_.micro_batch},
@@ -446,7 +449,7 @@ Status Trainer::setup() {
   // names the rank.
   registry_.set_const_labels(rank_labels(c_, rank_, coord_));
   ASSIGN_OR_RETURN(exporter_, start_metrics_exporter(c_, world_, registry_));
-  ASSIGN_OR_RETURN(trace_, start_trace(c_, world_, coord_, out_));
+  ASSIGN_OR_RETURN(trace_, start_trace(c_, world_, coord_, out_, faults_ && faults_->trace_ping_every_rank));
   if (exporter_)
     say("metrics: http://%s:%d/metrics%s\n", exporter_->host().c_str(), exporter_->port(),
         world_.size() > 1 ? " (rank 0; each rank on this port + its local rank)" : "");
@@ -715,12 +718,14 @@ Result<Trainer::StepStats> Trainer::step(int step) {
     train_->fill(step, rows_per_step_, row0, B, inputs, targets);
     return with_vocab_hint(model_->check_batch(inputs, targets, B, T).With(c_.train_data));
   };
+  Status fault;  // a test's injected exit, when the plan cannot end the process
   auto before_backward = [&](int micro) {
-    if (micro == 0) maybe_inject_fault(rank_, step);
+    if (micro == 0) fault = inject_step_fault(faults_, rank_, step);
     ddp_->begin_backward(micro == GA - 1);
   };
   double loss_sum = 0.0;
   RETURN_IF_ERROR(pipe_->train_step(GA, B, T, 1.0f / GA, fill, before_backward, &loss_sum));
+  RETURN_IF_ERROR(fault);
   // The tied embedding's two gradients are summed before ZeRO shards the
   // flat gradients, or after plain DP has averaged them (the sums commute).
   if (c_.zero == 1) RETURN_IF_ERROR(tied_->sum_grads(*model_));
@@ -1066,8 +1071,8 @@ Result<TrainSummary> Trainer::run() {
 }  // namespace
 
 Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                  obs::Registry* metrics, const StopFlag* stop) {
-  Trainer trainer(c, world, out, metrics, stop);
+                                  obs::Registry* metrics, const StopFlag* stop, const FaultPlan* faults) {
+  Trainer trainer(c, world, out, metrics, stop, faults);
   return trainer.run();
 }
 

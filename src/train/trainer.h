@@ -23,6 +23,7 @@ struct TrainSummary {
 };
 
 struct StopFlag;
+struct FaultPlan;
 
 // Runs c.steps optimizer steps on the ranks of `world` (size 1 without
 // mpirun), laid out as c.dp x c.tp x c.pp. Rank 0 prints progress to `out`,
@@ -33,8 +34,10 @@ struct StopFlag;
 // to the rank's (train/monitoring.h). With c.metrics_port > 0 each rank
 // serves that registry at GET /metrics while the call runs. With `stop`,
 // a signal recorded there on any rank ends the run at the next step with a
-// verified checkpoint (stopped_by set).
+// verified checkpoint (stopped_by set). `faults`: what a test injects
+// (core/fault_plan.h); null: nothing.
 Result<TrainSummary> run_training(const TrainConfig& c, comm::Communicator& world, std::FILE* out,
-                                  obs::Registry* metrics = nullptr, const StopFlag* stop = nullptr);
+                                  obs::Registry* metrics = nullptr, const StopFlag* stop = nullptr,
+                                  const FaultPlan* faults = nullptr);
 
 }  // namespace tessera

@@ -557,16 +557,31 @@ TEST_F(CheckpointTest, ManifestChecksumCatchesEditsThatReadWell) {
 
 // ---- failing writes ----
 
+// A disk that fails while `err` is set (a test's fault plan sets
+// CheckpointerOptions::fault_errno for a whole run; this one flips mid-run).
+class FlakyDisk : public Env {
+ public:
+  int err = 0;
+  Status write_file(const std::string& path, std::span<const std::span<const std::byte>> pieces) override {
+    if (err == 0) return posix_env().write_file(path, pieces);
+    FaultEnv fault(posix_env(), err);
+    return fault.write_file(path, pieces);
+  }
+};
+
 TEST_F(CheckpointTest, FailedWriteIsReportedAndLatestIsKept) {
-  Checkpointer c(options());  // posix_env, so TESSERA_CKPT_FAULT applies
+  FlakyDisk disk;
+  CheckpointerOptions o = options();
+  o.env = &disk;
+  Checkpointer c(o);
   const Shape s{32, 8};
   Pieces p;
   p.add("w", TensorSlice::whole(s), tensor_data(s, 1));
   ASSERT_EQ(save_now(c, 10, p).state, SaveState::kPublished);
 
-  ::setenv("TESSERA_CKPT_FAULT", "eio@0", 1);
+  disk.err = EIO;
   PollResult r = save_now(c, 20, p);
-  ::unsetenv("TESSERA_CKPT_FAULT");
+  disk.err = 0;
   ASSERT_EQ(r.state, SaveState::kFailed);
   EXPECT_EQ(r.step, 20);
   EXPECT_EQ(r.error.code(), StatusCode::kIOError);
@@ -587,16 +602,17 @@ TEST_F(CheckpointTest, FailedWriteIsReportedAndLatestIsKept) {
   EXPECT_EQ(read_text(dir_ / "latest"), "step-00000030\n");
 }
 
-TEST_F(CheckpointTest, FaultVariableOnlyHitsTheNamedRank) {
-  ::setenv("TESSERA_CKPT_FAULT", "enospc@3", 1);
-  EXPECT_EQ(fault_errno_from_env(3), ENOSPC);
-  EXPECT_EQ(fault_errno_from_env(0), 0);
-  ::setenv("TESSERA_CKPT_FAULT", "eio", 1);
-  EXPECT_EQ(fault_errno_from_env(5), EIO);
-  ::setenv("TESSERA_CKPT_FAULT", "eio@x", 1);
-  EXPECT_EQ(fault_errno_from_env(0), 0);
-  ::unsetenv("TESSERA_CKPT_FAULT");
-  EXPECT_EQ(fault_errno_from_env(0), 0);
+TEST_F(CheckpointTest, TheFaultErrnoOptionFailsEveryShardWrite) {
+  CheckpointerOptions o = options();
+  o.fault_errno = ENOSPC;
+  Checkpointer c(o);
+  const Shape s{8, 8};
+  Pieces p;
+  p.add("w", TensorSlice::whole(s), tensor_data(s, 1));
+  PollResult r = save_now(c, 10, p);
+  ASSERT_EQ(r.state, SaveState::kFailed);
+  EXPECT_TRUE(contains(r.error.message(), std::strerror(ENOSPC))) << r.error.message();
+  EXPECT_FALSE(fs::exists(step_dir(10)));
 }
 
 TEST_F(CheckpointTest, FailureOnOneRankIsReportedOnEveryRank) {

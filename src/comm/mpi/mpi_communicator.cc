@@ -682,14 +682,6 @@ class StartupWatchdog {
   std::thread thread_;
 };
 
-// Test hook (tests/cli/startup_faults.sh): TESSERA_TEST_STOP_AT_START=RANK
-// makes that rank stop itself (SIGSTOP) before MPI initialisation.
-void maybe_stop_at_start() {
-  const char* want = std::getenv("TESSERA_TEST_STOP_AT_START");
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (want != nullptr && rank != nullptr && std::strcmp(want, rank) == 0) ::raise(SIGSTOP);
-}
-
 }  // namespace
 
 bool launched_under_mpi() {
@@ -712,7 +704,6 @@ std::string mpi_library_version() {
 
 Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   StartupWatchdog watchdog(options.timeout);
-  maybe_stop_at_start();
   RETURN_IF_ERROR(ensure_mpi_initialised());
   watchdog.phase("the communicator's duplication");
   auto info = std::make_shared<CommInfo>();

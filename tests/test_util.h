@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -11,10 +12,14 @@ namespace tessera::testing_util {
 
 // max |ours - ref| / max(1, max |ref|): the error measure of every numeric
 // comparison against an oracle (ggml's test-backend-ops uses the same idea).
+// Infinite where one holds a NaN and the other does not (NaN in both agrees).
 inline double normalised_error(const float* ours, const float* ref, int64_t n) {
   double max_diff = 0.0, max_ref = 1.0;
   for (int64_t i = 0; i < n; i++) {
-    max_diff = std::max(max_diff, std::fabs(static_cast<double>(ours[i]) - ref[i]));
+    if (std::isnan(ours[i]) && std::isnan(ref[i])) continue;
+    const double diff = std::fabs(static_cast<double>(ours[i]) - ref[i]);
+    if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
+    max_diff = std::max(max_diff, diff);
     max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
   }
   return max_diff / max_ref;

@@ -1,10 +1,6 @@
-// The CUDA backend against the reference oracle: the table idea of
-// kernels_test.cc again. Each case builds seeded inputs on the host, runs
-// tessera::ref on them and tessera::cuda on device copies (host adapters in
-// namespace on_device copy in, call, synchronize, copy out), and compares by
-// normalised error
-//
-//   err = max_i |cuda_i - ref_i| / max(1, max_i |ref_i|).
+// The CUDA backend against the reference oracle: every case of the shared
+// op table (op_table.h, the table the cpu backend runs too), on device copies
+// (host adapters in namespace on_device copy in, call, synchronize, copy out).
 //
 // Compiled into every build: without TESSERA_HAVE_CUDA only the device API
 // test exists; with it but no device, every kernel test is skipped with the
@@ -30,6 +26,7 @@
 #include "runtime/cuda_device.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "kernels/cuda/ops.h"
+#include "kernels/op_table.h"
 #include "kernels/ref/ops.h"
 #endif
 
@@ -276,9 +273,147 @@ void adamw_update(float* params, const float* grads, float* m, float* v, int64_t
   d_v.copy_to(v);
 }
 
+
+void encoder_forward_positions(float* out, const int* inp, const int* pos, const float* wte, const float* wpe, int N,
+                               int C) {
+  const size_t V = vocab_rows(inp, N), P = vocab_rows(pos, N);
+  F d_out(out, static_cast<size_t>(N) * C), d_wte(wte, V * C), d_wpe(wpe, P * C);
+  I d_inp(inp, N), d_pos(pos, N);
+  cuda::encoder_forward_positions(d_out.get(), d_inp.get(), d_pos.get(), d_wte.get(), d_wpe.get(), N, C);
+  d_out.copy_to(out);
+}
+
+// The pool of a paged cache: up to the highest slot the rows write, or the
+// highest block a table names, whichever is larger (slots index rows of C).
+size_t pool_rows(const int* slots, int N) { return N > 0 ? vocab_rows(slots, N) : 1; }
+size_t table_rows(const int* table, size_t n, int bs) {
+  int top = 0;
+  for (size_t i = 0; i < n; i++) top = std::max(top, table[i]);
+  return static_cast<size_t>(top + 1) * bs;
+}
+
+void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
+  const size_t rows = pool_rows(slots, N);
+  F d_k(kcache, rows * C), d_v(vcache, rows * C), d_qkv(qkv, static_cast<size_t>(N) * 3 * C);
+  I d_slots(slots, N);
+  cuda::kv_cache_write(d_k.get(), d_v.get(), d_qkv.get(), d_slots.get(), N, C);
+  d_k.copy_to(kcache);
+  d_v.copy_to(vcache);
+}
+
+// Rows of the pool the table names for the sequences in use (W blocks each).
+size_t paged_rows(const int* table, const int* seq, int N, int bs, int W) {
+  const size_t S = N > 0 ? vocab_rows(seq, N) : 1;
+  return table_rows(table, S * W, bs);
+}
+
+void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                             const int* block_table, const int* seq, const int* pos, int N, int C, int NH, int bs,
+                             int W) {
+  const size_t S = N > 0 ? vocab_rows(seq, N) : 1, rows = paged_rows(block_table, seq, N, bs, W);
+  F d_out(out, static_cast<size_t>(N) * C), d_qkv(qkv, static_cast<size_t>(N) * 3 * C), d_k(kcache, rows * C),
+      d_v(vcache, rows * C);
+  I d_table(block_table, S * W), d_seq(seq, N), d_pos(pos, N);
+  cuda::paged_attention_forward(d_out.get(), d_qkv.get(), d_k.get(), d_v.get(), d_table.get(), d_seq.get(),
+                                d_pos.get(), N, C, NH, bs, W);
+  d_out.copy_to(out);
+}
+
+void kv_cache_write_gqa(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int NH, int KV,
+                        int hs) {
+  const size_t rows = pool_rows(slots, N), Ck = static_cast<size_t>(KV) * hs;
+  F d_k(kcache, rows * Ck), d_v(vcache, rows * Ck), d_qkv(qkv, static_cast<size_t>(N) * (NH + 2 * KV) * hs);
+  I d_slots(slots, N);
+  cuda::kv_cache_write_gqa(d_k.get(), d_v.get(), d_qkv.get(), d_slots.get(), N, NH, KV, hs);
+  d_k.copy_to(kcache);
+  d_v.copy_to(vcache);
+}
+
+void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                                 const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
+                                 int hs, int bs, int W) {
+  const size_t S = N > 0 ? vocab_rows(seq, N) : 1, rows = paged_rows(block_table, seq, N, bs, W);
+  const size_t Ck = static_cast<size_t>(KV) * hs;
+  F d_out(out, static_cast<size_t>(N) * NH * hs), d_qkv(qkv, static_cast<size_t>(N) * (NH + 2 * KV) * hs),
+      d_k(kcache, rows * Ck), d_v(vcache, rows * Ck);
+  I d_table(block_table, S * W), d_seq(seq, N), d_pos(pos, N);
+  cuda::paged_attention_gqa_forward(d_out.get(), d_qkv.get(), d_k.get(), d_v.get(), d_table.get(), d_seq.get(),
+                                    d_pos.get(), N, NH, KV, hs, bs, W);
+  d_out.copy_to(out);
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+  const size_t n = static_cast<size_t>(N) * C;
+  F d_out(out, n), d_rstd(rstd, N), d_inp(inp, n), d_w(weight, C);
+  cuda::rmsnorm_forward(d_out.get(), d_rstd.get(), d_inp.get(), d_w.get(), N, C, eps);
+  d_out.copy_to(out);
+  d_rstd.copy_to(rstd);
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  const size_t n = static_cast<size_t>(N) * C;
+  F d_dinp(dinp, n), d_dw(dweight, C), d_dout(dout, n), d_inp(inp, n), d_w(weight, C), d_rstd(rstd, N);
+  cuda::rmsnorm_backward(d_dinp.get(), d_dw.get(), d_dout.get(), d_inp.get(), d_w.get(), d_rstd.get(), N, C);
+  d_dinp.copy_to(dinp);
+  d_dw.copy_to(dweight);
+}
+
+void rope_forward(float* qkv, const int* pos, const float* inv_freq, int N, int NH, int KV, int hs) {
+  F d_qkv(qkv, static_cast<size_t>(N) * (NH + 2 * KV) * hs), d_f(inv_freq, hs / 2);
+  I d_pos(pos, N);
+  cuda::rope_forward(d_qkv.get(), d_pos.get(), d_f.get(), N, NH, KV, hs);
+  d_qkv.copy_to(qkv);
+}
+
+void rope_backward(float* dqkv, const int* pos, const float* inv_freq, int N, int NH, int KV, int hs) {
+  F d_qkv(dqkv, static_cast<size_t>(N) * (NH + 2 * KV) * hs), d_f(inv_freq, hs / 2);
+  I d_pos(pos, N);
+  cuda::rope_backward(d_qkv.get(), d_pos.get(), d_f.get(), N, NH, KV, hs);
+  d_qkv.copy_to(dqkv);
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int Fdim) {
+  const size_t n = static_cast<size_t>(N) * Fdim;
+  F d_out(out, n), d_inp(inp, 2 * n);
+  cuda::swiglu_forward(d_out.get(), d_inp.get(), N, Fdim);
+  d_out.copy_to(out);
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int Fdim) {
+  const size_t n = static_cast<size_t>(N) * Fdim;
+  F d_dinp(dinp, 2 * n), d_inp(inp, 2 * n), d_dout(dout, n);
+  cuda::swiglu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), N, Fdim);
+  d_dinp.copy_to(dinp);
+}
+
+void attention_gqa_forward(float* out, float* preatt, float* att, const float* inp, int B, int T, int NH, int KV,
+                           int hs) {
+  const size_t n_out = static_cast<size_t>(B) * T * NH * hs, n_att = static_cast<size_t>(B) * NH * T * T;
+  F d_out(out, n_out), d_pre(preatt, n_att), d_att(att, n_att),
+      d_inp(inp, static_cast<size_t>(B) * T * (NH + 2 * KV) * hs);
+  cuda::attention_gqa_forward(d_out.get(), d_pre.get(), d_att.get(), d_inp.get(), B, T, NH, KV, hs);
+  d_out.copy_to(out);
+  d_pre.copy_to(preatt);
+  d_att.copy_to(att);
+}
+
+void attention_gqa_backward(float* dinp, float* dpreatt, float* datt, const float* dout, const float* inp,
+                            const float* att, int B, int T, int NH, int KV, int hs) {
+  const size_t n_inp = static_cast<size_t>(B) * T * (NH + 2 * KV) * hs;
+  const size_t n_out = static_cast<size_t>(B) * T * NH * hs, n_att = static_cast<size_t>(B) * NH * T * T;
+  F d_dinp(dinp, n_inp), d_dpre(dpreatt, n_att), d_datt(datt, n_att), d_dout(dout, n_out), d_inp(inp, n_inp),
+      d_att(att, n_att);
+  cuda::attention_gqa_backward(d_dinp.get(), d_dpre.get(), d_datt.get(), d_dout.get(), d_inp.get(), d_att.get(), B,
+                               T, NH, KV, hs);
+  d_dinp.copy_to(dinp);
+  d_dpre.copy_to(dpreatt);
+  d_datt.copy_to(datt);
+}
+
 }  // namespace on_device
 
-// ---- the table ---------------------------------------------------------------
+// ---- the table (op_table.h) ---------------------------------------------------
 
 // fp32 elementwise and row ops: the backends differ in summation order (warp
 // and block reductions, atomics in encoder_backward) and in CUDA's expf,
@@ -297,328 +432,36 @@ constexpr double kMatmulTolerance = 1e-4;
 // the fp32 cases check the indexing.
 constexpr double kBF16Tolerance = 1e-3;
 
-struct Backend {
-  const char* name;
-  decltype(&ref::encoder_forward) encoder_forward;
-  decltype(&ref::encoder_backward) encoder_backward;
-  decltype(&ref::layernorm_forward) layernorm_forward;
-  decltype(&ref::layernorm_backward) layernorm_backward;
-  decltype(&ref::matmul_forward) matmul_forward;
-  decltype(&ref::matmul_backward) matmul_backward;
-  decltype(&ref::attention_forward) attention_forward;
-  decltype(&ref::attention_backward) attention_backward;
-  decltype(&ref::gelu_forward) gelu_forward;
-  decltype(&ref::gelu_backward) gelu_backward;
-  decltype(&ref::matmul_gelu_forward) matmul_gelu_forward;
-  decltype(&ref::residual_forward) residual_forward;
-  decltype(&ref::residual_backward) residual_backward;
-  decltype(&ref::crossentropy_softmax_forward) crossentropy_softmax_forward;
-  decltype(&ref::crossentropy_softmax_backward) crossentropy_softmax_backward;
-  decltype(&ref::adamw_update) adamw_update;
-};
+using op_table::Backend;
+using op_table::OpCase;
+using op_table::Tol;
+using op_table::Vec;
+using testing_util::uniform;
 
-#define TESSERA_BACKEND(ns)                                                                                      \
-  Backend {                                                                                                      \
-    #ns, ns::encoder_forward, ns::encoder_backward, ns::layernorm_forward, ns::layernorm_backward,               \
-        ns::matmul_forward, ns::matmul_backward, ns::attention_forward, ns::attention_backward, ns::gelu_forward, \
-        ns::gelu_backward, ns::matmul_gelu_forward, ns::residual_forward, ns::residual_backward,                  \
-        ns::crossentropy_softmax_forward, ns::crossentropy_softmax_backward, ns::adamw_update                     \
-  }
+// (want, got): the oracle first, as the flash checks below read.
+double normalised_error(const Vec& want, const Vec& got) { return testing_util::normalised_error(got, want); }
 
-const Backend kRef = TESSERA_BACKEND(ref);
-const Backend kCuda = TESSERA_BACKEND(on_device);
-
-using Vec = std::vector<float>;
-
-struct Output {
-  std::string name;
-  Vec values;
-};
-
-struct OpCase {
-  std::string op;
-  std::string shape;
-  double tolerance;
-  std::function<std::vector<Output>(const Backend&)> run;
-};
-
-void PrintTo(const OpCase& c, std::ostream* os) { *os << c.op << " " << c.shape; }
-
-Vec uniform(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Vec v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
+Backend cuda_backend() {
+  Backend b = TESSERA_OP_BACKEND(on_device);
+  b.name = "cuda";
+  b.tolerance[static_cast<int>(Tol::kF32)] = kF32Tolerance;
+  b.tolerance[static_cast<int>(Tol::kMatmul)] = kMatmulTolerance;
+  b.tolerance[static_cast<int>(Tol::kAttention)] = kMatmulTolerance;
+  b.tolerance[static_cast<int>(Tol::kBF16)] = kBF16Tolerance;
+  b.tolerance[static_cast<int>(Tol::kReduction)] = kMatmulTolerance;
+  return b;
 }
 
-std::vector<int> token_ids(size_t n, int V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, V - 1);
-  std::vector<int> ids(n);
-  for (int& id : ids) id = dist(rng);
-  return ids;
-}
-
-double normalised_error(const Vec& want, const Vec& got) {
-  double max_diff = 0.0, max_ref = 0.0;
-  for (size_t i = 0; i < want.size(); i++) {
-    if (std::isnan(want[i]) && std::isnan(got[i])) continue;
-    const double diff = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (std::isnan(diff)) return std::numeric_limits<double>::infinity();
-    max_diff = std::max(max_diff, diff);
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-  }
-  return max_diff / std::max(1.0, max_ref);
-}
-
-void add_encoder_cases(std::vector<OpCase>& cases) {
-  struct Shape { int B, T, C, V; };
-  // V = 1: every position hits the same dwte row (atomics under contention).
-  for (const Shape s : {Shape{1, 1, 1, 1}, Shape{2, 7, 3, 5}, Shape{3, 33, 17, 99}, Shape{4, 64, 160, 1}}) {
-    const std::string shape = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
-                              " C=" + std::to_string(s.C) + " V=" + std::to_string(s.V);
-    const size_t n = static_cast<size_t>(s.B) * s.T;
-    cases.push_back({"encoder_forward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const std::vector<int> ids = token_ids(n, s.V, 1);
-                       const Vec wte = uniform(static_cast<size_t>(s.V) * s.C, 2);
-                       const Vec wpe = uniform(static_cast<size_t>(s.T) * s.C, 3);
-                       Vec out = uniform(n * s.C, 4);
-                       be.encoder_forward(out.data(), ids.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
-                       return std::vector<Output>{{"out", out}};
-                     }});
-    cases.push_back({"encoder_backward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const std::vector<int> ids = token_ids(n, s.V, 5);
-                       const Vec dout = uniform(n * s.C, 6);
-                       Vec dwte = uniform(static_cast<size_t>(s.V) * s.C, 7);
-                       Vec dwpe = uniform(static_cast<size_t>(s.T) * s.C, 8);
-                       be.encoder_backward(dwte.data(), dwpe.data(), dout.data(), ids.data(), s.B, s.T, s.C);
-                       return std::vector<Output>{{"dwte", dwte}, {"dwpe", dwpe}};
-                     }});
-  }
-}
-
-void add_layernorm_cases(std::vector<OpCase>& cases) {
-  struct Shape { int N, C; };
-  for (const Shape s : {Shape{1, 1}, Shape{13, 3}, Shape{7, 17}, Shape{33, 64}, Shape{256, 768}}) {
-    const std::string shape = "N=" + std::to_string(s.N) + " C=" + std::to_string(s.C);
-    const size_t n = static_cast<size_t>(s.N) * s.C;
-    cases.push_back({"layernorm_forward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec inp = uniform(n, 11, -2.0f, 3.0f), weight = uniform(s.C, 12), bias = uniform(s.C, 13);
-                       Vec out = uniform(n, 14), mean = uniform(s.N, 15), rstd = uniform(s.N, 16);
-                       be.layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                                            bias.data(), s.N, s.C);
-                       return std::vector<Output>{{"out", out}, {"mean", mean}, {"rstd", rstd}};
-                     }});
-    cases.push_back({"layernorm_backward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec inp = uniform(n, 17, -2.0f, 3.0f), weight = uniform(s.C, 18), bias = uniform(s.C, 19);
-                       Vec out(n), mean(s.N), rstd(s.N);
-                       ref::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
-                                              bias.data(), s.N, s.C);
-                       const Vec dout = uniform(n, 20);
-                       Vec dinp = uniform(n, 21), dweight = uniform(s.C, 22), dbias = uniform(s.C, 23);
-                       be.layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
-                                             weight.data(), mean.data(), rstd.data(), s.N, s.C);
-                       return std::vector<Output>{{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}};
-                     }});
-  }
-}
-
-void add_matmul_cases(std::vector<OpCase>& cases) {
-  struct Shape { int N, C, OC; };
-  for (const MatmulPrecision prec : {MatmulPrecision::kF32, MatmulPrecision::kBF16}) {
-    const double tol = prec == MatmulPrecision::kF32 ? kMatmulTolerance : kBF16Tolerance;
-    const std::string prec_name = prec == MatmulPrecision::kF32 ? "f32" : "bf16";
-    for (const Shape s : {Shape{1, 1, 1}, Shape{13, 17, 5}, Shape{7, 64, 100}, Shape{33, 100, 3}, Shape{64, 768, 96},
-                          Shape{256, 128, 384}}) {
-      for (const bool with_bias : {true, false}) {
-        const std::string shape = prec_name + " N=" + std::to_string(s.N) + " C=" + std::to_string(s.C) +
-                                  " OC=" + std::to_string(s.OC) + (with_bias ? " bias" : " nobias");
-        const size_t n_in = static_cast<size_t>(s.N) * s.C, n_w = static_cast<size_t>(s.OC) * s.C;
-        const size_t n_out = static_cast<size_t>(s.N) * s.OC;
-        cases.push_back({"matmul_forward", shape, tol, [=](const Backend& be) {
-                           const Vec inp = uniform(n_in, 31), weight = uniform(n_w, 32), bias = uniform(s.OC, 33);
-                           Vec out = uniform(n_out, 34);
-                           be.matmul_forward(out.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr,
-                                             s.N, s.C, s.OC, prec);
-                           return std::vector<Output>{{"out", out}};
-                         }});
-        cases.push_back({"matmul_backward", shape, tol, [=](const Backend& be) {
-                           const Vec inp = uniform(n_in, 35), weight = uniform(n_w, 36), dout = uniform(n_out, 37);
-                           Vec dinp = uniform(n_in, 38), dweight = uniform(n_w, 39), dbias = uniform(s.OC, 40);
-                           be.matmul_backward(with_bias ? dinp.data() : nullptr, dweight.data(),
-                                              with_bias ? dbias.data() : nullptr, dout.data(), inp.data(),
-                                              weight.data(), s.N, s.C, s.OC, prec);
-                           return std::vector<Output>{{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}};
-                         }});
-        cases.push_back({"matmul_gelu_forward", shape, tol, [=](const Backend& be) {
-                           const Vec inp = uniform(n_in, 41), weight = uniform(n_w, 42), bias = uniform(s.OC, 43);
-                           Vec pre = uniform(n_out, 44), out = uniform(n_out, 45);
-                           be.matmul_gelu_forward(pre.data(), out.data(), inp.data(), weight.data(),
-                                                  with_bias ? bias.data() : nullptr, s.N, s.C, s.OC, prec);
-                           return std::vector<Output>{{"pre", pre}, {"out", out}};
-                         }});
-      }
-    }
-  }
-}
-
-void add_attention_cases(std::vector<OpCase>& cases) {
-  struct Shape { int B, T, C, NH; };
-  // T = 33 and 130 cross warp boundaries in the per-row softmax kernels.
-  for (const Shape s : {Shape{1, 1, 1, 1}, Shape{2, 7, 3, 3}, Shape{1, 33, 17, 1}, Shape{2, 33, 64, 4},
-                        Shape{1, 7, 100, 5}, Shape{2, 130, 64, 2}}) {
-    const std::string shape = "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
-                              " C=" + std::to_string(s.C) + " NH=" + std::to_string(s.NH);
-    const size_t n_inp = static_cast<size_t>(s.B) * s.T * 3 * s.C;
-    const size_t n_out = static_cast<size_t>(s.B) * s.T * s.C;
-    const size_t n_att = static_cast<size_t>(s.B) * s.NH * s.T * s.T;
-    // The cuda backend writes preatt, so it is compared too.
-    cases.push_back({"attention_forward", shape, kMatmulTolerance, [=](const Backend& be) {
-                       const Vec inp = uniform(n_inp, 51, -2.0f, 2.0f);
-                       Vec out = uniform(n_out, 52), preatt = uniform(n_att, 59), att = uniform(n_att, 53);
-                       be.attention_forward(out.data(), preatt.data(), att.data(), inp.data(), s.B, s.T, s.C, s.NH);
-                       return std::vector<Output>{{"out", out}, {"preatt", preatt}, {"att", att}};
-                     }});
-    cases.push_back({"attention_backward", shape, kMatmulTolerance, [=](const Backend& be) {
-                       const Vec inp = uniform(n_inp, 54, -2.0f, 2.0f);
-                       Vec out(n_out), preatt(n_att), att(n_att);
-                       ref::attention_forward(out.data(), preatt.data(), att.data(), inp.data(), s.B, s.T, s.C,
-                                              s.NH);
-                       const Vec dout = uniform(n_out, 55);
-                       Vec dinp = uniform(n_inp, 56);
-                       Vec datt = uniform(n_att, 57), dpreatt = uniform(n_att, 58);
-                       for (size_t row = 0; row < n_att / s.T; row++) {
-                         const size_t t = row % s.T;
-                         std::fill(datt.begin() + row * s.T + t + 1, datt.begin() + (row + 1) * s.T, 0.0f);
-                         std::fill(dpreatt.begin() + row * s.T + t + 1, dpreatt.begin() + (row + 1) * s.T, 0.0f);
-                       }
-                       be.attention_backward(dinp.data(), dpreatt.data(), datt.data(), dout.data(), inp.data(),
-                                             att.data(), s.B, s.T, s.C, s.NH);
-                       return std::vector<Output>{{"dinp", dinp}, {"datt", datt}, {"dpreatt", dpreatt}};
-                     }});
-  }
-}
-
-void add_elementwise_cases(std::vector<OpCase>& cases) {
-  for (const int64_t n : {int64_t{1}, int64_t{100}, int64_t{4097}, int64_t{100003}}) {
-    const std::string shape = "n=" + std::to_string(n);
-    const size_t sz = static_cast<size_t>(n);
-    cases.push_back({"gelu_forward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec inp = uniform(sz, 61, -12.0f, 12.0f);
-                       Vec out = uniform(sz, 62);
-                       be.gelu_forward(out.data(), inp.data(), n);
-                       return std::vector<Output>{{"out", out}};
-                     }});
-    cases.push_back({"gelu_backward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec inp = uniform(sz, 63, -12.0f, 12.0f), dout = uniform(sz, 64);
-                       Vec dinp = uniform(sz, 65);
-                       be.gelu_backward(dinp.data(), inp.data(), dout.data(), n);
-                       return std::vector<Output>{{"dinp", dinp}};
-                     }});
-    cases.push_back({"residual_forward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec a = uniform(sz, 66), b = uniform(sz, 67);
-                       Vec out = uniform(sz, 68);
-                       be.residual_forward(out.data(), a.data(), b.data(), n);
-                       return std::vector<Output>{{"out", out}};
-                     }});
-    cases.push_back({"residual_backward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec dout = uniform(sz, 69);
-                       Vec dinp1 = uniform(sz, 70), dinp2 = uniform(sz, 71);
-                       be.residual_backward(dinp1.data(), dinp2.data(), dout.data(), n);
-                       return std::vector<Output>{{"dinp1", dinp1}, {"dinp2", dinp2}};
-                     }});
-  }
-}
-
-void add_crossentropy_cases(std::vector<OpCase>& cases) {
-  struct Shape { int N, V; };
-  for (const Shape s : {Shape{1, 1}, Shape{13, 5}, Shape{7, 99}, Shape{33, 1000}, Shape{4, 50257}}) {
-    const int Vp = (s.V + 127) / 128 * 128;
-    const std::string shape = "N=" + std::to_string(s.N) + " V=" + std::to_string(s.V) + " Vp=" + std::to_string(Vp);
-    const size_t n = static_cast<size_t>(s.N) * Vp;
-    cases.push_back({"crossentropy_softmax_forward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec logits = uniform(n, 81, -40.0f, 40.0f);
-                       const std::vector<int> targets = token_ids(s.N, s.V, 82);
-                       Vec losses = uniform(s.N, 83), probs = uniform(n, 84);
-                       be.crossentropy_softmax_forward(losses.data(), probs.data(), logits.data(), targets.data(), s.N,
-                                                       s.V, Vp);
-                       return std::vector<Output>{{"losses", losses}, {"probs", probs}};
-                     }});
-    cases.push_back({"crossentropy_softmax_backward", shape, kF32Tolerance, [=](const Backend& be) {
-                       const Vec logits = uniform(n, 85, -5.0f, 5.0f);
-                       const std::vector<int> targets = token_ids(s.N, s.V, 86);
-                       Vec losses(s.N), probs(n);
-                       ref::crossentropy_softmax_forward(losses.data(), probs.data(), logits.data(), targets.data(),
-                                                         s.N, s.V, Vp);
-                       Vec dlogits = uniform(n, 87);
-                       be.crossentropy_softmax_backward(dlogits.data(), probs.data(), targets.data(), 1.0f / s.N, s.N,
-                                                        s.V, Vp);
-                       return std::vector<Output>{{"dlogits", dlogits}};
-                     }});
-  }
-}
-
-void add_adamw_cases(std::vector<OpCase>& cases) {
-  for (const int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
-    for (const int t : {1, 7}) {
-      const std::string shape = "n=" + std::to_string(n) + " t=" + std::to_string(t);
-      const size_t sz = static_cast<size_t>(n);
-      cases.push_back({"adamw_update", shape, kF32Tolerance, [=](const Backend& be) {
-                         Vec params = uniform(sz, 91), m = uniform(sz, 93, -0.01f, 0.01f);
-                         Vec v = uniform(sz, 94, 0.0f, 1e-4f);
-                         const Vec grads = uniform(sz, 92, -0.1f, 0.1f);
-                         AdamWParams hp;
-                         hp.lr = 1e-3f;
-                         hp.weight_decay = 0.1f;
-                         hp.t = t;
-                         hp.grad_scale = 0.5f;
-                         be.adamw_update(params.data(), grads.data(), m.data(), v.data(), n, hp);
-                         return std::vector<Output>{{"params", params}, {"m", m}, {"v", v}};
-                       }});
-    }
-  }
-}
-
-std::vector<OpCase> all_cases() {
-  std::vector<OpCase> cases;
-  add_encoder_cases(cases);
-  add_layernorm_cases(cases);
-  add_matmul_cases(cases);
-  add_attention_cases(cases);
-  add_elementwise_cases(cases);
-  add_crossentropy_cases(cases);
-  add_adamw_cases(cases);
-  return cases;
-}
-
-std::string case_name(const ::testing::TestParamInfo<OpCase>& info) {
-  std::string name = info.param.op + "_";
-  for (const char ch : info.param.shape) {
-    if (ch == ' ') name += '_';
-    else if (std::isalnum(static_cast<unsigned char>(ch))) name += ch;
-  }
-  return name;
-}
+const Backend kCuda = cuda_backend();
 
 class CudaMatchesRef : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(CudaMatchesRef, WithinTolerance) {
   SKIP_WITHOUT_DEVICE();
-  const OpCase& c = GetParam();
-  SCOPED_TRACE(c.op + " " + c.shape);
-  const std::vector<Output> want = c.run(kRef);
-  const std::vector<Output> got = c.run(kCuda);
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); i++) {
-    SCOPED_TRACE(want[i].name);
-    ASSERT_EQ(want[i].values.size(), got[i].values.size());
-    const double err = normalised_error(want[i].values, got[i].values);
-    EXPECT_LE(err, c.tolerance) << "cuda vs ref, " << c.op << " " << c.shape << ": " << want[i].name;
-  }
+  op_table::expect_matches_ref(GetParam(), kCuda);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllOps, CudaMatchesRef, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(AllOps, CudaMatchesRef, ::testing::ValuesIn(op_table::all_cases()), op_table::case_name);
 
 // ---- flash attention: against the plain CUDA kernels and the oracle ---------
 
@@ -728,50 +571,6 @@ TEST(CudaAttentionImpl, SizesFollowTheChoice) {
   EXPECT_EQ(cuda::attention_saved_floats(100, 64), plain ? 100 : 1);
   EXPECT_EQ(cuda::attention_scratch_floats(100, 64), plain ? 100 : 1);
   EXPECT_EQ(cuda::attention_saved_floats(100, 256), 100);
-}
-
-// The serving forward's kernels (paged_attention.cu) against ref: a pool
-// of shuffled blocks, 3 sequences, rows that are a prefill chunk and decode
-// tokens; the cache write first, then attention over the written cache.
-TEST(CudaPagedAttention, WriteThenAttendMatchesRef) {
-  SKIP_WITHOUT_DEVICE();
-  const int C = 96, NH = 3, bs = 16, S = 3, W = 7;
-  const std::vector<int> lengths = {100, 17, 1}, fed = {40, 1, 1};
-  std::vector<int> perm(S * W);
-  for (int i = 0; i < S * W; i++) perm[i] = i;
-  std::shuffle(perm.begin(), perm.end(), std::mt19937(3));
-  std::vector<int> table(perm), seq, pos, slots;
-  for (int k = 0; k < S; k++) {
-    for (int p = lengths[k] - fed[k]; p < lengths[k]; p++) {
-      seq.push_back(k);
-      pos.push_back(p);
-      slots.push_back(table[k * W + p / bs] * bs + p % bs);
-    }
-  }
-  const int N = static_cast<int>(seq.size());
-  const size_t pool = static_cast<size_t>(S) * W * bs * C;
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> k(pool), v(pool), qkv(static_cast<size_t>(N) * 3 * C);
-  for (float& x : k) x = u(rng);
-  for (float& x : v) x = u(rng);
-  for (float& x : qkv) x = 2.0f * u(rng);
-  std::vector<float> k_ref = k, v_ref = v, out_ref(static_cast<size_t>(N) * C), out(out_ref.size());
-  ref::kv_cache_write(k_ref.data(), v_ref.data(), qkv.data(), slots.data(), N, C);
-  ref::paged_attention_forward(out_ref.data(), qkv.data(), k_ref.data(), v_ref.data(), table.data(), seq.data(),
-                               pos.data(), N, C, NH, bs, W);
-  F d_k(k.data(), pool), d_v(v.data(), pool), d_qkv(qkv.data(), qkv.size()), d_out(out.data(), out.size());
-  I d_table(table.data(), table.size()), d_seq(seq.data(), seq.size()), d_pos(pos.data(), pos.size()),
-      d_slots(slots.data(), slots.size());
-  cuda::kv_cache_write(d_k.get(), d_v.get(), d_qkv.get(), d_slots.get(), N, C);
-  cuda::paged_attention_forward(d_out.get(), d_qkv.get(), d_k.get(), d_v.get(), d_table.get(), d_seq.get(),
-                                d_pos.get(), N, C, NH, bs, W);
-  d_out.copy_to(out.data());
-  d_k.copy_to(k.data());
-  EXPECT_EQ(k, k_ref);
-  double diff = 0.0;
-  for (size_t i = 0; i < out.size(); i++) diff = std::max(diff, std::fabs(static_cast<double>(out[i]) - out_ref[i]));
-  EXPECT_LT(diff, 1e-5);
 }
 
 #endif  // TESSERA_HAVE_CUDA

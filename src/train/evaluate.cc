@@ -28,7 +28,8 @@ Result<EvalResult> evaluate(GPT& model, std::span<const uint32_t> tokens, int B,
       targets[i] = base[i + 1];
     }
     RETURN_IF_ERROR(model.check_batch(inputs.data(), targets.data(), B, T));
-    sum += model.forward(inputs.data(), targets.data(), B, T);
+    ASSIGN_OR_RETURN(float loss, model.try_forward(inputs.data(), targets.data(), B, T));
+    sum += loss;
   }
   r.batches = batches;
   r.tokens = batches * BT;

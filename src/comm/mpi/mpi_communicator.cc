@@ -1,6 +1,7 @@
 // MPI communicator (nonblocking MPI calls + deadline-bounded waits), the
 // single-process "self" communicator, and MPI start-up/shut-down.
 #include "comm/mpi/mpi_communicator.h"
+#include "comm/op_wait.h"
 #include "comm/local/self_communicator.h"
 
 #include <mpi.h>
@@ -146,24 +147,6 @@ struct CommInfo {
   std::chrono::milliseconds timeout{0};
 };
 
-// One operation, as named in diagnostics. Formatted only on error, so posting
-// an operation builds no strings.
-struct OpDesc {
-  const char* op = "";
-  uint64_t seq = 0;
-  int64_t count = 0;  // elements, or bytes when is_bytes
-  ElemType type = ElemType::kU8;
-  bool is_bytes = false;
-  int peer = -1;  // send/recv: the rank in the communicator; -1: every other member
-
-  std::string describe() const {
-    std::string what = fmt::format("{} #{}", op, seq);
-    if (std::strcmp(op, "barrier") == 0 || std::strcmp(op, "comm_dup") == 0) return what;
-    if (is_bytes) return fmt::format("{} ({} bytes)", what, count);
-    return fmt::format("{} ({} x {})", what, count, elem_name(type));
-  }
-};
-
 std::string describe_on(const OpDesc& d, const CommInfo& c) {
   return fmt::format("{} on communicator '{}' [world ranks {}]", d.describe(), c.name,
                      format_rank_runs(c.world_ranks));
@@ -264,25 +247,12 @@ class MpiWork final : public Work {
   }
 
   Status wait() override {
-    const auto start = Clock::now();
-    const auto deadline = start + comm_->timeout;
-    // Spin (yielding the core) for as long as the transfer may plausibly
-    // still be moving data, then sleep 50-200 us between polls: a peer that
-    // late is not going to be served faster by a spinning rank, and the
-    // core may be shared with that peer. (Shared-memory MPI transports only
-    // move data while some rank polls, so sleeping early would throttle
-    // large transfers.)
-    const auto spin_for = std::chrono::microseconds(500) + std::chrono::nanoseconds(bytes_);  // ~1 GB/s
-    auto nap = std::chrono::microseconds(50);
+    Poller poller(bytes_, kMpiSpinGBps);
+    const auto deadline = poller.start() + comm_->timeout;
     while (!test()) {
       const auto now = Clock::now();
-      if (now >= deadline) return timed_out(now - start);
-      if (now - start < spin_for) {
-        sched_yield();
-      } else {
-        std::this_thread::sleep_for(std::min(nap, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now)));
-        nap = std::min(nap * 2, std::chrono::microseconds(200));
-      }
+      if (now >= deadline) return timed_out(now - poller.start());
+      poller.pause(deadline);
     }
     return status_;
   }

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/op_wait.h"
 #include "comm/traffic.h"
 #include "core/check.h"
 #include "core/host.h"
@@ -74,30 +75,6 @@ class DeviceGuard {
   int saved_ = -1;
 };
 
-// Sleeps between polls like the MPI backend: yield while the operation may
-// plausibly still be moving data, then 50-200 us naps.
-class Poller {
- public:
-  explicit Poller(int64_t bytes)
-      : start_(Clock::now()), spin_for_(std::chrono::microseconds(500) + std::chrono::nanoseconds(bytes / 8)) {}
-  void pause(Clock::time_point deadline) {
-    const auto now = Clock::now();
-    if (now - start_ < spin_for_) {
-      sched_yield();
-      return;
-    }
-    std::this_thread::sleep_for(
-        std::min(nap_, std::chrono::duration_cast<std::chrono::microseconds>(std::max(deadline - now, Clock::duration(0)))));
-    nap_ = std::min(nap_ * 2, std::chrono::microseconds(200));
-  }
-  Clock::time_point start() const { return start_; }
-
- private:
-  Clock::time_point start_;
-  Clock::duration spin_for_;
-  std::chrono::microseconds nap_{50};
-};
-
 struct Event {
   cudaEvent_t ev = nullptr;
   ~Event() {
@@ -112,23 +89,6 @@ struct Launch {
   bool complete = false;        // its event was seen done before any abort
   Status status;                // posting failed, or the communicator was aborted before it completed
   std::shared_ptr<Event> done;  // recorded on the stream after it
-};
-
-// One operation, as named in diagnostics (as in the MPI backend).
-struct OpDesc {
-  const char* op = "";
-  uint64_t seq = 0;
-  int64_t count = 0;  // elements, or bytes when is_bytes
-  ElemType type = ElemType::kU8;
-  bool is_bytes = false;
-  int peer = -1;  // send/recv: the rank in the communicator; -1: every other member
-
-  std::string describe() const {
-    std::string what = fmt::format("{} #{}", op, seq);
-    if (std::strcmp(op, "barrier") == 0) return what;
-    if (is_bytes) return fmt::format("{} ({} bytes)", what, count);
-    return fmt::format("{} ({} x {})", what, count, elem_name(type));
-  }
 };
 
 struct P2P {
@@ -192,7 +152,7 @@ struct NcclState {
     };
     if (failed(rc)) return give_up(nccl_text(rc, comm));
     const auto deadline = Clock::now() + timeout;
-    Poller poller(0);
+    Poller poller(0, kNcclSpinGBps);
     while (true) {
       ncclResult_t state = ncclSuccess, other_state = ncclSuccess;
       if (comm != nullptr && ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
@@ -309,7 +269,7 @@ NcclState::~NcclState() {
     // Finalize when everything posted has finished (within the deadline),
     // else abort: a peer that never posts its half must not hang exit.
     const auto deadline = Clock::now() + std::min(timeout, std::chrono::milliseconds(10000));
-    Poller poller(0);
+    Poller poller(0, kNcclSpinGBps);
     cudaError_t q;
     while ((q = cudaStreamQuery(stream)) == cudaErrorNotReady && Clock::now() < deadline) poller.pause(deadline);
     bool clean = q == cudaSuccess && p2p.empty();
@@ -377,7 +337,7 @@ class NcclWork final : public Work {
   }
 
   Status wait() override {
-    Poller poller(bytes_);
+    Poller poller(bytes_, kNcclSpinGBps);
     const auto deadline = poller.start() + state_->timeout;
     while (!test()) {
       const auto now = Clock::now();

@@ -13,7 +13,6 @@
 
 #include "ckpt/checkpoint.h"
 #include "io/file.h"
-#include "nn/gguf_model.h"
 #include "nn/gpt2_weights.h"
 #include "serve/registry.h"
 #include "core/progress.h"
@@ -91,58 +90,21 @@ int run_add(const RegistryArgs& a) {
 
   auto staged = reg->stage(ref->name);
   if (!staged.ok()) return bar.interrupt(), fail(staged.status());
-  serve::VersionManifest man;
-  std::error_code ec;
-  man.source = fs::absolute(a.from, ec).lexically_normal().string();
+  auto man = serve::write_version(m, *staged, serve::VersionSource{a.from, a.quantize}, [&](const std::string& what) {
+    if (what.empty()) {
+      ++step;  // nothing to quantize
+    } else {
+      bar.update(++step, what);
+    }
+  });
+  if (!man.ok()) return bar.interrupt(), fail(man.status());
   const GPTConfig c = m.config();
-  man.model = {{"n_layer", c.layers}, {"n_head", c.heads}, {"n_embd", c.channels},
-               {"vocab_size", c.vocab}, {"n_positions", c.context}};
-  if (!c.gpt2()) man.model["shape"] = c.str();  // the Llama family: the rest of the shape
-  // An fp32 model is stored as fp32; an INT8 file (tessera quantize) as it is.
-  bar.update(++step, "writing the fp32 weights");
-  if (!m.int8()) {
-    if (Status st = save_hf(m, staged->dir() + "/" + serve::kRegistryFp32File); !st.ok())
-      return bar.interrupt(), fail(st);
-    man.dtypes.push_back("fp32");
-  }
-  // The model's own tokenizer, chat template and end ids travel with its
-  // weights (checksummed with them by publish), so a served version reads
-  // them as `tessera serve --model DIR` does.
-  {
-    const fs::path src = fs::is_directory(a.from, ec) ? fs::path(a.from) : fs::path(a.from).parent_path();
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
-      if (!fs::exists(src / f, ec)) continue;
-      if (Status st = io::check_regular_file((src / f).string()); !st.ok()) return bar.interrupt(), fail(st);
-      fs::copy_file(src / f, fs::path(staged->dir()) / f, fs::copy_options::overwrite_existing, ec);
-      if (ec)
-        return bar.interrupt(), fail(Status::IOError(fmt::format("copying {} into the registry: {}", (src / f).string(),
-                                                                 ec.message())));
-    }
-  }
-  bar.update(++step, "quantizing");
-  if (a.quantize == "int8" || m.int8()) {
-    if (!m.int8()) {
-      if (Status st = m.quantize_int8(); !st.ok()) return bar.interrupt(), fail(st);
-    }
-    bar.update(++step, "writing the int8 weights");
-    if (Status st = save_int8(m, staged->dir() + "/" + serve::kRegistryInt8File); !st.ok())
-      return bar.interrupt(), fail(st);
-    man.dtypes.push_back("int8");
-  } else if (a.quantize == "int4" || a.quantize == "int4k") {
-    bar.update(++step, "writing the int4 weights");
-    const GgufWeights w = a.quantize == "int4" ? GgufWeights::kQ4_0 : GgufWeights::kQ4_K;
-    if (Status st = save_gguf(m, staged->dir() + "/" + serve::kRegistryInt4File, w); !st.ok())
-      return bar.interrupt(), fail(st);
-    man.dtypes.push_back(a.quantize);
-  } else {
-    ++step;
-  }
   bar.update(++step, "publishing");
-  auto version = reg->publish(*staged, man);
+  auto version = reg->publish(*staged, *man);
   if (!version.ok()) return bar.interrupt(), fail(version.status());
   bar.finish("done");
   std::printf("added %s:%d (%s; %s) from %s -> %s\n", ref->name.c_str(), *version,
-              fmt::format("{}", fmt::join(man.dtypes, ", ")).c_str(), c.str().c_str(), man.source.c_str(),
+              fmt::format("{}", fmt::join(man->dtypes, ", ")).c_str(), c.str().c_str(), man->source.c_str(),
               reg->version_dir(ref->name, *version).c_str());
   // The first version of a model is promoted: there is nothing to serve otherwise.
   auto promoted = reg->promoted(ref->name);

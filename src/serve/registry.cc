@@ -21,6 +21,8 @@
 #include "io/checksum.h"
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "nn/gguf_model.h"
+#include "nn/gpt2_weights.h"
 
 namespace tessera::serve {
 
@@ -422,6 +424,55 @@ Status ModelRegistry::remove(std::string_view name, int version) const {
   fs::remove_all(gone, ec);
   if (ec) return Status::IOError(fmt::format("{}: cannot remove: {}", gone, ec.message()));
   return Status::OK();
+}
+
+json manifest_model_fields(const GPTConfig& c) {
+  json j = {{"n_layer", c.layers}, {"n_head", c.heads}, {"n_embd", c.channels}, {"vocab_size", c.vocab},
+            {"n_positions", c.context}};
+  if (!c.gpt2()) j["shape"] = c.str();  // the Llama family: the rest of the shape
+  return j;
+}
+
+Result<VersionManifest> write_version(GPT& model, const StagedVersion& staged, const VersionSource& source,
+                                      const std::function<void(const std::string& step)>& on_step) {
+  auto step = [&](const std::string& what) {
+    if (on_step) on_step(what);
+  };
+  VersionManifest man;
+  std::error_code ec;
+  man.source = fs::absolute(source.from, ec).lexically_normal().string();
+  man.model = manifest_model_fields(model.config());
+  // An fp32 model is stored as fp32; an INT8 file (tessera quantize) as it is.
+  step("writing the fp32 weights");
+  if (!model.int8()) {
+    RETURN_IF_ERROR(save_hf(model, staged.dir() + "/" + kRegistryFp32File));
+    man.dtypes.push_back("fp32");
+  }
+  // The model's own tokenizer, chat template and end ids travel with its
+  // weights (checksummed with them by publish).
+  const fs::path src = fs::is_directory(source.from, ec) ? fs::path(source.from) : fs::path(source.from).parent_path();
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+    if (!fs::exists(src / f, ec)) continue;
+    RETURN_IF_ERROR(io::check_regular_file((src / f).string()));
+    fs::copy_file(src / f, fs::path(staged.dir()) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return Status::IOError(fmt::format("copying {} into the registry: {}", (src / f).string(), ec.message()));
+  }
+  step("quantizing");
+  if (source.quantize == "int8" || model.int8()) {
+    if (!model.int8()) RETURN_IF_ERROR(model.quantize_int8());
+    step("writing the int8 weights");
+    RETURN_IF_ERROR(save_int8(model, staged.dir() + "/" + kRegistryInt8File));
+    man.dtypes.push_back("int8");
+  } else if (source.quantize == "int4" || source.quantize == "int4k") {
+    step("writing the int4 weights");
+    const GgufWeights w = source.quantize == "int4" ? GgufWeights::kQ4_0 : GgufWeights::kQ4_K;
+    RETURN_IF_ERROR(save_gguf(model, staged.dir() + "/" + kRegistryInt4File, w));
+    man.dtypes.push_back(source.quantize);
+  } else {
+    step("");
+  }
+  return man;
 }
 
 }  // namespace tessera::serve

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "nn/gpt.h"
 
 namespace tessera::serve {
 
@@ -152,5 +154,32 @@ class ModelRegistry {
   explicit ModelRegistry(std::string root) : root_(std::move(root)) {}
   std::string root_;
 };
+
+// The informative "model" object of a version's manifest: n_layer, n_head,
+// n_embd, vocab_size, n_positions, and for a shape other than GPT-2's (the
+// Llama family) "shape", the rest of it (DecoderConfig::str()).
+nlohmann::json manifest_model_fields(const GPTConfig& c);
+
+// What `tessera registry add` writes of a loaded model.
+struct VersionSource {
+  std::string from;      // what --from named: a model folder, or a weights file (its folder is read)
+  std::string quantize;  // "", "int8", "int4" (Q4_0) or "int4k" (Q4_K)
+};
+
+// Writes `model` into the staged folder for ModelRegistry::publish: the
+// fp32 weights (kRegistryFp32File) unless the model is INT8 already; the
+// source folder's tokenizer.json, tokenizer_config.json and
+// generation_config.json (where present), so a served version reads them as
+// `tessera serve --model DIR` does; then the INT8 weights (kRegistryInt8File)
+// for quantize "int8" or an INT8 model (an fp32 model is quantized in place),
+// or the 4-bit GGUF file (kRegistryInt4File) for "int4"/"int4k". Returns the
+// manifest to publish (source: `from` made absolute; model; dtypes in the
+// order written). `on_step`, when given, is called before each of the four
+// steps (fp32 weights, quantizing, the quantized weights, which is "" when
+// there are none) with what it does, for a progress bar. Errors: the
+// writers' IOError, InvalidArgument for a tokenizer file that is no regular
+// file, IOError naming a file that could not be copied.
+Result<VersionManifest> write_version(GPT& model, const StagedVersion& staged, const VersionSource& source,
+                                      const std::function<void(const std::string& step)>& on_step = {});
 
 }  // namespace tessera::serve

@@ -215,6 +215,111 @@ TEST_F(ModelRegistryTest, NamesAndRefs) {
   EXPECT_EQ(reg_->stage("../x").status().code(), StatusCode::kInvalidArgument);
 }
 
+// What `registry add` writes (write_version): the fp32 weights, the source
+// folder's tokenizer files, the quantized tier asked for, and a manifest
+// that publishes and verifies.
+class WriteVersionTest : public ModelRegistryTest {
+ protected:
+  // A weights file in a folder with a tokenizer.json and a
+  // generation_config.json beside it, as `add --from FILE` names one.
+  std::string source_file() {
+    const fs::path dir = root_.string() + "-src";
+    fs::create_directories(dir);
+    std::ofstream(dir / "tokenizer.json") << "{\"model\": {}}";
+    std::ofstream(dir / "generation_config.json") << "{\"eos_token_id\": 1}";
+    return (dir / "model.safetensors").string();
+  }
+  void TearDown() override {
+    fs::remove_all(root_.string() + "-src");
+    ModelRegistryTest::TearDown();
+  }
+  static std::unique_ptr<GPT> tiny_model() {
+    auto m = std::make_unique<GPT>(GPTConfig{1, 2, 64, 256, 32}, Backend::kCPU, ModelShard{}, nullptr,
+                                   ModelUse::kInference);
+    m->init_weights(3);
+    return m;
+  }
+};
+
+TEST_F(WriteVersionTest, Fp32WithTheSourceFoldersTokenizerFiles) {
+  auto model = tiny_model();
+  auto staged = reg_->stage("tiny");
+  ASSERT_TRUE(staged.ok()) << staged.status().message();
+  std::vector<std::string> steps;
+  const std::string from = source_file();
+  auto man = write_version(*model, *staged, VersionSource{from, ""},
+                           [&](const std::string& s) { steps.push_back(s); });
+  ASSERT_TRUE(man.ok()) << man.status().message();
+  EXPECT_EQ(steps, (std::vector<std::string>{"writing the fp32 weights", "quantizing", ""}));
+  EXPECT_EQ(man->dtypes, std::vector<std::string>{"fp32"});
+  EXPECT_EQ(man->source, fs::absolute(from).lexically_normal().string());
+  EXPECT_EQ(man->model, (json{{"n_layer", 1}, {"n_head", 2}, {"n_embd", 64}, {"vocab_size", 256}, {"n_positions", 32}}));
+  EXPECT_TRUE(fs::exists(fs::path(staged->dir()) / kRegistryFp32File));
+  EXPECT_TRUE(fs::exists(fs::path(staged->dir()) / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(fs::path(staged->dir()) / "generation_config.json"));
+  EXPECT_FALSE(fs::exists(fs::path(staged->dir()) / "tokenizer_config.json"));
+
+  auto v = reg_->publish(*staged, *man);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  auto m = reg_->manifest("tiny", *v);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_NE(m->file("tokenizer.json"), nullptr);
+  EXPECT_EQ(m->source, man->source);
+  EXPECT_TRUE(reg_->verify(*m).ok());
+}
+
+TEST_F(WriteVersionTest, Int8QuantizesTheModelAndWritesBothTiers) {
+  auto model = tiny_model();
+  auto staged = reg_->stage("tiny");
+  ASSERT_TRUE(staged.ok());
+  std::vector<std::string> steps;
+  auto man = write_version(*model, *staged, VersionSource{source_file(), "int8"},
+                           [&](const std::string& s) { steps.push_back(s); });
+  ASSERT_TRUE(man.ok()) << man.status().message();
+  EXPECT_EQ(steps, (std::vector<std::string>{"writing the fp32 weights", "quantizing", "writing the int8 weights"}));
+  EXPECT_EQ(man->dtypes, (std::vector<std::string>{"fp32", "int8"}));
+  EXPECT_TRUE(model->int8());
+  EXPECT_TRUE(fs::exists(fs::path(staged->dir()) / kRegistryInt8File));
+  ASSERT_TRUE(reg_->publish(*staged, *man).ok());
+}
+
+TEST_F(WriteVersionTest, Int4WritesTheGgufFile) {
+  auto model = tiny_model();
+  auto staged = reg_->stage("tiny");
+  ASSERT_TRUE(staged.ok());
+  auto man = write_version(*model, *staged, VersionSource{source_file(), "int4"});
+  ASSERT_TRUE(man.ok()) << man.status().message();
+  EXPECT_EQ(man->dtypes, (std::vector<std::string>{"fp32", "int4"}));
+  EXPECT_TRUE(fs::exists(fs::path(staged->dir()) / kRegistryInt4File));
+  EXPECT_FALSE(model->int8());
+}
+
+TEST_F(WriteVersionTest, TokenizerFileThatIsNoRegularFileIsRefused) {
+  auto model = tiny_model();
+  const std::string from = source_file();
+  fs::create_directories(fs::path(from).parent_path() / "tokenizer_config.json");
+  auto staged = reg_->stage("tiny");
+  ASSERT_TRUE(staged.ok());
+  auto man = write_version(*model, *staged, VersionSource{from, ""});
+  ASSERT_FALSE(man.ok());
+  EXPECT_NE(man.status().message().find("tokenizer_config.json"), std::string::npos) << man.status().message();
+}
+
+TEST(RegistryManifest, ModelFieldsNameTheShapeBeyondGpt2) {
+  const GPTConfig gpt2{2, 4, 64, 300, 32};
+  EXPECT_EQ(manifest_model_fields(gpt2),
+            (json{{"n_layer", 2}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 300}, {"n_positions", 32}}));
+  GPTConfig llama = gpt2;
+  llama.norm = Norm::kRMSNorm;
+  llama.positions = Positions::kRope;
+  llama.mlp = Mlp::kSwiGLU;
+  llama.kv_heads = 2;
+  llama.bias = llama.qkv_bias = false;
+  const json j = manifest_model_fields(llama);
+  EXPECT_EQ(j["n_head"], 4);
+  EXPECT_EQ(j["shape"], llama.str());
+}
+
 // A real server over a RegistryCatalog: requests keep succeeding while
 // version 2 is promoted; later ones report it; version 1 is then unloaded.
 TEST_F(ModelRegistryTest, HotPromoteSwapsTheServedVersion) {

@@ -1,4 +1,5 @@
 #include "elastic/elastic_trainer.h"
+#include "train/evaluate.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -491,35 +492,27 @@ void ElasticTrainer::catch_up_metrics() {
 }
 
 Status ElasticTrainer::evaluate() {
-  const int B = c_.micro_batch, T = c_.seq;
-  const int64_t BT = int64_t{B} * T;
-  const int64_t available = (static_cast<int64_t>(val_tokens_.size()) - 1) / BT;
-  if (available <= 0)
-    return Status::InvalidArgument(fmt::format("{}: {} tokens are fewer than one batch needs ({})", c_.val_data,
-                                               val_tokens_.size(), BT + 1));
-  const int64_t batches = std::min<int64_t>(available, c_.eval_batches);
-  std::vector<int> in(BT), tg(BT);
-  double sums[2] = {0.0, 0.0};  // loss sum, batches
   // Batches dealt round-robin to the members, sums all-reduced: the same
   // mean for every split (up to the summation order).
-  for (int64_t k = rank_; k < batches; k += size_) {
-    const uint32_t* base = val_tokens_.data() + k * BT;
-    for (int64_t i = 0; i < BT; i++) {
-      in[i] = base[i];
-      tg[i] = base[i + 1];
-    }
-    RETURN_IF_ERROR(model_->check_batch(in.data(), tg.data(), B, T).With(c_.val_data));
-    float loss = 0.0f;
-    RETURN_IF_ERROR(pipe_->forward_only(B, T, in.data(), tg.data(), &loss));
-    sums[0] += loss;
-    sums[1] += 1;
-  }
-  RETURN_IF_ERROR(comm_->all_reduce(sums, sums, 2, comm::ElemType::kF64));
+  ValLossOptions o;
+  o.B = c_.micro_batch;
+  o.T = c_.seq;
+  o.max_batches = c_.eval_batches;
+  o.part = rank_;
+  o.parts = size_;
+  o.source = c_.val_data;
+  ASSIGN_OR_RETURN(EvalResult r, val_loss(
+                                     val_tokens_, o,
+                                     [&](const int* in, const int* tg, float* loss) -> Status {
+                                       RETURN_IF_ERROR(model_->check_batch(in, tg, o.B, o.T).With(c_.val_data));
+                                       return pipe_->forward_only(o.B, o.T, in, tg, loss);
+                                     },
+                                     comm_.get()));
   evaluated_ = step_;
-  const double loss = sums[0] / sums[1];
+  const double loss = r.loss;
   if (logged_val_.count(step_)) return Status::OK();  // redone after a reload from disk
   logged_val_.insert(step_);
-  say("step {:5d} | val loss {:.4f} ({} tokens)\n", step_, loss, batches * BT);
+  say("step {:5d} | val loss {:.4f} ({} tokens)\n", step_, loss, r.tokens);
   event({{"step", step_}, {"val_loss", loss}, {"time", unix_now()}}, "");
   return Status::OK();
 }

@@ -27,6 +27,12 @@
 #include "train/monitoring.h"
 #include "train/plan_check.h"
 #include "train/stop.h"
+#include "train/tracing.h"
+#include "comm/mpi/local_device.h"
+#include "obs/trace.h"
+#include "perf/machine.h"
+#include "perf/profile.h"
+#include "plan/dlrm.h"
 
 namespace tessera {
 
@@ -99,6 +105,8 @@ class DlrmTrainer {
   Status stop_on_signal(int step);
   Status log(int step, double loss_sum, int steps, double secs);
   Status predict_plan(const DlrmConfig& mc);
+  Status check_memory_fits(const DlrmConfig& mc);
+  Status setup_peak();
   Status report_plan_check();
   template <typename... Args>
   void say(const char* fmt, Args... args) {
@@ -117,6 +125,8 @@ class DlrmTrainer {
   obs::Registry own_registry_;
   obs::Registry& registry_;
   std::unique_ptr<obs::MetricsExporter> exporter_;
+  // The trace (log.trace, --trace); writes its file when it goes.
+  std::unique_ptr<TraceSession> trace_;
   ckpt::DirLock dir_lock_;
   MetricsLog metrics_;
   std::optional<data::ClickShard> train_, val_;
@@ -136,7 +146,28 @@ class DlrmTrainer {
   std::vector<double> step_seconds_;
   double train_alltoall_s_ = 0;  // of the training steps (evaluation's predict also sends)
   double resident_before_model_ = 0;
+  // MFU, as a GPT run reports it: the model's FLOPs per sample (the
+  // planner's count, plan/dlrm.h) over the per-rank peak of the profile or
+  // the machine's theoretical one (perf/profile.h), never measured here.
+  double flops_per_sample_ = 0, peak_ = 0;
+  std::string peak_source_;
+  obs::LinkSpeed link_;
+  CommMetrics comm_metrics_;  // the network figures of each logged step
 };
+
+// The planner's description of the model (its FLOPs and memory terms).
+plan::DlrmSpec dlrm_spec(const DlrmConfig& mc, const TrainConfig& c) {
+  plan::DlrmSpec m;
+  m.name = "this job's model";
+  m.num_dense = mc.num_dense;
+  m.dim = mc.dim;
+  m.bottom = mc.bottom;
+  m.top = mc.top;
+  m.table_rows.assign(mc.table_rows.begin(), mc.table_rows.end());
+  m.global_batch = c.dlrm.batch;
+  m.table_optimizer = c.dlrm.table_optimizer;
+  return m;
+}
 
 Status DlrmTrainer::setup_outputs() {
   Status mine;
@@ -189,6 +220,8 @@ Status DlrmTrainer::setup() {
   RETURN_IF_ERROR(setup_outputs());
   registry_.set_const_labels(rank_labels(c_, rank_, comm::MeshCoord{0, 0, 0}));
   ASSIGN_OR_RETURN(exporter_, start_metrics_exporter(c_, world_, registry_));
+  ASSIGN_OR_RETURN(trace_, start_trace(c_, world_, comm::MeshCoord{rank_, 0, 0}, out_,
+                                       faults_ && faults_->trace_ping_every_rank));
   if (exporter_) say("metrics: http://%s:%d/metrics\n", exporter_->host().c_str(), exporter_->port());
 
   ASSIGN_OR_RETURN(data::ClickShard train, data::read_click_shard(c_.train_data));
@@ -218,6 +251,7 @@ Status DlrmTrainer::setup() {
   o.lr_table = c_.dlrm.table_lr;
   o.adagrad_eps = c_.dlrm.adagrad_eps;
   o.placement = c_.dlrm.placement;
+  RETURN_IF_ERROR(check_memory_fits(mc));
   const auto t_init = Clock::now();
   if (Result<obs::ProcessStats> ps = obs::read_process_stats(); ps.ok()) resident_before_model_ = ps->resident_bytes;
   {
@@ -237,6 +271,11 @@ Status DlrmTrainer::setup() {
       static_cast<long long>(train_->rows()), c_.train_data.c_str(),
       static_cast<long long>(val_ ? val_->rows() : 0), c_.dlrm.batch,
       static_cast<double>(c_.steps) * c_.dlrm.batch / static_cast<double>(train_->rows()), c_.steps);
+  RETURN_IF_ERROR(setup_peak());
+  flops_per_sample_ = dlrm_spec(mc, c_).flops_per_sample();
+  say("mfu against %.0f GFLOP/s/rank (%s)\n", peak_, peak_source_.c_str());
+  link_ = obs::detect_link_speed(c_.link_gbps);
+  comm_metrics_.start(registry_, link_);
   RETURN_IF_ERROR(predict_plan(mc));
 
   if (!c_.resume.empty()) {
@@ -347,17 +386,24 @@ Status DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
   registry_.gauge("tessera_train_dlrm_part_seconds", help, {{"part", "lookup"}}).set(lookup / steps);
   registry_.gauge("tessera_train_dlrm_part_seconds", help, {{"part", "mlp"}}).set(mlp / steps);
   const double left = train_s_ / std::max<int64_t>(1, step - start_step_) * (c_.steps - step);
-  say("step %5d/%d | loss %.4f | %.2f ms/step (all-to-all %.2f) | %.0f samples/s | %.3g lookups/s | eta %.0fs\n", step,
-      c_.steps, loss, secs / steps * 1e3, a2a / steps * 1e3, sps, lps, left);
-  metrics_.write({{"step", step},
-                  {"loss", loss},
-                  {"steps", steps},
-                  {"step_ms", secs / steps * 1e3},
-                  {"samples_per_s", sps},
-                  {"lookups_per_s", lps},
-                  {"alltoall_ms", a2a / steps * 1e3},
-                  {"lookup_ms", lookup / steps * 1e3},
-                  {"mlp_ms", mlp / steps * 1e3}});
+  // Every rank does 1/size of the job's FLOPs (data-parallel MLPs, sharded tables).
+  const double mfu = peak_ > 0 ? sps * flops_per_sample_ / world_.size() / (peak_ * 1e9) : 0.0;
+  registry_.gauge("tessera_train_mfu", "Model FLOPs utilisation of the last logged steps").set(mfu);
+  say("step %5d/%d | loss %.4f | %.2f ms/step (all-to-all %.2f) | %.0f samples/s | %.3g lookups/s | mfu %.3f | "
+      "eta %.0fs\n",
+      step, c_.steps, loss, secs / steps * 1e3, a2a / steps * 1e3, sps, lps, mfu, left);
+  nlohmann::json record = {{"step", step},
+                           {"loss", loss},
+                           {"steps", steps},
+                           {"step_ms", secs / steps * 1e3},
+                           {"samples_per_s", sps},
+                           {"lookups_per_s", lps},
+                           {"mfu", mfu},
+                           {"alltoall_ms", a2a / steps * 1e3},
+                           {"lookup_ms", lookup / steps * 1e3},
+                           {"mlp_ms", mlp / steps * 1e3}};
+  comm_metrics_.log(record);
+  metrics_.write(record);
   summary_.last_train_loss = loss;
   return Status::OK();
 }
@@ -443,10 +489,12 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
   RETURN_IF_ERROR(evaluate(static_cast<int>(start_step_)));
   const int B = c_.dlrm.batch, every = c_.dlrm.log_every;
   stats_prev_ = engine_->stats();
+  comm_metrics_.skip();  // the first step's figures leave out the evaluation's
   double loss_sum = 0.0, secs = 0.0;
   int logged = 0;
   for (int64_t s = start_step_; s < c_.steps; s++) {
     const int step = static_cast<int>(s);
+    obs::trace::Span span("step", "train");
     const auto t0 = Clock::now();
     const DlrmBatch& b = batch_.fill(*train_, s * B % train_->rows(), B, true);
     RETURN_IF_ERROR(inject_step_fault(faults_, rank_, step));
@@ -496,6 +544,51 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
   return summary_;
 }
 
+// The peak an MFU is measured against: the doctor profile's (log.profile
+// or TESSERA_PROFILE), else this machine's theoretical fp32 peak, shared by
+// the host's ranks.
+Status DlrmTrainer::setup_peak() {
+  Result<std::optional<perf::Profile>> profile = perf::find_profile(c_.profile);
+  RETURN_IF_ERROR(comm::agree(world_, profile.status()));
+  Result<comm::LocalRank> local = comm::local_rank();
+  const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
+  const perf::PeakReference ref = perf::cpu_peak_reference(*profile, perf::detect_machine(false), "fp32", ranks_here);
+  peak_ = ref.peak_gflops;
+  peak_source_ = ref.source;
+  return Status::OK();
+}
+
+// Before the model is built: the host's ranks need at least their share of
+// the tables (and of their optimizer state and checkpoint staging) and each
+// a copy of the MLPs with gradients and AdamW moments. More than the host
+// has is every rank's InvalidArgument, naming the host and the figures,
+// instead of an out-of-memory kill part-way through building.
+Status DlrmTrainer::check_memory_fits(const DlrmConfig& mc) {
+  const plan::DlrmSpec spec = dlrm_spec(mc, c_);
+  const double state = c_.dlrm.table_optimizer == "adagrad" ? 1.0 : 0.0;  // row-wise Adagrad: one float a row
+  double table_rows = 0;
+  for (int64_t e : spec.table_rows) table_rows += static_cast<double>(e);
+  const double tables = table_rows * (spec.dim + state) * sizeof(float) / world_.size();
+  const double staging = c_.checkpoint_every > 0 ? tables : 0.0;
+  const double mlp = static_cast<double>(spec.mlp_parameters()) * 4 * sizeof(float);
+  const double least = tables + staging + mlp;
+  Result<comm::LocalRank> local = comm::local_rank();
+  const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
+  const obs::MemoryLimit limit = obs::host_memory_limit();
+  Status mine;
+  if (limit.bytes > 0 && least * ranks_here > limit.bytes) {
+    const std::string who =
+        ranks_here > 1 ? fmt::format("{} ranks on host {}, each", ranks_here, host_name()) : "this rank";
+    mine = Status::InvalidArgument(fmt::format(
+        "the job needs at least {:.1f} GB ({} at least {:.1f} GB: tables {:.1f} GB, checkpoint staging {:.1f} GB, "
+        "MLPs {:.1f} GB) but {} has {:.1f} GB ({}); make the tables smaller (data.hash_size) or spread them over more "
+        "ranks",
+        least * ranks_here / 1e9, who, least / 1e9, tables / 1e9, staging / 1e9, mlp / 1e9, host_name(),
+        limit.bytes / 1e9, limit.source));
+  }
+  return comm::agree(world_, mine);
+}
+
 // The planner's step time, memory and all-to-all share for this job under
 // the placement the engine chose (every rank computes it; rank 0 says it).
 namespace {
@@ -508,15 +601,7 @@ double link_gbps_of(float flag) {
 Status DlrmTrainer::predict_plan(const DlrmConfig& mc) {
   ASSIGN_OR_RETURN(PlanCheckMachine machine, describe_run_machine(world_, c_.profile, link_gbps_of(c_.link_gbps)));
   plan::DlrmJob job;
-  plan::DlrmSpec& m = job.model;
-  m.name = "this job's model";
-  m.num_dense = mc.num_dense;
-  m.dim = mc.dim;
-  m.bottom = mc.bottom;
-  m.top = mc.top;
-  m.table_rows.assign(mc.table_rows.begin(), mc.table_rows.end());
-  m.global_batch = c_.dlrm.batch;
-  m.table_optimizer = c_.dlrm.table_optimizer;
+  job.model = dlrm_spec(mc, c_);
   job.checkpoint_staging = !c_.checkpoint_dir.empty();
   // The planner prices whole placements; a mixed plan ("auto" that split
   // some tables) is priced as row-wise.

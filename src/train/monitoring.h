@@ -12,6 +12,8 @@
 #include "core/status.h"
 #include "comm/communicator.h"
 #include "comm/mesh.h"
+#include "comm/traffic.h"
+#include "obs/link.h"
 #include "obs/http/metrics_exporter.h"
 #include "obs/metrics.h"
 #include "train/config.h"
@@ -46,6 +48,36 @@ class MetricsLog {
 
  private:
   std::FILE* f_ = nullptr;
+};
+
+// The network side of a training job's figures, the same for every model
+// (GPT, DLRM): this rank's traffic since the last log() (comm/traffic.h)
+// into the registry's tessera_train_comm_* series and into a JSONL record
+// (comm_sent_bytes, comm_received_bytes, busbw_<op>_gbps, link_gbps).
+// Not thread safe: the training thread owns it.
+class CommMetrics {
+ public:
+  // Registers the series in `registry` (which must outlive this) and takes
+  // the traffic so far as the baseline. `link`: the inter-host link.
+  void start(obs::Registry& registry, const obs::LinkSpeed& link);
+  // The traffic since start() or the last log().
+  void log(nlohmann::json& record);
+  // Takes the traffic so far as the baseline without logging it (the
+  // first step's figures leave out an evaluation before it).
+  void skip();
+
+ private:
+  obs::Registry* registry_ = nullptr;
+  obs::Gauge* busbw_[comm::kOpKinds] = {};
+  obs::Counter* bus_bytes_[comm::kOpKinds] = {};
+  obs::Counter* busy_s_[comm::kOpKinds] = {};
+  comm::Traffic::Snapshot prev_;
+  // tessera_train_comm_bytes_total{peer, direction} per world rank (sent,
+  // received), registered when the peer first has traffic; the totals over
+  // peers at the last log(); the link's speed for the metrics file.
+  std::vector<std::pair<obs::Counter*, obs::Counter*>> peer_bytes_;
+  uint64_t sent_prev_ = 0, received_prev_ = 0;
+  nlohmann::json link_gbps_;
 };
 
 }  // namespace tessera

@@ -205,17 +205,10 @@ class Trainer {
     obs::Gauge* compute_s;
     obs::Gauge* comm_kind_s[5];
     obs::Counter* checkpoint_stall_s;  // with a checkpointer
-    obs::Gauge* busbw[comm::kOpKinds];
-    obs::Counter* bus_bytes[comm::kOpKinds];
-    obs::Counter* busy_s[comm::kOpKinds];
   };
   void setup_metrics();
-  void setup_traffic_metrics();
   Status predict_plan();
   void report_plan_check();
-  // The network figures of the last step (comm/traffic.h): into the
-  // registry, and rank 0's into its JSONL record.
-  void log_traffic(nlohmann::json& record);
   void add_stall(double seconds);
   obs::Registry own_registry_;  // when the caller passes none
   obs::Registry& registry_;
@@ -251,13 +244,7 @@ class Trainer {
   double peak_ = 0.0, gemm_peak_ = 0.0;
   std::string peak_source_;
   obs::LinkSpeed link_;  // log.link_gbps, else the interface's, else unknown
-  comm::Traffic::Snapshot traffic_prev_;  // at the last log()
-  // tessera_train_comm_bytes_total{peer, direction} per world rank (sent,
-  // received), registered when the peer first has traffic; the totals over
-  // peers at the last log(); the link's speed for the metrics file.
-  std::vector<std::pair<obs::Counter*, obs::Counter*>> peer_bytes_;
-  uint64_t sent_prev_ = 0, received_prev_ = 0;
-  nlohmann::json link_gbps_;
+  CommMetrics comm_metrics_;  // the network figures of each logged step
   // Memory per rank, the largest over ranks (bytes): parameters, gradients,
   // optimizer state, activations, and checkpoint staging (the host buffer
   // every save copies into, plus a CUDA model's host mirror; 0 without
@@ -540,7 +527,7 @@ Status Trainer::setup() {
     else
       say("link: speed unknown (set log.link_gbps to compare achieved bus bandwidth with it)\n");
   }
-  setup_traffic_metrics();
+  comm_metrics_.start(registry_, link_);
   RETURN_IF_ERROR(predict_plan());
   say("memory per rank (max): params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, checkpoint "
       "staging %.1f MB; total %.1f MB\n",
@@ -594,69 +581,6 @@ void Trainer::setup_metrics() {
   }
 }
 
-void Trainer::setup_traffic_metrics() {
-  for (int k = 0; k < comm::kOpKinds; k++) {
-    const obs::Labels op{{"op", comm::op_kind_name(static_cast<comm::OpKind>(k))}};
-    step_metrics_.busbw[k] = &registry_.gauge(
-        "tessera_train_comm_bus_bandwidth_bytes_per_second",
-        "Achieved bus bandwidth of this rank's operations of a kind in the last step where it ran (nccl-tests' busbw: "
-        "bus bytes over the time operations of the kind were in flight)",
-        op);
-    step_metrics_.bus_bytes[k] = &registry_.counter(
-        "tessera_train_comm_bus_bytes_total", "Bus bytes of this rank's operations by kind (nccl-tests' convention)", op);
-    step_metrics_.busy_s[k] = &registry_.counter(
-        "tessera_train_comm_busy_seconds_total", "Time at least one operation of the kind was in flight on this rank",
-        op);
-  }
-  if (link_.known())
-    registry_
-        .gauge("tessera_train_link_speed_bytes_per_second",
-               "Speed of the inter-host link (log.link_gbps, else the interface's sysfs speed)",
-               {{"source", link_.source}})
-        .set(link_.bytes_per_second);
-  // To 6 significant digits: log.link_gbps is a float (0.2 is 0.200000003).
-  link_gbps_ = link_.known() ? nlohmann::json(std::stod(fmt::format("{:.6g}", link_.bytes_per_second * 8 / 1e9)))
-                             : nlohmann::json(nullptr);
-  traffic_prev_ = comm::traffic().snapshot();
-  for (const comm::Traffic::PeerBytes& p : traffic_prev_.peers) sent_prev_ += p.sent, received_prev_ += p.received;
-}
-
-void Trainer::log_traffic(nlohmann::json& record) {
-  const comm::Traffic::Snapshot now = comm::traffic().snapshot();
-  const comm::TrafficDelta d = comm::traffic_delta(traffic_prev_, now);
-  uint64_t sent = 0, received = 0;
-  for (const comm::Traffic::PeerBytes& p : now.peers) {
-    if (static_cast<size_t>(p.peer) >= peer_bytes_.size()) peer_bytes_.resize(p.peer + 1, {nullptr, nullptr});
-    auto& [sent_total, received_total] = peer_bytes_[p.peer];
-    if (sent_total == nullptr) {
-      const std::string peer = std::to_string(p.peer);
-      const char* help =
-          "Bytes this rank sent to / received from a peer (world rank); collectives by their algorithm's model";
-      sent_total = &registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "sent"}});
-      received_total =
-          &registry_.counter("tessera_train_comm_bytes_total", help, {{"peer", peer}, {"direction", "received"}});
-    }
-    sent_total->advance_to(static_cast<double>(p.sent));
-    received_total->advance_to(static_cast<double>(p.received));
-    sent += p.sent;
-    received += p.received;
-  }
-  record["comm_sent_bytes"] = sent - sent_prev_;
-  record["comm_received_bytes"] = received - received_prev_;
-  sent_prev_ = sent;
-  received_prev_ = received;
-  for (int k = 0; k < comm::kOpKinds; k++) {
-    step_metrics_.bus_bytes[k]->advance_to(now.kinds[static_cast<size_t>(k)].bus_bytes);
-    step_metrics_.busy_s[k]->advance_to(now.kinds[static_cast<size_t>(k)].busy_seconds);
-    if (d.bus_bytes[static_cast<size_t>(k)] <= 0 || d.busy_seconds[static_cast<size_t>(k)] <= 0) continue;
-    step_metrics_.busbw[k]->set(d.busbw[static_cast<size_t>(k)]);
-    record[fmt::format("busbw_{}_gbps", comm::op_kind_name(static_cast<comm::OpKind>(k)))] =
-        d.busbw[static_cast<size_t>(k)] * 8 / 1e9;
-  }
-  record["link_gbps"] = link_gbps_;
-  traffic_prev_ = now;
-}
-
 // Training time this rank spent in the checkpointer.
 void Trainer::add_stall(double seconds) {
   stall_s_ += seconds;
@@ -670,36 +594,28 @@ Status Trainer::evaluate(int step) {
   if (val_tokens_.empty()) return Status::OK();
   obs::trace::set_step(step);
   obs::trace::Span span("evaluate", "train");
-  const int B = c_.micro_batch, T = c_.seq;
-  const int64_t BT = int64_t{B} * T;
-  const int64_t available = val_tokens_.size() > 0 ? (static_cast<int64_t>(val_tokens_.size()) - 1) / BT : 0;
-  if (available == 0)
-    return Status::InvalidArgument(fmt::format("{}: {} tokens are fewer than one batch needs ({})", c_.val_data,
-                                               val_tokens_.size(), BT + 1));
-  const int64_t batches = std::min<int64_t>(available, c_.eval_batches);
-  std::vector<int> in(BT), tg(BT);
-  double sums[2] = {0.0, 0.0};  // loss sum, batches
-  for (int64_t k = dp_->rank(); k < batches; k += dp_->size()) {
-    const uint32_t* base = val_tokens_.data() + k * BT;
-    for (int64_t i = 0; i < BT; i++) {
-      in[i] = base[i];
-      tg[i] = base[i + 1];
-    }
-    RETURN_IF_ERROR(with_vocab_hint(model_->check_batch(in.data(), tg.data(), B, T).With(c_.val_data)));
-    float loss = 0.0f;
-    RETURN_IF_ERROR(pipe_->forward_only(B, T, in.data(), tg.data(), &loss));
-    if (reports_loss_) {
-      sums[0] += loss;
-      sums[1] += 1;
-    }
-  }
-  RETURN_IF_ERROR(world_.all_reduce(sums, sums, 2, comm::ElemType::kF64));
-  const double loss = sums[0] / sums[1];
+  ValLossOptions o;
+  o.B = c_.micro_batch;
+  o.T = c_.seq;
+  o.max_batches = c_.eval_batches;
+  o.part = dp_->rank();
+  o.parts = dp_->size();
+  o.counts = reports_loss_;
+  o.source = c_.val_data;
+  ASSIGN_OR_RETURN(EvalResult r, val_loss(
+                                     val_tokens_, o,
+                                     [&](const int* in, const int* tg, float* loss) -> Status {
+                                       RETURN_IF_ERROR(with_vocab_hint(
+                                           model_->check_batch(in, tg, o.B, o.T).With(c_.val_data)));
+                                       return pipe_->forward_only(o.B, o.T, in, tg, loss);
+                                     },
+                                     &world_));
+  const double loss = r.loss;
   if (!summary_.has_val) summary_.first_val_loss = loss;
   summary_.has_val = true;
   summary_.last_val_loss = loss;
   registry_.gauge("tessera_train_val_loss", "Validation loss of the last evaluation").set(loss);
-  say("step %5d | val loss %.4f (%lld tokens)\n", step, loss, static_cast<long long>(batches * BT));
+  say("step %5d | val loss %.4f (%lld tokens)\n", step, loss, static_cast<long long>(r.tokens));
   metrics_.write({{"step", step}, {"val_loss", loss}});
   return Status::OK();
 }
@@ -822,7 +738,7 @@ void Trainer::log(const StepStats& s) {
                   {"mem_activations_mb", mem_[3] / 1e6},
                   {"mem_checkpoint_staging_mb", mem_[4] / 1e6}};
   for (int k = 0; k < 5; k++) record[fmt::format("comm_{}_ms", kCommKinds[k])] = s.comm_kind_s[k] * 1e3;
-  log_traffic(record);
+  comm_metrics_.log(record);
   if (gpu_ && gpu_->last_utilization() >= 0) record["gpu_util"] = gpu_->last_utilization();
   if (gemm_peak_ > 0) record["gemm_efficiency"] = s.gemm_efficiency;
   metrics_.write(record);
@@ -1046,7 +962,7 @@ Result<TrainSummary> Trainer::run() {
   RETURN_IF_ERROR(evaluate(0));
   pipe_->take_times();
   model_->take_tp_comm_seconds();
-  traffic_prev_ = comm::traffic().snapshot();  // the first step's figures leave out the evaluation's
+  comm_metrics_.skip();  // the first step's figures leave out the evaluation's
   for (int step = start_step_; step < c_.steps; step++) {
     ASSIGN_OR_RETURN(StepStats s, this->step(step));
     log(s);

@@ -62,6 +62,8 @@ assert last["val_auc"] < truth + 0.02, (last, truth)         # ... and not above
 assert last["val_logloss"] < 0.6, last
 for r in steps:
     assert r["samples_per_s"] > 0 and r["lookups_per_s"] > 0 and r["alltoall_ms"] == 0, r
+    # What a GPT run reports too (issue #33 item 1): MFU and the traffic.
+    assert 0 < r["mfu"] < 1 and r["comm_sent_bytes"] == 0 and "link_gbps" in r, r
 # 4 tables, one id each: lookups are 4 per sample.
 r = steps[-1]
 assert abs(r["lookups_per_s"] / r["samples_per_s"] - 4) < 1e-6, r
@@ -184,4 +186,37 @@ print(f"ok   planner check: step {c['measured_step_ms']:.2f} vs {c['plan_step_ms
 EOF
 cmp full/step-00000020/shard-00000.safetensors kill/step-00000020/shard-00000.safetensors
 echo "ok   the final checkpoints are identical (weights, tables, Adagrad and AdamW state)"
+
+# --- What a GPT run has (issue #33 item 1): two ranks with --trace write a
+# trace per rank with every step in it, and the metrics carry MFU, the bytes
+# each rank sent and the all-to-all's bus bandwidth.
+timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 \
+  "$tessera" train --config cfg.toml --trace tr --set train.steps=12 --set train.eval_every=0 \
+  --set log.every=4 --set checkpoint.dir=obs --set log.metrics=obs.jsonl >obs.log 2>&1 || { cat obs.log; exit 1; }
+grep -q "^mfu against [0-9]* GFLOP/s/rank" obs.log || { cat obs.log; echo "FAIL: no mfu line"; exit 1; }
+python3 - <<'EOF'
+import json
+for r in (0, 1):
+    t = json.load(open(f"tr/trace-rank-{r}.json"))
+    steps = [e for e in t["traceEvents"] if e.get("name") == "step" and e.get("ph") == "X"]
+    assert len(steps) == 12, (r, len(steps))
+recs = [json.loads(l) for l in open("obs.jsonl")]
+steps = [r for r in recs if "samples_per_s" in r]
+assert [r["step"] for r in steps] == [4, 8, 12], steps
+for r in steps:
+    assert 0 < r["mfu"] < 1 and r["comm_sent_bytes"] > 0 and r["comm_received_bytes"] > 0, r
+    assert any(k.startswith("busbw_") for k in r), r
+print("ok   two ranks: a trace per rank with 12 steps; mfu", round(steps[-1]["mfu"], 4),
+      "and", steps[-1]["comm_sent_bytes"], "bytes sent in 4 steps")
+EOF
+
+# --- Tables the host cannot hold: one error line before anything is built.
+"$tessera" prepare --format criteo --tables 4 --hash-size 1000000000 --input c.tsv --out huge >/dev/null
+rc=0
+"$tessera" train --config cfg.toml --set data.train=huge/train.bin --set data.val=huge/val.bin \
+  --set checkpoint.dir=hugerun >/dev/null 2>err || rc=$?
+if [ $rc -ne 1 ] || [ "$(wc -l <err)" -ne 1 ] || ! grep -q "the job needs at least [0-9.]* GB (this rank at least .*tables [0-9.]* GB" err; then
+  echo "FAIL huge tables -> exit $rc:"; cat err; exit 1
+fi
+echo "ok   huge tables: $(cut -c1-100 err)..."
 echo PASS

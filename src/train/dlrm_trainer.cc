@@ -26,6 +26,7 @@
 #include "core/fault_plan.h"
 #include "train/monitoring.h"
 #include "train/plan_check.h"
+#include "train/saves.h"
 #include "train/stop.h"
 #include "train/tracing.h"
 #include "comm/mpi/local_device.h"
@@ -100,7 +101,7 @@ class DlrmTrainer {
   Result<DlrmConfig> model_config() const;
   Status evaluate(int step);
   Status save(int step, bool force, bool last);
-  void report_save(const ckpt::PollResult& r);
+  SnapshotFn snapshot();
   Result<bool> stop_agreed();
   Status stop_on_signal(int step);
   Status log(int step, double loss_sum, int steps, double secs);
@@ -131,11 +132,13 @@ class DlrmTrainer {
   MetricsLog metrics_;
   std::optional<data::ClickShard> train_, val_;
   std::unique_ptr<DlrmParallel> engine_;
-  std::unique_ptr<ckpt::Checkpointer> checkpointer_;
+  // The saves (train/saves.h): every checkpoint.every steps, a stop's, the
+  // last; their reports and the training time they stalled.
+  std::unique_ptr<TrainingSaves> saves_;
   ClickBatch batch_;
   int64_t start_step_ = 0;
   bool finished_ = false;  // resumed at or past train.steps
-  int64_t last_saved_ = -1;
+  int64_t last_saved_ = -1;  // the step resumed from (saved already)
   DlrmParallel::Stats stats_prev_;  // at the last log()
   double train_s_ = 0.0;
   DlrmTrainSummary summary_;
@@ -321,7 +324,9 @@ Status DlrmTrainer::setup() {
   co.config = {{"kind", "dlrm"},         {"model", dlrm_config_json(mc)}, {"seed", c_.seed},
                {"batch", c_.dlrm.batch}, {"train_rows", train_->rows()},  {"table_optimizer", o.table_optimizer}};
   co.layout = {{"ranks", world_.size()}, {"placement", o.placement}};
-  checkpointer_ = std::make_unique<ckpt::Checkpointer>(std::move(co));
+  saves_ = std::make_unique<TrainingSaves>(world_, std::make_unique<ckpt::Checkpointer>(std::move(co)),
+                                           c_.checkpoint_dir, c_.checkpoint_every, registry_, metrics_, out_);
+  if (last_saved_ >= 0) saves_->resumed_at(last_saved_);
   return Status::OK();
 }
 
@@ -408,45 +413,29 @@ Status DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
   return Status::OK();
 }
 
-void DlrmTrainer::report_save(const ckpt::PollResult& r) {
-  if (r.state == ckpt::SaveState::kPublished) {
-    registry_.counter("tessera_train_checkpoints_total", "Checkpoints published").add(1);
-    say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s%s%s\n",
-        static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
-        r.warning.empty() ? "" : "; ", r.warning.c_str());
-    metrics_.write({{"checkpoint_step", r.step}, {"stall_ms", r.stats.stall_ms}, {"bytes", r.stats.bytes_total},
-                    {"write_mb_s", r.stats.write_mb_s}});
-  } else if (r.state == ckpt::SaveState::kFailed) {
-    registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed").add(1);
-    if (out_)
-      std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
-                   r.error.message().c_str());
-    metrics_.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
-  }
-}
 
 // After step `step` (1-based): a save when one is due (every checkpoint.every
 // steps, and `force`: a stop or the end), then the poll of the one in flight
 // (waiting for it when `last`). The pieces point into the engine, and the
 // checkpointer copies them into its staging buffer inside save().
 Status DlrmTrainer::save(int step, bool force, bool last) {
-  const bool due = (c_.checkpoint_every > 0 && step % c_.checkpoint_every == 0) || force;
-  if (due && step != last_saved_) {
-    const std::vector<ckpt::SavePiece> pieces = dlrm_checkpoint_pieces(*engine_, rank_);
-    const int64_t rows_done = static_cast<int64_t>(step) * c_.dlrm.batch;
-    const std::string state = nlohmann::json{{"step", step},
-                                             {"adam_t", engine_->adam_step()},
-                                             {"data_row", rows_done % train_->rows()},
-                                             {"epoch", rows_done / train_->rows()}}
-                                  .dump();
-    ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, pieces, state));
-    if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step);
-    else last_saved_ = step;
-  }
-  ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, last));
-  report_save(r);
-  if (r.state == ckpt::SaveState::kPublished) summary_.checkpoint = c_.checkpoint_dir + "/" + ckpt::step_dir_name(r.step);
+  RETURN_IF_ERROR(saves_->after_step(step, force, last, snapshot()));
+  if (!saves_->last_published().empty()) summary_.checkpoint = saves_->last_published();
   return Status::OK();
+}
+
+// The pieces point into the engine; the checkpointer copies them into its
+// staging buffer inside save().
+SnapshotFn DlrmTrainer::snapshot() {
+  return [this](int64_t step) -> Result<SaveSnapshot> {
+    const int64_t rows_done = step * c_.dlrm.batch;
+    return SaveSnapshot{dlrm_checkpoint_pieces(*engine_, rank_),
+                        nlohmann::json{{"step", step},
+                                       {"adam_t", engine_->adam_step()},
+                                       {"data_row", rows_done % train_->rows()},
+                                       {"epoch", rows_done / train_->rows()}}
+                            .dump()};
+  };
 }
 
 // Whether any rank received a stop signal (train/stop.h): one value
@@ -465,15 +454,7 @@ Status DlrmTrainer::stop_on_signal(int step) {
   const char* name = sig != 0 ? stop_signal_name(sig) : "a stop signal on another rank";
   say("%s received: saving step %d before stopping\n", name, step);
   const auto t0 = Clock::now();
-  RETURN_IF_ERROR(save(step, true, true));
-  while (checkpointer_->pending()) {
-    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
-    report_save(r);
-  }
-  const std::string dir = c_.checkpoint_dir + "/" + ckpt::step_dir_name(step);
-  Status verified;
-  if (rank_ == 0) verified = verify_stop_checkpoint(dir, step);
-  RETURN_IF_ERROR(comm::agree(world_, verified));
+  ASSIGN_OR_RETURN(std::string dir, saves_->save_for_stop(step, name, snapshot()));
   const StopReport report = describe_stop(name, step, c_.steps, dir, seconds_since(t0), *stop_);
   say("%s", report.line.c_str());
   metrics_.write(report.record);
@@ -506,6 +487,7 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
     const double dt = seconds_since(t0);
     secs += dt;
     train_s_ += dt;
+    saves_->add_train_seconds(dt);
     step_seconds_.push_back(dt);
     loss_sum += loss;
     logged++;
@@ -534,12 +516,9 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
   }
   // The last save may have waited for the one before it, whose result that
   // poll returned: poll until the last is published (or failed).
-  while (checkpointer_->pending()) {
-    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
-    report_save(r);
-    if (r.state == ckpt::SaveState::kPublished)
-      summary_.checkpoint = c_.checkpoint_dir + "/" + ckpt::step_dir_name(r.step);
-  }
+  RETURN_IF_ERROR(saves_->drain());
+  if (!saves_->last_published().empty()) summary_.checkpoint = saves_->last_published();
+  say("%s", saves_->stall_line().c_str());
   RETURN_IF_ERROR(report_plan_check());
   return summary_;
 }

@@ -45,6 +45,7 @@
 #include "train/plan_check.h"
 #include "train/stop.h"
 #include "train/evaluate.h"
+#include "train/saves.h"
 #include "perf/flops.h"
 #include "train/memory_plan.h"
 #include "train/monitoring.h"
@@ -56,12 +57,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The checkpoint series, registered in setup_metrics() and updated later.
-constexpr const char* kCheckpointBytesHelp = "Bytes of checkpoint shards this rank wrote (published saves)";
-constexpr const char* kCheckpointWriteHelp =
-    "Time this rank's checkpoint writer took for a published save's shard (hash, write, fsync)";
-constexpr const char* kCheckpointStallHelp = "Training time this rank spent stalled by checkpoints";
-std::vector<double> checkpoint_write_buckets() { return obs::exponential_buckets(0.001, 2, 20); }
 
 // Token ids outside the model's vocabulary almost always mean the shards were
 // prepared with another tokenizer; say so.
@@ -147,11 +142,10 @@ class Trainer {
   Status check_memory_fits(const ModelShard& shard);
   Result<StepStats> step(int step);
   Status evaluate(int step);
-  Result<bool> start_save(int step);
+  SnapshotFn snapshot();
   Status save(int step, bool stop, bool last);
   Result<TrainSummary> stop_on_signal(int step);
   void log(const StepStats& s);
-  void report_save(const ckpt::PollResult& r);
   Status finish();
   Status save_final_weights();
   std::string final_weights_path() const {
@@ -204,12 +198,10 @@ class Trainer {
     obs::Gauge* p2p_s;
     obs::Gauge* compute_s;
     obs::Gauge* comm_kind_s[5];
-    obs::Counter* checkpoint_stall_s;  // with a checkpointer
   };
   void setup_metrics();
   Status predict_plan();
   void report_plan_check();
-  void add_stall(double seconds);
   obs::Registry own_registry_;  // when the caller passes none
   obs::Registry& registry_;
   StepMetrics step_metrics_{};
@@ -224,11 +216,13 @@ class Trainer {
   // Rank 0 holds checkpoint.dir's lock from setup to the end of the job, so
   // no other job writes checkpoints or final weights there meanwhile.
   ckpt::DirLock dir_lock_;
-  std::unique_ptr<ckpt::Checkpointer> checkpointer_;
+  // The saves (train/saves.h): every checkpoint.every steps, a stop's,
+  // the last; their reports and the training time they stalled.
+  std::unique_ptr<TrainingSaves> saves_;
   CheckpointMirror mirror_;  // host copies of a CUDA model's tensors
   // Time the training thread spends in the checkpointer (staging copies, the
   // agreement and rank 0's publishing), and all of training.
-  double stall_s_ = 0.0, train_s_ = 0.0;
+  double train_s_ = 0.0;
   // The planner's prediction for this run (train/plan_check.h), and what
   // the steps measured, for the check at the end.
   std::optional<PlanPrediction> plan_;
@@ -397,7 +391,10 @@ Status Trainer::make_model(std::unique_ptr<GPT> whole, const ModelShard& shard) 
 }
 
 Status Trainer::setup_checkpointer() {
-  if (c_.checkpoint_every <= 0) return Status::OK();
+  if (c_.checkpoint_every <= 0) {
+    saves_ = std::make_unique<TrainingSaves>(world_, nullptr, c_.checkpoint_dir, 0, registry_, metrics_, out_);
+    return Status::OK();
+  }
   ckpt::CheckpointerOptions o;
   o.dir = c_.checkpoint_dir;
   o.fault_errno = faults_ ? faults_->ckpt_errno_for(rank_) : 0;
@@ -407,7 +404,10 @@ Status Trainer::setup_checkpointer() {
               {"seq", c_.seq},                     {"grad_accum", c_.grad_accum}, {"dtype", c_.dtype}};
   o.layout = {{"dp", c_.dp},     {"tp", c_.tp},          {"pp", c_.pp},
               {"zero", c_.zero}, {"stages", stage_layers_}, {"schedule", c_.schedule}};
-  checkpointer_ = std::make_unique<ckpt::Checkpointer>(std::move(o));
+  auto checkpointer = std::make_unique<ckpt::Checkpointer>(std::move(o));
+  ckpt::Checkpointer& ck = *checkpointer;
+  saves_ = std::make_unique<TrainingSaves>(world_, std::move(checkpointer), c_.checkpoint_dir, c_.checkpoint_every,
+                                           registry_, metrics_, out_);
   // The staging buffer (and a CUDA model's host mirror) now, so that a host
   // that cannot hold them is every rank's error before training starts.
   Result<std::vector<ckpt::SavePiece>> pieces = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
@@ -415,7 +415,7 @@ Status Trainer::setup_checkpointer() {
   if (mine.ok()) {
     size_t floats = 0;
     for (const ckpt::SavePiece& p : *pieces) floats += static_cast<size_t>(p.slice.numel());
-    mine = checkpointer_->reserve_staging(floats);
+    mine = ck.reserve_staging(floats);
   }
   return comm::agree(world_, mine);
 }
@@ -537,10 +537,10 @@ Status Trainer::setup() {
 }
 
 double Trainer::checkpoint_staging_bytes() const {
-  if (!checkpointer_) return 0.0;
+  if (!saves_ || !saves_->enabled()) return 0.0;
   const size_t mirror = (mirror_.params.allocated() ? mirror_.params.bytes() : 0) +
                         (mirror_.m.capacity() + mirror_.v.capacity()) * sizeof(float);
-  return static_cast<double>(checkpointer_->staging_bytes() + mirror);
+  return static_cast<double>(saves_->checkpointer()->staging_bytes() + mirror);
 }
 
 void Trainer::setup_metrics() {
@@ -571,21 +571,8 @@ void Trainer::setup_metrics() {
         "tessera_train_comm_seconds",
         "Communication time of the last step by kind, mean over ranks (their sum is step_part_seconds{part=comm})",
         {{"op", kCommKinds[k]}});
-  if (checkpointer_) {  // the checkpoint series exist (at 0) from the start
-    registry_.counter("tessera_train_checkpoints_total", "Checkpoints published");
-    registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed");
-    registry_.counter("tessera_train_checkpoint_bytes_total", kCheckpointBytesHelp);
-    registry_.histogram("tessera_train_checkpoint_write_seconds", kCheckpointWriteHelp, checkpoint_write_buckets());
-    step_metrics_.checkpoint_stall_s =
-        &registry_.counter("tessera_train_checkpoint_stall_seconds_total", kCheckpointStallHelp);
-  }
 }
 
-// Training time this rank spent in the checkpointer.
-void Trainer::add_stall(double seconds) {
-  stall_s_ += seconds;
-  step_metrics_.checkpoint_stall_s->add(seconds);
-}
 
 // Validation batches are dealt round-robin to the dp replicas, run through
 // the pipeline, and the last stage's sums all-reduced, so every rank gets
@@ -683,6 +670,7 @@ Result<Trainer::StepStats> Trainer::step(int step) {
   if (gemm_peak_ > 0) s.gemm_efficiency = flops_per_s / (gemm_peak_ * 1e9);
   summary_.last_train_loss = s.loss;
   train_s_ += s.step_s;
+  saves_->add_train_seconds(s.step_s);
   step_seconds_.push_back(s.step_s);
   comm_shares_.push_back(s.step_s > 0 ? s.comm_s / s.step_s : 0.0);
   return s;
@@ -745,63 +733,22 @@ void Trainer::log(const StepStats& s) {
 }
 
 // Reports a finished save (rank 0): published, with its costs, or failed.
-void Trainer::report_save(const ckpt::PollResult& r) {
-  if (r.state == ckpt::SaveState::kPublished) {
-    registry_.counter("tessera_train_checkpoints_total", "Checkpoints published").add(1);
-    registry_.counter("tessera_train_checkpoint_bytes_total", kCheckpointBytesHelp)
-        .add(static_cast<double>(r.stats.bytes_rank));
-    registry_.histogram("tessera_train_checkpoint_write_seconds", kCheckpointWriteHelp, checkpoint_write_buckets())
-        .observe(r.stats.write_s);
-    say("checkpoint step %lld published: %.1f MB, staging copy %.1f ms, write %.0f MB/s; checkpoints have "
-        "stalled training %.1f ms so far (%.3f%%)%s%s\n",
-        static_cast<long long>(r.step), r.stats.bytes_total / 1e6, r.stats.stall_ms, r.stats.write_mb_s,
-        stall_s_ * 1e3, train_s_ > 0 ? 100.0 * stall_s_ / (train_s_ + stall_s_) : 0.0, r.warning.empty() ? "" : "; ",
-        r.warning.c_str());
-    metrics_.write({{"checkpoint_step", r.step},
-                    {"stall_ms", r.stats.stall_ms},
-                    {"stalled_total_ms", stall_s_ * 1e3},
-                    {"bytes", r.stats.bytes_total},
-                    {"write_mb_s", r.stats.write_mb_s},
-                    {"stall_share", train_s_ > 0 ? stall_s_ / (train_s_ + stall_s_) : 0.0}});
-  } else if (r.state == ckpt::SaveState::kFailed) {
-    registry_.counter("tessera_train_checkpoint_failures_total", "Checkpoint saves that failed").add(1);
-    if (out_)
-      std::fprintf(stderr, "tessera: warning: %s; training goes on, the previous checkpoint stays latest\n",
-                   r.error.message().c_str());
-    metrics_.write({{"checkpoint_step", r.step}, {"checkpoint_error", r.error.message()}});
-  }
-}
 
 // Starts the save of step `step` (false: the previous one is still being
 // written and checkpoint.on_busy is "skip"); its staging copy is a stall.
-Result<bool> Trainer::start_save(int step) {
-  // On CUDA, checkpoint_pieces copies the tensors to the host: part of the stall.
-  auto ts = Clock::now();
-  // Only a CUDA model's pieces can fail (a device copy); the ranks agree
-  // then, so none waits in the save's collectives for a failed one.
-  Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
-  if (on_cuda_) RETURN_IF_ERROR(comm::agree(world_, made.status()));
-  RETURN_IF_ERROR(made.status());
-  const std::string state = nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump();
-  ASSIGN_OR_RETURN(bool started, checkpointer_->save(world_, step, *made, state));
-  add_stall(std::chrono::duration<double>(Clock::now() - ts).count());
-  return started;
+SnapshotFn Trainer::snapshot() {
+  return [this](int64_t step) -> Result<SaveSnapshot> {
+    // On CUDA, checkpoint_pieces copies the tensors to the host (part of the
+    // stall) and can fail; the ranks agree then, so none waits in the save's
+    // collectives for a failed one.
+    Result<std::vector<ckpt::SavePiece>> made = checkpoint_pieces(*model_, *opt_, coord_.dp, c_.zero, &mirror_);
+    if (on_cuda_) RETURN_IF_ERROR(comm::agree(world_, made.status()));
+    RETURN_IF_ERROR(made.status());
+    return SaveSnapshot{std::move(made).value(), nlohmann::json{{"step", step}, {"adam_t", opt_->steps()}}.dump()};
+  };
 }
 
-// After step `step` (1-based): starts a save when one is due, then polls the
-// one in flight (waiting for it after the last step).
-Status Trainer::save(int step, bool stop, bool last) {
-  if (!checkpointer_) return Status::OK();
-  if (step % c_.checkpoint_every == 0 || stop) {
-    ASSIGN_OR_RETURN(bool started, start_save(step));
-    if (!started) say("checkpoint step %d skipped: the previous save is still being written\n", step);
-  }
-  auto tp = Clock::now();
-  ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, last));
-  if (!last) add_stall(std::chrono::duration<double>(Clock::now() - tp).count());  // waiting at the end is not a stall
-  report_save(r);
-  return Status::OK();
-}
+Status Trainer::save(int step, bool stop, bool last) { return saves_->after_step(step, stop, last, snapshot()); }
 
 // The planner's step time, memory and communication share for this job on
 // this machine's profile (every rank computes it; rank 0 says it).
@@ -868,29 +815,13 @@ void Trainer::report_plan_check() {
 Result<TrainSummary> Trainer::stop_on_signal(int step) {
   const int sig = stop_->signal.load();
   const char* name = sig != 0 ? stop_signal_name(sig) : "a stop signal on another rank";
-  if (!checkpointer_)
+  if (!saves_->enabled())
     return Status::Unavailable(fmt::format("stopped by {} after step {} of {}, and checkpoint.every = 0, so nothing "
                                            "was saved; set checkpoint.every to resume such a job",
                                            name, step, c_.steps));
   say("%s received: saving step %d before stopping\n", name, step);
   auto t0 = Clock::now();
-  while (checkpointer_->pending()) {  // a periodic save still being written
-    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
-    report_save(r);
-  }
-  ASSIGN_OR_RETURN(bool started, start_save(step));
-  if (!started) return Status::Internal(fmt::format("the checkpoint of step {} did not start", step));
-  ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
-  report_save(r);
-  if (r.state != ckpt::SaveState::kPublished)
-    return Status::IOError(fmt::format("stopped by {} after step {}, but its checkpoint failed: {}", name, step,
-                                       r.error.message()));
-  // Rank 0 reads every file of what it published back against its hashes;
-  // the others wait for the verdict, so no rank exits before it is known.
-  Status verified;
-  const std::string dir = (std::filesystem::path(c_.checkpoint_dir) / ckpt::step_dir_name(step)).string();
-  if (rank_ == 0) verified = verify_stop_checkpoint(dir, step);
-  RETURN_IF_ERROR(comm::agree(world_, verified));
+  ASSIGN_OR_RETURN(std::string dir, saves_->save_for_stop(step, name, snapshot()));
   const StopReport report = describe_stop(name, step, c_.steps, dir, std::chrono::duration<double>(Clock::now() - t0).count(), *stop_);
   say("%s", report.line.c_str());
   metrics_.write(report.record);
@@ -901,16 +832,13 @@ Result<TrainSummary> Trainer::stop_on_signal(int step) {
 
 // The last save, the replicas' agreement, and the final weights.
 Status Trainer::finish() {
-  if (checkpointer_) {
-    ASSIGN_OR_RETURN(ckpt::PollResult r, checkpointer_->poll(world_, true));
-    report_save(r);
-    if (train_s_ > 0)
-      say("checkpoints: %.1f ms stalled in %.1f s of training (%.3f%%)\n", stall_s_ * 1e3, train_s_,
-          100.0 * stall_s_ / (train_s_ + stall_s_));
+  if (saves_->enabled()) {
+    RETURN_IF_ERROR(saves_->drain());
+    say("%s", saves_->stall_line().c_str());
     // No save is pending: the staging buffer (and a CUDA model's mirror)
     // goes before the final weights' copy is made, so the peak stays the
     // figure the memory line reports.
-    checkpointer_.reset();
+    saves_->close();
     mirror_ = CheckpointMirror{};
   }
   // Agreed by the world, not only the data-parallel group: a pipeline

@@ -51,15 +51,12 @@ int run_sample(const SampleArgs& a) {
   if ((a.dtype == "int8" || a.dtype == "int4" || a.dtype == "int4k") && backend != Backend::kCPU)
     return fail(Status::InvalidArgument(fmt::format("--dtype {} is a CPU tier (--backend cpu)", a.dtype)));
   // int8: quantized tensor by tensor as the weights are read (an INT8 file
-  // loads as one whatever --dtype says).
-  auto model = load_gpt2(a.weights, nullptr, backend,
-                         a.dtype == "int8" ? ModelUse::kInt8Inference : ModelUse::kInference);
+  // loads as one whatever --dtype says); int4 / int4k: 4-bit blocks.
+  const serve::InferenceDtype d{backend, a.dtype, a.weights, "sample"};
+  auto model = load_gpt2(a.weights, nullptr, backend, serve::inference_use(d));
   if (!model.ok()) return fail(model.status());
   GPT& m = *model.value();
-  m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
-  if (a.dtype == "int8" && m.int4())
-    return fail(Status::InvalidArgument(fmt::format("{}: a 4-bit file runs as the int4 tier (--dtype int4)", a.weights)));
-  if (Status st = apply_int4_dtype(m, a.dtype, "sample", true); !st.ok()) return fail(st);
+  if (Status st = serve::apply_inference_dtype(m, d); !st.ok()) return fail(st);
   const GPTConfig& cfg = m.config();
 
   // The model folder's tokenizer.json, else GPT-2 BPE for a GPT-2-sized

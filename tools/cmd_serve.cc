@@ -89,20 +89,12 @@ Result<std::unique_ptr<GPT>> load_model(const std::string& path, Backend backend
 Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Backend backend, obs::Registry& registry,
                                                         const std::string& path, const std::string& id) {
   // --dtype int8 on the CPU: the INT8 tier's model, which never holds the
-  // fp32 matmul weights (issue #30 item 3).
-  const bool int8_tier = a.dtype == "int8" && backend == Backend::kCPU;
-  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model,
-                   load_model(path, backend, int8_tier ? ModelUse::kInt8Inference : ModelUse::kInference));
+  // fp32 matmul weights (issue #30 item 3); int4 / int4k: the fp32 model
+  // quantized into 4-bit blocks, its fp32 matmul weights then given back.
+  const serve::InferenceDtype d{backend, a.dtype, path, "serve: " + id};
+  ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, load_model(path, backend, serve::inference_use(d)));
   GPT& m = *model;
-  m.set_precision(a.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
-  // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
-  // says; --dtype int8 quantizes an fp32 one.
-  if (a.dtype == "int8" && !m.int8()) RETURN_IF_ERROR(m.quantize_int8());
-  // --dtype int4 / int4k: the fp32 model quantized into 4-bit blocks, its
-  // fp32 matmul weights then given back.
-  if ((a.dtype == "int4" || a.dtype == "int4k") && backend != Backend::kCPU)
-    return Status::InvalidArgument(fmt::format("--dtype {} is a CPU tier (--backend cpu)", a.dtype));
-  RETURN_IF_ERROR(apply_int4_dtype(m, a.dtype, "serve: " + id, true));
+  RETURN_IF_ERROR(serve::apply_inference_dtype(m, d));
   // Both ways to INT8 ran the kernel's self-check (nn/int8_check.h).
   if (m.int8()) std::fprintf(stderr, "serve: %s: int8 matmul %s\n", id.c_str(), cpu::int8_kernel_info().summary.c_str());
   // The INT8 forward reads none of the fp32 matmul weights: their memory
@@ -115,27 +107,14 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   const GPTConfig cfg = m.config();
   const int block_size = serve::EngineOptions{}.block_size;
   const int64_t block_bytes = PagedKVCache::bytes_per_block(m, block_size);
-  // The KV cache the engine would allocate (--kv-memory, --kv-blocks, or
-  // max-seqs full contexts), with the weights, against the host's memory,
-  // before the cache is allocated (issue #18 item 1).
-  const double per_seq = (cfg.context + block_size - 1) / block_size;
-  const double kv_blocks = a.kv_memory_mb > 0 ? std::max(1.0, std::floor(a.kv_memory_mb * (1 << 20) / block_bytes))
-                           : a.kv_blocks > 0  ? a.kv_blocks
-                                              : a.max_seqs * per_seq;
-  // What stays resident: the fp32 tensors (their released pages aside) and
-  // the INT8 matrices.
-  const double weights = static_cast<double>(m.params().bytes() - m.released_bytes() + m.int8_bytes() + m.q4_bytes()),
-               kv = kv_blocks * block_bytes;
-  const obs::MemoryLimit limit = obs::host_memory_limit();
-  if (limit.bytes > 0 && weights + kv > limit.bytes)
-    return Status::InvalidArgument(fmt::format(
-        "{} needs {:.1f} GB (weights {:.1f} GB, KV cache {:.1f} GB: {:.0f} blocks of {} positions) but this host has "
-        "{:.1f} GB ({}); lower --kv-blocks, --kv-memory or --max-seqs",
-        id, (weights + kv) / 1e9, weights / 1e9, kv / 1e9, kv_blocks, block_size, limit.bytes / 1e9,
-        limit.source));
-  if (kv_blocks > INT32_MAX)
-    return Status::InvalidArgument(fmt::format("the KV cache of {:.0f} blocks is more than {} blocks", kv_blocks,
-                                               INT32_MAX));
+  // The KV cache the engine would allocate, with what stays resident of the
+  // weights (the fp32 tensors, their released pages aside, and the INT8 and
+  // 4-bit matrices), against the host's memory, before the cache is
+  // allocated (issue #18 item 1).
+  const double kv_blocks =
+      serve::kv_cache_blocks({a.kv_memory_mb, a.kv_blocks, a.max_seqs}, cfg.context, block_size, block_bytes);
+  const double weights = static_cast<double>(m.params().bytes() - m.released_bytes() + m.int8_bytes() + m.q4_bytes());
+  RETURN_IF_ERROR(serve::check_serving_memory(id, weights, kv_blocks, block_bytes, block_size, obs::host_memory_limit()));
 
   auto served = std::make_shared<serve::ServedModel>();
   served->id = id;

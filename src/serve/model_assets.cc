@@ -1,5 +1,9 @@
 #include "serve/model_assets.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 
@@ -12,6 +16,8 @@
 #include "io/json_guard.h"
 #include "io/gguf.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/int8_kernel.h"
+#include "kernels/q4.h"
 #include "nn/gguf_model.h"
 
 namespace tessera::serve {
@@ -192,6 +198,59 @@ Result<ModelAssets> load_model_assets(const std::string& model_path, const std::
   }
   a.stop_tokens.assign(stops.begin(), stops.end());
   return a;
+}
+
+ModelUse inference_use(const InferenceDtype& d) {
+  return d.dtype == "int8" && d.backend == Backend::kCPU ? ModelUse::kInt8Inference : ModelUse::kInference;
+}
+
+Status apply_int4_dtype(GPT& model, const std::string& dtype, const std::string& who, bool release) {
+  q4::Type t;
+  if (model.int4()) {  // a 4-bit file (GGUF) is int4 as it is, whatever --dtype says
+    std::fprintf(stderr, "%s: int4 from the file's blocks, %.1f MB; %s\n", who.c_str(), model.q4_bytes() / 1e6,
+                 cpu::q4_kernel_summary().c_str());
+    return Status::OK();
+  }
+  if (!q4::dtype_type(dtype, &t)) return Status::OK();
+  ASSIGN_OR_RETURN(std::string made, model.quantize_q4(t));
+  std::fprintf(stderr, "%s: %s %s, %.1f MB; %s\n", who.c_str(), dtype.c_str(), made.c_str(), model.q4_bytes() / 1e6,
+               cpu::q4_kernel_summary().c_str());
+  if (release) RETURN_IF_ERROR(model.release_fp32_matmul_weights().status());
+  return Status::OK();
+}
+
+Status apply_inference_dtype(GPT& model, const InferenceDtype& d) {
+  model.set_precision(d.dtype == "bf16" ? MatmulPrecision::kBF16 : MatmulPrecision::kF32);
+  if (d.dtype == "int8" && model.int4())
+    return Status::InvalidArgument(fmt::format("{}: a 4-bit file runs as the int4 tier (--dtype int4)", d.source));
+  // An INT8 file (tessera quantize) loads as an INT8 model whatever --dtype
+  // says; --dtype int8 quantizes an fp32 one.
+  if (d.dtype == "int8" && !model.int8()) RETURN_IF_ERROR(model.quantize_int8());
+  if ((d.dtype == "int4" || d.dtype == "int4k") && d.backend != Backend::kCPU)
+    return Status::InvalidArgument(fmt::format("--dtype {} is a CPU tier (--backend cpu)", d.dtype));
+  return apply_int4_dtype(model, d.dtype, d.who, /*release=*/true);
+}
+
+double kv_cache_blocks(const KvCacheRequest& r, int context, int block_size, int64_t block_bytes) {
+  const double per_seq = (context + block_size - 1) / block_size;
+  return r.kv_memory_mb > 0 ? std::max(1.0, std::floor(r.kv_memory_mb * (1 << 20) / block_bytes))
+         : r.kv_blocks > 0  ? r.kv_blocks
+                            : r.max_seqs * per_seq;
+}
+
+Status check_serving_memory(const std::string& id, double weights_bytes, double kv_blocks, int64_t block_bytes,
+                            int block_size, const obs::MemoryLimit& limit) {
+  const double kv = kv_blocks * block_bytes;
+  if (limit.bytes > 0 && weights_bytes + kv > limit.bytes)
+    return Status::InvalidArgument(fmt::format(
+        "{} needs {:.1f} GB (weights {:.1f} GB, KV cache {:.1f} GB: {:.0f} blocks of {} positions) but this host has "
+        "{:.1f} GB ({}); lower --kv-blocks, --kv-memory or --max-seqs",
+        id, (weights_bytes + kv) / 1e9, weights_bytes / 1e9, kv / 1e9, kv_blocks, block_size, limit.bytes / 1e9,
+        limit.source));
+  if (kv_blocks > INT32_MAX)
+    return Status::InvalidArgument(fmt::format("the KV cache of {:.0f} blocks is more than {} blocks", kv_blocks,
+                                               INT32_MAX));
+  return Status::OK();
 }
 
 }  // namespace tessera::serve

@@ -1,10 +1,16 @@
-// What a served model needs besides its weights: the tokenizer, the chat
-// template and the ids that end a generation, from a Hugging Face model
-// folder (tokenizer.json, tokenizer_config.json, generation_config.json) or
-// from the flags for a bare weights file (docs/serving.md, "Hugging Face
-// folders").
+// What `tessera serve` and `tessera sample` share to run a model (llama.cpp's
+// common/): the precision a loaded model runs at (--dtype: quantization at
+// load, the 4-bit tiers), the KV cache the server sizes and its check
+// against the host's memory, and what a model needs besides its weights: the
+// tokenizer, the chat template and the ids that end a generation, from a
+// Hugging Face model folder (tokenizer.json, tokenizer_config.json,
+// generation_config.json) or from the flags for a bare weights file
+// (docs/serving.md, "Hugging Face folders"). Loading the weights stays with
+// the commands: a checkpoint folder needs `ckpt`, which this layer may not
+// use.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +18,8 @@
 #include "core/status.h"
 #include "data/chat_template.h"
 #include "data/tokenizer.h"
+#include "nn/gpt.h"
+#include "obs/process.h"
 #include "serve/engine.h"
 
 namespace tessera::serve {
@@ -33,5 +41,50 @@ struct ModelAssets {
 // tokenizer must fit. Errors name the file and the key.
 Result<ModelAssets> load_model_assets(const std::string& model_path, const std::string& tokenizer,
                                       const std::string& vocab_dir, const std::string& chat_template, int vocab);
+
+// --backend and --dtype of a model run for inference.
+struct InferenceDtype {
+  Backend backend = Backend::kCPU;
+  std::string dtype = "fp32";  // fp32, bf16, int8, int4 (Q4_0 blocks) or int4k (Q4_K)
+  std::string source;          // the weights' path, for errors
+  std::string who;             // the log lines' prefix: "sample", "serve: ID"
+};
+
+// How to load the weights for `d`: int8 on the CPU is ModelUse::kInt8Inference
+// (quantized tensor by tensor as they are read, never holding the fp32
+// matmul weights); everything else kInference.
+ModelUse inference_use(const InferenceDtype& d);
+
+// Brings a model loaded with inference_use(d) to d.dtype: bf16 matmuls for
+// bf16; an fp32 model quantized to INT8 for int8 (an INT8 file is INT8
+// whatever --dtype says); 4-bit blocks for int4/int4k, the fp32 matmul
+// weights then given back (a 4-bit file is int4 whatever --dtype says), with
+// a line on stderr ("WHO: int4 q4_0: 25 matrices, 70.2 MB; kernels ...").
+// InvalidArgument for int4/int4k off the CPU ("--dtype int4 is a CPU tier
+// (--backend cpu)") and for int8 on a 4-bit file, naming d.source.
+Status apply_inference_dtype(GPT& model, const InferenceDtype& d);
+
+// The 4-bit tiers alone (int4, int4k; nothing for any other dtype), as
+// apply_inference_dtype runs them; `release` gives the fp32 matmul weights
+// back.
+Status apply_int4_dtype(GPT& model, const std::string& dtype, const std::string& who, bool release);
+
+// The KV cache the server allocates, in blocks of `block_size` positions of
+// `block_bytes` each: --kv-memory MiB (rounded down, at least one block),
+// else --kv-blocks, else max_seqs full contexts. A double: the flags can ask
+// for more than an int holds, which check_serving_memory refuses.
+struct KvCacheRequest {
+  double kv_memory_mb = 0;  // 0: not given
+  int kv_blocks = 0;        // 0: not given
+  int max_seqs = 1;
+};
+double kv_cache_blocks(const KvCacheRequest& r, int context, int block_size, int64_t block_bytes);
+
+// The weights (`weights_bytes`) and the KV cache (`kv_blocks` x
+// `block_bytes`) against the host's memory (`limit`; 0 bytes: unknown, not
+// checked), before the cache is allocated: InvalidArgument naming `id`, what
+// it needs and what the host has, or a cache of more than INT32_MAX blocks.
+Status check_serving_memory(const std::string& id, double weights_bytes, double kv_blocks, int64_t block_bytes,
+                            int block_size, const obs::MemoryLimit& limit);
 
 }  // namespace tessera::serve

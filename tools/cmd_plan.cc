@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/cluster.h"
+#include "plan/compare.h"
 #include "plan/dlrm.h"
 #include "plan/estimate.h"
 #include "plan/model.h"
@@ -36,47 +37,6 @@ struct PlanArgs {
   PlanDlrmArgs dlrm;  // DLRM jobs (cmd_plan_dlrm.cc)
 };
 
-// "10B", "2.5e9", "300M": tokens.
-Result<double> parse_count(const std::string& s) {
-  if (s.empty()) return 0.0;
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (...) {
-    return Status::InvalidArgument(fmt::format("--tokens '{}' is not a number (e.g. 10B, 300M, 2.5e9)", s));
-  }
-  std::string suffix = s.substr(used);
-  const double mult = suffix.empty() ? 1 : suffix == "K" || suffix == "k" ? 1e3 : suffix == "M" ? 1e6 : suffix == "B" || suffix == "G" ? 1e9 : suffix == "T" ? 1e12 : -1;
-  if (mult < 0 || v < 0) return Status::InvalidArgument(fmt::format("--tokens '{}' is not a count (e.g. 10B, 300M, 2.5e9)", s));
-  return v * mult;
-}
-
-// "dp=2,tp=1,pp=2,mb=4,ga=4,zero=1,nodes=1": keys not given stay 0 (zero: -1).
-Result<plan::Layout> parse_layout(const std::string& s) {
-  plan::Layout l{0, 0, 0, 0, 0, 0, -1};
-  size_t pos = 0;
-  while (pos < s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    const std::string kv = s.substr(pos, end - pos);
-    pos = end + 1;
-    const size_t eq = kv.find('=');
-    int v = 0;
-    char extra = 0;
-    if (eq == std::string::npos || std::sscanf(kv.c_str() + eq + 1, "%d%c", &v, &extra) != 1)
-      return Status::InvalidArgument(fmt::format("--layout: '{}' is not KEY=N (keys dp, tp, pp, mb, ga, zero, nodes)", kv));
-    const std::string k = kv.substr(0, eq);
-    int* field = k == "dp" ? &l.dp : k == "tp" ? &l.tp : k == "pp" ? &l.pp : k == "mb" ? &l.micro_batch
-               : k == "ga" ? &l.grad_accum : k == "zero" ? &l.zero : k == "nodes" ? &l.nodes : nullptr;
-    if (field == nullptr) return Status::InvalidArgument(fmt::format("--layout: unknown key '{}' (dp, tp, pp, mb, ga, zero, nodes)", k));
-    if (k == "zero" ? (v < 0 || v > 1) : v < 1)
-      return Status::InvalidArgument(fmt::format("--layout: {} must be {}, got {}", k, k == "zero" ? "0 or 1" : "at least 1", v));
-    *field = v;
-  }
-  return l;
-}
-
 nlohmann::json to_json(const plan::Estimate& e) {
   nlohmann::json j = {
       {"layout", {{"nodes", e.layout.nodes}, {"dp", e.layout.dp}, {"tp", e.layout.tp}, {"pp", e.layout.pp},
@@ -99,8 +59,8 @@ nlohmann::json to_json(const plan::Estimate& e) {
 }
 
 void print_estimate_row(int i, const plan::Estimate& e) {
-  std::printf("  %-3d %-30s %10s %12.0f %6.1f%% %9.1f GB %12s %12s\n", i, e.layout.str().c_str(), plan_duration(e.step).c_str(),
-              e.tokens_per_s, 100 * e.mfu, e.mem_total / 1e9, plan_duration(e.train_seconds).c_str(),
+  std::printf("  %-3d %-30s %10s %12.0f %6.1f%% %9.1f GB %12s %12s\n", i, e.layout.str().c_str(), plan::duration_text(e.step).c_str(),
+              e.tokens_per_s, 100 * e.mfu, e.mem_total / 1e9, plan::duration_text(e.train_seconds).c_str(),
               e.cost_usd > 0 ? fmt::format("${:.0f}", e.cost_usd).c_str() : "-");
 }
 
@@ -108,10 +68,10 @@ void print_breakdown(const plan::Estimate& e) {
   auto pct = [&](double x) { return 100 * x / e.step; };
   std::printf("      step %s = compute %s (%.0f%%) + bubble %s (%.0f%%) + tp %s (%.0f%%) + p2p %s (%.0f%%) + dp exposed %s "
               "(%.0f%%, of %s) + optimizer %s (%.0f%%) + checkpoint %s\n",
-              plan_duration(e.step).c_str(), plan_duration(e.compute).c_str(), pct(e.compute), plan_duration(e.bubble).c_str(), pct(e.bubble),
-              plan_duration(e.tp_comm).c_str(), pct(e.tp_comm), plan_duration(e.p2p).c_str(), pct(e.p2p), plan_duration(e.dp_exposed).c_str(),
-              pct(e.dp_exposed), plan_duration(e.dp_comm).c_str(), plan_duration(e.optimizer).c_str(), pct(e.optimizer),
-              plan_duration(e.checkpoint).c_str());
+              plan::duration_text(e.step).c_str(), plan::duration_text(e.compute).c_str(), pct(e.compute), plan::duration_text(e.bubble).c_str(), pct(e.bubble),
+              plan::duration_text(e.tp_comm).c_str(), pct(e.tp_comm), plan::duration_text(e.p2p).c_str(), pct(e.p2p), plan::duration_text(e.dp_exposed).c_str(),
+              pct(e.dp_exposed), plan::duration_text(e.dp_comm).c_str(), plan::duration_text(e.optimizer).c_str(), pct(e.optimizer),
+              plan::duration_text(e.checkpoint).c_str());
   std::printf("      memory/device %.2f GB of %.1f: params %.2f, grads %.2f, optimizer %.2f, activations %.2f; bottleneck: %s\n",
               e.mem_total / 1e9, e.mem_capacity / 1e9, e.mem_params / 1e9, e.mem_grads / 1e9, e.mem_optimizer / 1e9,
               e.mem_activations / 1e9, e.bottleneck().c_str());
@@ -150,7 +110,7 @@ int run_plan(const PlanArgs& a) {
   if (a.kv_heads) m.family.kv_heads = a.kv_heads;
   if (a.mlp_hidden) m.family.mlp_hidden = a.mlp_hidden;
   if (Status st = m.validate(); !st.ok()) return fail(st);
-  auto tokens = parse_count(a.tokens);
+  auto tokens = plan::parse_count("--tokens", a.tokens, "10B, 300M, 2.5e9");
   if (!tokens.ok()) return fail(tokens.status());
   plan::Job job{m, a.dtype, *tokens, a.checkpoint_every, a.recompute, a.bucket_mb, a.attention};
 
@@ -161,12 +121,12 @@ int run_plan(const PlanArgs& a) {
   };
   std::vector<Result1> results;
   for (const auto& f : a.clusters) {
-    auto c = load_plan_cluster(f, a.ranks_per_node, a.threads_per_rank);
+    auto c = plan::load_cluster(f, a.ranks_per_node, a.threads_per_rank);
     if (!c.ok()) return fail(c.status());
     Result1 r{*c, {}, {}};
     plan::Layout fixed{0, 0, 0, 0, 0, 0, -1};
     if (!a.layout.empty()) {
-      auto l = parse_layout(a.layout);
+      auto l = plan::parse_layout(a.layout);
       if (!l.ok()) return fail(l.status());
       fixed = *l;
     }
@@ -174,26 +134,9 @@ int run_plan(const PlanArgs& a) {
       return fail(Status::InvalidArgument(fmt::format("--layout: nodes={} but {} has {}", fixed.nodes, c->name, c->nodes)));
     if (fixed.dp && fixed.tp && fixed.pp && fixed.micro_batch) {
       // A whole layout: price exactly it (ga from the global batch unless given).
-      plan::Layout l = fixed;
-      if (l.nodes == 0) l.nodes = c->nodes;
-      if (l.zero < 0) l.zero = 0;
-      const int ranks = l.dp * l.tp * l.pp;
-      const int have = c->shared_host ? c->ranks() : l.nodes * c->ranks_per_node;
-      if (ranks != have)
-        return fail(Status::InvalidArgument(fmt::format("--layout {} uses {} ranks, but {} nodes of {} have {}", l.str(), ranks, l.nodes, c->name, have)));
-      ModelShard shard;
-      shard.tp = l.tp;
-      if (Status st = shard.validate(m.shape()); !st.ok()) return fail(Status::InvalidArgument("--layout: " + st.message()));
-      if (l.pp > m.layers) return fail(Status::InvalidArgument(fmt::format("--layout: pp={} exceeds the {} layers", l.pp, m.layers)));
-      if (l.grad_accum == 0) {
-        const int64_t per = static_cast<int64_t>(l.dp) * l.micro_batch;
-        if (m.global_batch % per)
-          return fail(Status::InvalidArgument(fmt::format("--layout: dp x mb = {} does not divide the global batch {}", per, m.global_batch)));
-        l.grad_accum = static_cast<int>(m.global_batch / per);
-      }
-      plan::Job j = job;
-      j.model.global_batch = static_cast<int64_t>(l.dp) * l.micro_batch * l.grad_accum;
-      r.best.push_back(plan::estimate(j, *c, l));
+      auto e = plan::price_layout(job, *c, fixed);
+      if (!e.ok()) return fail(e.status());
+      r.best.push_back(*e);
     } else {
       r.best = plan::search(job, *c, a.objective, a.top, &r.closest, a.layout.empty() ? nullptr : &fixed);
       if (r.best.empty() && r.closest.refusal.empty())
@@ -201,8 +144,14 @@ int run_plan(const PlanArgs& a) {
     }
     results.push_back(std::move(r));
   }
-  bool any = false;
-  for (const auto& r : results) any = any || (!r.best.empty() && r.best[0].fits);
+  // Each cluster's best layout, or why none fits, for the verdict.
+  std::vector<plan::ClusterOutcome> outcomes;
+  for (const auto& r : results) {
+    const bool fits = !r.best.empty() && r.best[0].fits;
+    outcomes.push_back({r.cluster.name, fits, fits ? r.best[0].step : 0, fits ? r.best[0].cost_usd : 0,
+                        r.best.empty() ? r.closest.refusal : r.best[0].refusal});
+  }
+  const bool any = plan::fastest_cluster(outcomes) >= 0;
 
   if (a.json) {
     nlohmann::json j = {{"schema", "tessera.plan"}, {"version", 1}, {"objective", a.objective}, {"dtype", a.dtype},
@@ -245,26 +194,20 @@ int run_plan(const PlanArgs& a) {
     }
     // The verdict: the best layout of each cluster against the fastest.
     if (results.size() > 1 && any) {
-      const Result1* fast = nullptr;
-      for (const auto& r : results)
-        if (!r.best.empty() && r.best[0].fits && (fast == nullptr || r.best[0].step < fast->best[0].step)) fast = &r;
+      const Result1* fast = &results[plan::fastest_cluster(outcomes)];
       std::printf("\nverdict:\n");
-      for (const auto& r : results) {
+      for (size_t k = 0; k < results.size(); ++k) {
+        const Result1& r = results[k];
         if (&r == fast) continue;
-        if (r.best.empty() || !r.best[0].fits) {
+        if (!outcomes[k].fits) {
           std::printf("  %s: fits on %s, not on %s (%s)\n", fast->cluster.name.c_str(), fast->cluster.name.c_str(),
-                      r.cluster.name.c_str(), r.best.empty() ? r.closest.refusal.c_str() : r.best[0].refusal.c_str());
+                      r.cluster.name.c_str(), outcomes[k].refusal.c_str());
           continue;
         }
         const auto& f = fast->best[0];
         const auto& s = r.best[0];
         const double speed = s.step / f.step * (f.tokens_per_step / s.tokens_per_step);
-        std::string cost;
-        if (f.cost_usd > 0 && s.cost_usd > 0) {
-          const double ratio = s.cost_usd / f.cost_usd;
-          cost = ratio > 1.05 ? fmt::format(" and {:.1f}x cheaper", ratio)
-               : ratio < 1 / 1.05 ? fmt::format(" but {:.1f}x dearer", 1 / ratio) : std::string(" at about the same cost");
-        }
+        const std::string cost = plan::cost_comparison(f.cost_usd, s.cost_usd);
         auto peak = [&](const Result1& x, const plan::Estimate& e) {
           const auto& n = x.cluster.node;
           const int devices = x.cluster.shared_host ? 1 : n.kind == plan::DeviceKind::kGpu ? e.layout.dp * e.layout.tp * e.layout.pp : e.layout.nodes;
@@ -311,13 +254,7 @@ int run_plan(const PlanArgs& a) {
       std::printf("\njob script: %s (%s on %d node(s); sbatch %s)\n", a.emit_sbatch.c_str(),
                   r.best[0].layout.str().c_str(), r.best[0].layout.nodes, a.emit_sbatch.c_str());
   }
-  if (!any) {
-    std::string why;
-    for (const auto& r : results)
-      why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", r.cluster.name,
-                         r.best.empty() ? r.closest.refusal : r.best[0].refusal);
-    return fail(Status::ResourceExhausted(fmt::format("the model fits on no cluster given ({})", why)));
-  }
+  if (!any) return fail(plan::fits_nowhere(outcomes));
   return kExitOk;
 }
 
@@ -402,23 +339,6 @@ void add_plan_command(CLI::App& app) {
     d.explain = a->explain;
     exit_code() = run_plan_dlrm(d);
   });
-}
-
-Result<plan::Cluster> load_plan_cluster(const std::string& file, int ranks_per_node, int threads_per_rank) {
-  auto c = plan::load_cluster(file);
-  if (!c.ok()) return c.status();
-  if (ranks_per_node > 0) c->ranks_per_node = ranks_per_node;
-  if (threads_per_rank > 0) c->threads_per_rank = threads_per_rank;
-  return c;
-}
-
-std::string plan_duration(double s) {
-  if (s <= 0) return "-";
-  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
-  if (s < 120) return fmt::format("{:.2f} s", s);
-  if (s < 7200) return fmt::format("{:.1f} min", s / 60);
-  if (s < 3 * 86400) return fmt::format("{:.1f} h", s / 3600);
-  return fmt::format("{:.1f} days", s / 86400);
 }
 
 }  // namespace tessera::tools

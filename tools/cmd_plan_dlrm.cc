@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/cluster.h"
+#include "plan/compare.h"
 #include "plan/dlrm.h"
 #include "tools/commands.h"
 #include "train/config.h"
@@ -20,23 +21,6 @@
 namespace tessera::tools {
 
 namespace {
-
-// "4.4B", "2.5e9", "300M".
-Result<double> parse_samples(const std::string& s) {
-  if (s.empty()) return 0.0;
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (...) {
-    return Status::InvalidArgument(fmt::format("--samples '{}' is not a number (e.g. 4.4B, 300M, 2.5e9)", s));
-  }
-  const std::string suffix = s.substr(used);
-  const double mult = suffix.empty() ? 1 : suffix == "K" || suffix == "k" ? 1e3 : suffix == "M" ? 1e6
-                    : suffix == "B" || suffix == "G" ? 1e9 : suffix == "T" ? 1e12 : -1;
-  if (mult < 0 || v < 0) return Status::InvalidArgument(fmt::format("--samples '{}' is not a count (e.g. 4.4B, 300M, 2.5e9)", s));
-  return v * mult;
-}
 
 // "512,256,64" -> {512, 256, 64}; every item a positive integer.
 Result<std::vector<int64_t>> parse_list(const std::string& flag, const std::string& s) {
@@ -164,7 +148,7 @@ Result<DlrmJobSpec> build_job(const PlanDlrmArgs& a) {
   if (out.placement != "table" && out.placement != "row" && out.placement != "auto")
     return Status::InvalidArgument(fmt::format("placement '{}' is not table, row or auto", out.placement));
   if (Status st = m.validate(); !st.ok()) return st;
-  auto samples = parse_samples(a.samples);
+  auto samples = plan::parse_count("--samples", a.samples, "4.4B, 300M, 2.5e9");
   if (!samples.ok()) return samples.status();
   out.job.samples = *samples > 0 ? *samples : steps_samples;
   out.job.dtype = a.dtype;
@@ -191,8 +175,8 @@ nlohmann::json to_json(const plan::DlrmEstimate& e) {
 }
 
 void print_breakdown(const plan::DlrmEstimate& e) {
-  auto part = [&](const char* name, double x) { return fmt::format("{} {} ({:.0f}%)", name, plan_duration(x), 100 * x / e.step); };
-  std::printf("      step %s = %s + %s + %s + %s + %s + %s + %s + %s\n", plan_duration(e.step).c_str(), part("mlp", e.mlp).c_str(),
+  auto part = [&](const char* name, double x) { return fmt::format("{} {} ({:.0f}%)", name, plan::duration_text(x), 100 * x / e.step); };
+  std::printf("      step %s = %s + %s + %s + %s + %s + %s + %s + %s\n", plan::duration_text(e.step).c_str(), part("mlp", e.mlp).c_str(),
               part("interaction", e.interaction).c_str(), part("lookup", e.lookup).c_str(), part("update", e.update).c_str(),
               part("all-to-all", e.alltoall).c_str(), part("all-reduce", e.allreduce).c_str(),
               part("adamw", e.optimizer).c_str(), part("launch", e.launch).c_str());
@@ -227,14 +211,20 @@ int run_plan_dlrm(const PlanDlrmArgs& a) {
   };
   std::vector<Result1> results;
   for (const auto& f : a.clusters) {
-    auto c = load_plan_cluster(f, a.ranks_per_node, a.threads_per_rank);
+    auto c = plan::load_cluster(f, a.ranks_per_node, a.threads_per_rank);
     if (!c.ok()) return fail(c.status());
     Result1 r{*c, {}, {}};
     r.best = plan::search_dlrm(job, *c, a.objective, a.top_k, &r.closest, fixed ? &only : nullptr);
     results.push_back(std::move(r));
   }
-  bool any = false;
-  for (const auto& r : results) any = any || !r.best.empty();
+  // Each cluster's best placement, or why none fits, for the verdict.
+  std::vector<plan::ClusterOutcome> outcomes;
+  for (const auto& r : results) {
+    const bool fits = !r.best.empty();
+    outcomes.push_back({r.cluster.name, fits, fits ? r.best[0].step : 0, fits ? r.best[0].cost_usd : 0,
+                        r.closest.refusal});
+  }
+  const bool any = plan::fastest_cluster(outcomes) >= 0;
 
   if (a.json) {
     nlohmann::json j = {{"schema", "tessera.plan"}, {"version", 1}, {"objective", a.objective}, {"dtype", job.dtype},
@@ -272,7 +262,7 @@ int run_plan_dlrm(const PlanDlrmArgs& a) {
       for (size_t i = 0; i < r.best.size(); ++i) {
         const auto& e = r.best[i];
         std::printf("  %-3zu %-11s %5d %5d %10s %12.0f %9.2f GB %12s %12s\n", i + 1, plan::placement_name(e.placement),
-                    e.nodes, e.ranks, plan_duration(e.step).c_str(), e.samples_per_s, e.mem_total / 1e9, plan_duration(e.train_seconds).c_str(),
+                    e.nodes, e.ranks, plan::duration_text(e.step).c_str(), e.samples_per_s, e.mem_total / 1e9, plan::duration_text(e.train_seconds).c_str(),
                     e.cost_usd > 0 ? fmt::format("${:.0f}", e.cost_usd).c_str() : "-");
       }
       print_breakdown(r.best[0]);
@@ -282,9 +272,7 @@ int run_plan_dlrm(const PlanDlrmArgs& a) {
       }
     }
     if (results.size() > 1 && any) {
-      const Result1* fast = nullptr;
-      for (const auto& r : results)
-        if (!r.best.empty() && (fast == nullptr || r.best[0].step < fast->best[0].step)) fast = &r;
+      const Result1* fast = &results[plan::fastest_cluster(outcomes)];
       std::printf("\nverdict:\n");
       for (const auto& r : results) {
         if (&r == fast) continue;
@@ -295,24 +283,14 @@ int run_plan_dlrm(const PlanDlrmArgs& a) {
         }
         const auto& f = fast->best[0];
         const auto& s = r.best[0];
-        std::string cost;
-        if (f.cost_usd > 0 && s.cost_usd > 0) {
-          const double ratio = s.cost_usd / f.cost_usd;
-          cost = ratio > 1.05 ? fmt::format(" and {:.1f}x cheaper", ratio)
-               : ratio < 1 / 1.05 ? fmt::format(" but {:.1f}x dearer", 1 / ratio) : std::string(" at about the same cost");
-        }
+        const std::string cost = plan::cost_comparison(f.cost_usd, s.cost_usd);
         std::printf("  %s: %.1fx faster than %s%s for this job; %s is held up by %s, %s by %s\n", fast->cluster.name.c_str(),
                     s.step / f.step, r.cluster.name.c_str(), cost.c_str(), r.cluster.name.c_str(), s.bottleneck().c_str(),
                     fast->cluster.name.c_str(), f.bottleneck().c_str());
       }
     }
   }
-  if (!any) {
-    std::string why;
-    for (const auto& r : results)
-      why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", r.cluster.name, r.closest.refusal);
-    return fail(Status::ResourceExhausted(fmt::format("the model fits on no cluster given ({})", why)));
-  }
+  if (!any) return fail(plan::fits_nowhere(outcomes));
   return kExitOk;
 }
 

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "core/status.h"
-#include "plan/cluster.h"
 
 namespace tessera::tools {
 
@@ -31,12 +30,5 @@ struct PlanDlrmArgs {
 // or --config).
 bool plan_is_dlrm(const PlanDlrmArgs& a);
 int run_plan_dlrm(const PlanDlrmArgs& a);
-
-// A cluster file with --ranks-per-node / --threads-per-rank applied (0:
-// the file's) (cmd_plan.cc).
-Result<plan::Cluster> load_plan_cluster(const std::string& file, int ranks_per_node, int threads_per_rank);
-
-// "12.3 ms", "4.56 s", "7.8 min", "3.1 h", "4.4 days"; "-" for <= 0 (cmd_plan.cc).
-std::string plan_duration(double s);
 
 }  // namespace tessera::tools

@@ -24,6 +24,7 @@
 #include "train/dlrm_checkpointing.h"
 #include "parallel/dlrm_parallel.h"
 #include "core/fault_plan.h"
+#include "train/loop.h"
 #include "train/monitoring.h"
 #include "train/plan_check.h"
 #include "train/saves.h"
@@ -79,9 +80,9 @@ class ClickBatch {
   DlrmBatch batch_;
 };
 
-// The DLRM loop in named parts, as train/trainer.cc's: setup(), step(),
-// evaluate(), log(), save(); run() calls them.
-class DlrmTrainer {
+// The DLRM's part of the training loop (train/loop.h): its setup, step, log
+// line, evaluation, saves and stop; run() sets up and runs the loop.
+class DlrmTrainer final : public TrainTask {
  public:
   DlrmTrainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry,
               const StopFlag* stop, const FaultPlan* faults)
@@ -91,6 +92,14 @@ class DlrmTrainer {
 
   Result<DlrmTrainSummary> run();
 
+  // TrainTask (train/loop.h).
+  Result<StepResult> step(int step) override;
+  Status log(int done, bool flush) override;
+  Status evaluate(int step) override;
+  // A save every checkpoint.every steps, and at the end (a stop_at's too).
+  Status save(int done, bool stop_at, bool last) override { return save_when(done, last, last); }
+  Status stop_on_signal(int step) override;
+
  private:
   // Every rank learns whether all succeeded: a failure on some ranks only
   // (one rank's memory, one rank's piece of a checkpoint) would leave the
@@ -99,11 +108,9 @@ class DlrmTrainer {
   Status setup();
   Status setup_outputs();
   Result<DlrmConfig> model_config() const;
-  Status evaluate(int step);
-  Status save(int step, bool force, bool last);
+  Status save_when(int step, bool force, bool last);
   SnapshotFn snapshot();
   Result<bool> stop_agreed();
-  Status stop_on_signal(int step);
   Status log(int step, double loss_sum, int steps, double secs);
   Status predict_plan(const DlrmConfig& mc);
   Status check_memory_fits(const DlrmConfig& mc);
@@ -141,6 +148,12 @@ class DlrmTrainer {
   int64_t last_saved_ = -1;  // the step resumed from (saved already)
   DlrmParallel::Stats stats_prev_;  // at the last log()
   double train_s_ = 0.0;
+  // The steps since the last log line.
+  struct Pending {
+    double loss_sum = 0.0, secs = 0.0;
+    int steps = 0;
+  };
+  Pending pending_;
   DlrmTrainSummary summary_;
   // The planner's prediction (train/plan_check.h) and what it is checked
   // against: each step's time, its all-to-all share, and the resident
@@ -418,7 +431,7 @@ Status DlrmTrainer::log(int step, double loss_sum, int steps, double secs) {
 // steps, and `force`: a stop or the end), then the poll of the one in flight
 // (waiting for it when `last`). The pieces point into the engine, and the
 // checkpointer copies them into its staging buffer inside save().
-Status DlrmTrainer::save(int step, bool force, bool last) {
+Status DlrmTrainer::save_when(int step, bool force, bool last) {
   RETURN_IF_ERROR(saves_->after_step(step, force, last, snapshot()));
   if (!saves_->last_published().empty()) summary_.checkpoint = saves_->last_published();
   return Status::OK();
@@ -461,59 +474,22 @@ Status DlrmTrainer::stop_on_signal(int step) {
   summary_.checkpoint = dir;
   summary_.stopped_by = sig != 0 ? sig : -1;
   summary_.stopped_at = step;
-  return Status::OK();
+  return report_plan_check();
 }
 
 Result<DlrmTrainSummary> DlrmTrainer::run() {
   RETURN_IF_ERROR(setup());
   if (finished_) return summary_;
   RETURN_IF_ERROR(evaluate(static_cast<int>(start_step_)));
-  const int B = c_.dlrm.batch, every = c_.dlrm.log_every;
   stats_prev_ = engine_->stats();
   comm_metrics_.skip();  // the first step's figures leave out the evaluation's
-  double loss_sum = 0.0, secs = 0.0;
-  int logged = 0;
-  for (int64_t s = start_step_; s < c_.steps; s++) {
-    const int step = static_cast<int>(s);
-    obs::trace::Span span("step", "train");
-    const auto t0 = Clock::now();
-    const DlrmBatch& b = batch_.fill(*train_, s * B % train_->rows(), B, true);
-    RETURN_IF_ERROR(inject_step_fault(faults_, rank_, step));
-    const double a2a0 = engine_->stats().alltoall_s;
-    ASSIGN_OR_RETURN(float loss, engine_->train_step(b));
-    train_alltoall_s_ += engine_->stats().alltoall_s - a2a0;
-    if (!std::isfinite(loss))
-      return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or train.table_lr", loss, step + 1));
-    const double dt = seconds_since(t0);
-    secs += dt;
-    train_s_ += dt;
-    saves_->add_train_seconds(dt);
-    step_seconds_.push_back(dt);
-    loss_sum += loss;
-    logged++;
-    summary_.steps = step + 1;
-    const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
-    const bool last = step + 1 == c_.steps || stop;
-    if ((step + 1) % every == 0 || last) {
-      RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));
-      loss_sum = 0.0, secs = 0.0, logged = 0;
-    }
-    if (!last) {
-      ASSIGN_OR_RETURN(bool stop_now, stop_agreed());
-      if (stop_now) {
-        if (logged > 0) RETURN_IF_ERROR(log(step + 1, loss_sum, logged, secs));  // the steps since the last line
-        RETURN_IF_ERROR(stop_on_signal(step + 1));
-        RETURN_IF_ERROR(report_plan_check());
-        return summary_;
-      }
-    }
-    if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
-    RETURN_IF_ERROR(save(step + 1, last, last));
-    if (stop) {
-      say("stopped after step %d of %d (train.stop_at)\n", step + 1, c_.steps);
-      break;
-    }
-  }
+  LoopOptions lo;
+  lo.start = static_cast<int>(start_step_);
+  lo.steps = c_.steps;
+  lo.stop_at = c_.stop_at;
+  lo.eval_every = c_.eval_every;
+  ASSIGN_OR_RETURN(LoopEnd end, run_loop(*this, lo, out_));
+  if (end == LoopEnd::kSignal) return summary_;
   // The last save may have waited for the one before it, whose result that
   // poll returned: poll until the last is published (or failed).
   RETURN_IF_ERROR(saves_->drain());
@@ -521,6 +497,43 @@ Result<DlrmTrainSummary> DlrmTrainer::run() {
   say("%s", saves_->stall_line().c_str());
   RETURN_IF_ERROR(report_plan_check());
   return summary_;
+}
+
+// One step (0-based): the batch of rows step*B... (wrapping), the engine's
+// step, its time; then whether a stop signal reached any rank (one value
+// all-reduced, only when the run has a stop flag and more steps follow).
+Result<StepResult> DlrmTrainer::step(int step) {
+  const int B = c_.dlrm.batch;
+  obs::trace::Span span("step", "train");
+  const auto t0 = Clock::now();
+  const DlrmBatch& b = batch_.fill(*train_, int64_t{step} * B % train_->rows(), B, true);
+  RETURN_IF_ERROR(inject_step_fault(faults_, rank_, step));
+  const double a2a0 = engine_->stats().alltoall_s;
+  ASSIGN_OR_RETURN(float loss, engine_->train_step(b));
+  train_alltoall_s_ += engine_->stats().alltoall_s - a2a0;
+  if (!std::isfinite(loss))
+    return Status::Internal(fmt::format("loss became {} at step {}; lower train.lr or train.table_lr", loss, step + 1));
+  const double dt = seconds_since(t0);
+  pending_.secs += dt;
+  train_s_ += dt;
+  saves_->add_train_seconds(dt);
+  step_seconds_.push_back(dt);
+  pending_.loss_sum += loss;
+  pending_.steps++;
+  summary_.steps = step + 1;
+  StepResult r;
+  if (step + 1 < c_.steps) {
+    ASSIGN_OR_RETURN(r.stop_signal, stop_agreed());
+  }
+  return r;
+}
+
+// A line every log.every steps, and `flush`: the steps since the last line.
+Status DlrmTrainer::log(int done, bool flush) {
+  if (pending_.steps == 0 || (done % c_.dlrm.log_every != 0 && !flush)) return Status::OK();
+  RETURN_IF_ERROR(log(done, pending_.loss_sum, pending_.steps, pending_.secs));
+  pending_ = Pending{};
+  return Status::OK();
 }
 
 // The peak an MFU is measured against: the doctor profile's (log.profile

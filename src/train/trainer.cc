@@ -45,6 +45,7 @@
 #include "train/plan_check.h"
 #include "train/stop.h"
 #include "train/evaluate.h"
+#include "train/loop.h"
 #include "train/saves.h"
 #include "perf/flops.h"
 #include "train/memory_plan.h"
@@ -90,7 +91,7 @@ std::string format_duration(double seconds) {
 // step), evaluate(), save() (checkpoints), log() (the console line, the
 // JSONL metrics and the registry), finish() (the last save and the export).
 // Collectives run in the same order on every rank; run() calls the parts.
-class Trainer {
+class Trainer final : public TrainTask {
  public:
   Trainer(const TrainConfig& c, comm::Communicator& world, std::FILE* out, obs::Registry* registry,
           const StopFlag* stop, const FaultPlan* faults)
@@ -103,6 +104,16 @@ class Trainer {
         registry_(registry ? *registry : own_registry_) {}
 
   Result<TrainSummary> run();
+
+  // TrainTask (train/loop.h).
+  Result<StepResult> step(int step) override;
+  Status log(int, bool) override {
+    log(last_step_);
+    return Status::OK();
+  }
+  Status evaluate(int step) override;
+  Status save(int step, bool stop, bool last) override;
+  Status stop_on_signal(int step) override;
 
  private:
   // A step's figures, the same on every rank.
@@ -140,11 +151,8 @@ class Trainer {
   // Before the model allocates: refuses (InvalidArgument, every rank) a job
   // whose memory plan cannot fit in its host's memory.
   Status check_memory_fits(const ModelShard& shard);
-  Result<StepStats> step(int step);
-  Status evaluate(int step);
+  Result<StepStats> train_step(int step);
   SnapshotFn snapshot();
-  Status save(int step, bool stop, bool last);
-  Result<TrainSummary> stop_on_signal(int step);
   void log(const StepStats& s);
   Status finish();
   Status save_final_weights();
@@ -223,6 +231,7 @@ class Trainer {
   // Time the training thread spends in the checkpointer (staging copies, the
   // agreement and rank 0's publishing), and all of training.
   double train_s_ = 0.0;
+  StepStats last_step_;  // the figures of the step just run, for log()
   // The planner's prediction for this run (train/plan_check.h), and what
   // the steps measured, for the check at the end.
   std::optional<PlanPrediction> plan_;
@@ -610,7 +619,7 @@ Status Trainer::evaluate(int step) {
 // One optimizer step (0-based `step`): the micro-steps through the
 // pipeline, the gradient exchange, the update, and the figures averaged over
 // the ranks.
-Result<Trainer::StepStats> Trainer::step(int step) {
+Result<Trainer::StepStats> Trainer::train_step(int step) {
   const int B = c_.micro_batch, T = c_.seq, GA = c_.grad_accum;
   obs::trace::set_step(step + 1);  // 1-based, as the logs count
   obs::trace::Span span("step", "train");
@@ -812,7 +821,8 @@ void Trainer::report_plan_check() {
 // step's checkpoint, published and verified before the call returns (a
 // save in flight is finished first). No evaluation and no final weights:
 // the time before SIGKILL goes to the checkpoint.
-Result<TrainSummary> Trainer::stop_on_signal(int step) {
+Status Trainer::stop_on_signal(int step) {
+  report_plan_check();
   const int sig = stop_->signal.load();
   const char* name = sig != 0 ? stop_signal_name(sig) : "a stop signal on another rank";
   if (!saves_->enabled())
@@ -827,7 +837,7 @@ Result<TrainSummary> Trainer::stop_on_signal(int step) {
   metrics_.write(report.record);
   summary_.stopped_by = sig != 0 ? sig : -1;
   summary_.stopped_at = step;
-  return summary_;
+  return Status::OK();
 }
 
 // The last save, the replicas' agreement, and the final weights.
@@ -881,6 +891,11 @@ Status Trainer::save_final_weights() {
   return Status::OK();
 }
 
+Result<StepResult> Trainer::step(int step) {
+  ASSIGN_OR_RETURN(last_step_, train_step(step));
+  return StepResult{last_step_.stop};
+}
+
 Result<TrainSummary> Trainer::run() {
   RETURN_IF_ERROR(setup());
   if (already_finished_) {
@@ -891,22 +906,13 @@ Result<TrainSummary> Trainer::run() {
   pipe_->take_times();
   model_->take_tp_comm_seconds();
   comm_metrics_.skip();  // the first step's figures leave out the evaluation's
-  for (int step = start_step_; step < c_.steps; step++) {
-    ASSIGN_OR_RETURN(StepStats s, this->step(step));
-    log(s);
-    if (s.stop && step + 1 < c_.steps) {
-      report_plan_check();
-      return stop_on_signal(step + 1);
-    }
-    const bool stop = c_.stop_at > 0 && step + 1 == c_.stop_at && step + 1 < c_.steps;
-    const bool last = step + 1 == c_.steps || stop;
-    if (last || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0)) RETURN_IF_ERROR(evaluate(step + 1));
-    RETURN_IF_ERROR(save(step + 1, stop, last));
-    if (stop) {
-      say("stopped after step %d of %d (train.stop_at)\n", step + 1, c_.steps);
-      break;
-    }
-  }
+  LoopOptions lo;
+  lo.start = start_step_;
+  lo.steps = c_.steps;
+  lo.stop_at = c_.stop_at;
+  lo.eval_every = c_.eval_every;
+  ASSIGN_OR_RETURN(LoopEnd end, run_loop(*this, lo, out_));
+  if (end == LoopEnd::kSignal) return summary_;
   report_plan_check();
   RETURN_IF_ERROR(finish());
   return summary_;

@@ -1,5 +1,6 @@
 #include "elastic/elastic_trainer.h"
 #include "train/evaluate.h"
+#include "train/loop.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -66,10 +67,31 @@ Status check_config(const TrainConfig& c, const ElasticOptions& o) {
   return Status::OK();
 }
 
-class ElasticTrainer {
+// The elastic worker: the training loop (train/loop.h) with membership as
+// a policy around it. Each round runs the loop from the step the job has
+// reached; a peer that fails or a worker waiting to join ends the loop with
+// Unavailable, and run() forms the next round (rendezvous, state sync) and
+// runs the loop again.
+class ElasticTrainer final : public TrainTask {
  public:
   ElasticTrainer(const TrainConfig& c, const ElasticOptions& o, std::FILE* out) : c_(c), o_(o), out_(out) {}
   Result<ElasticSummary> run();
+
+  // TrainTask. A step logs its line and hands its state to the checkpoints
+  // itself (ElasticCheckpoints); an elastic run takes no stop signal.
+  Result<StepResult> step(int) override {
+    RETURN_IF_ERROR(train_step());
+    return StepResult{};
+  }
+  Status log(int, bool) override { return Status::OK(); }
+  Status evaluate(int) override {
+    if (!eval_due()) return Status::OK();
+    Status s = evaluate();
+    eval_failed_ = !s.ok();
+    return s;
+  }
+  Status save(int, bool, bool) override { return Status::OK(); }
+  Status stop_on_signal(int) override { return Status::OK(); }
 
  private:
   Status setup();
@@ -89,6 +111,7 @@ class ElasticTrainer {
   // data.val); Unavailable: a peer failed (the pass is redone after the
   // next round forms).
   Status evaluate();
+  bool eval_failed_ = false;  // the loop ended in an evaluation (its message says so)
   bool eval_due() const {
     return !val_tokens_.empty() && step_ != evaluated_ &&
            (step_ == 0 || step_ == c_.steps || (c_.eval_every > 0 && step_ % c_.eval_every == 0));
@@ -634,12 +657,22 @@ Result<ElasticSummary> ElasticTrainer::run() {
       need_round = true;
       continue;
     }
-    Status s = train_step();
-    if (s.ok()) continue;
+    LoopOptions lo;
+    lo.start = static_cast<int>(step_);
+    lo.steps = c_.steps;
+    lo.eval_every = c_.eval_every;
+    eval_failed_ = false;
+    Result<LoopEnd> end = run_loop(*this, lo, nullptr);
+    if (end.ok()) continue;
+    const Status s = end.status();
     if (s.code() != StatusCode::kUnavailable) return s;
     why = s.message();
     need_round = true;
-    if (why != "a worker is waiting to join") {
+    if (eval_failed_) {
+      failed_at_ = Clock::now();
+      std::fprintf(stderr, "tessera: elastic: validation at step %lld abandoned: %s\n", static_cast<long long>(step_),
+                   why.c_str());
+    } else if (why != "a worker is waiting to join") {
       failed_at_ = Clock::now();
       std::fprintf(stderr, "tessera: elastic: step %lld abandoned: %s\n", static_cast<long long>(step_ + 1),
                    why.c_str());

@@ -625,27 +625,15 @@ Status DlrmTrainer::predict_plan(const DlrmConfig& mc) {
 // all-to-all share of the logged steps.
 Status DlrmTrainer::report_plan_check() {
   if (!plan_ || step_seconds_.size() < 2) return Status::OK();
-  std::vector<double> steps(step_seconds_.begin() + 1, step_seconds_.end());
-  std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
-  const double step = steps[steps.size() / 2];
-  double mem = 0;
+  PlanCheckMeasured m;
+  m.step_seconds = step_seconds_;
   if (Result<obs::ProcessStats> ps = obs::read_process_stats(); ps.ok() && ps->peak_resident_bytes > 0)
-    mem = ps->peak_resident_bytes - resident_before_model_;
-  if (world_.size() > 1) RETURN_IF_ERROR(world_.all_reduce(&mem, &mem, 1, comm::ElemType::kF64, comm::ReduceOp::kMax));
-  const double a2a = train_alltoall_s_ / std::max(train_s_, 1e-9);
-  say("plan check: step %.2f ms measured vs %.2f ms predicted (%s), memory %.1f vs %.1f MB per rank (%s), "
-      "all-to-all %.0f%% vs %.0f%% of the step\n",
-      step * 1e3, plan_->step_s * 1e3, plan_error(step, plan_->step_s).c_str(), mem / 1e6, plan_->mem_bytes / 1e6,
-      plan_error(mem, plan_->mem_bytes).c_str(), 100 * a2a, 100 * plan_->comm_share);
-  metrics_.write({{"plan_check_steps", steps.size()},
-                  {"measured_step_ms", step * 1e3},
-                  {"plan_step_ms", plan_->step_s * 1e3},
-                  {"step_error", (step - plan_->step_s) / plan_->step_s},
-                  {"measured_memory_mb", mem / 1e6},
-                  {"plan_memory_mb", plan_->mem_bytes / 1e6},
-                  {"memory_error", plan_->mem_bytes > 0 ? (mem - plan_->mem_bytes) / plan_->mem_bytes : 0.0},
-                  {"measured_comm_share", a2a},
-                  {"plan_comm_share", plan_->comm_share}});
+    m.mem_bytes = ps->peak_resident_bytes - resident_before_model_;
+  if (world_.size() > 1)
+    RETURN_IF_ERROR(world_.all_reduce(&m.mem_bytes, &m.mem_bytes, 1, comm::ElemType::kF64, comm::ReduceOp::kMax));
+  m.comm_share = train_alltoall_s_ / std::max(train_s_, 1e-9);
+  m.comm_name = "all-to-all";
+  tessera::report_plan_check(*plan_, m, out_, &metrics_);
   return Status::OK();
 }
 

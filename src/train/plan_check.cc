@@ -1,5 +1,7 @@
 #include "train/plan_check.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +11,7 @@
 
 #include "comm/mpi/local_device.h"
 #include "perf/profile.h"
+#include "train/monitoring.h"
 #include "plan/cluster.h"
 #include "plan/estimate.h"
 #include "plan/hardware.h"
@@ -118,6 +121,32 @@ Result<PlanPrediction> predict_dlrm_for_run(const PlanCheckMachine& machine, con
 std::string plan_error(double measured, double predicted) {
   if (!(predicted > 0)) return "-";
   return fmt::format("{:+.1f}%", 100.0 * (measured - predicted) / predicted);
+}
+
+void report_plan_check(const PlanPrediction& plan, const PlanCheckMeasured& m, std::FILE* out, MetricsLog* metrics) {
+  if (m.step_seconds.size() < 2) return;
+  std::vector<double> steps(m.step_seconds.begin() + 1, m.step_seconds.end());
+  std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
+  const double step = steps[steps.size() / 2];
+  if (out) {
+    std::fprintf(out,
+                 "plan check: step %.2f ms measured vs %.2f ms predicted (%s), memory %.1f vs %.1f MB per rank (%s), "
+                 "%s %.0f%% vs %.0f%% of the step\n",
+                 step * 1e3, plan.step_s * 1e3, plan_error(step, plan.step_s).c_str(), m.mem_bytes / 1e6,
+                 plan.mem_bytes / 1e6, plan_error(m.mem_bytes, plan.mem_bytes).c_str(), m.comm_name,
+                 100 * m.comm_share, 100 * plan.comm_share);
+    std::fflush(out);
+  }
+  if (metrics == nullptr) return;
+  metrics->write({{"plan_check_steps", steps.size()},
+                  {"measured_step_ms", step * 1e3},
+                  {"plan_step_ms", plan.step_s * 1e3},
+                  {"step_error", (step - plan.step_s) / plan.step_s},
+                  {"measured_memory_mb", m.mem_bytes / 1e6},
+                  {"plan_memory_mb", plan.mem_bytes / 1e6},
+                  {"memory_error", plan.mem_bytes > 0 ? (m.mem_bytes - plan.mem_bytes) / plan.mem_bytes : 0.0},
+                  {"measured_comm_share", m.comm_share},
+                  {"plan_comm_share", plan.comm_share}});
 }
 
 }  // namespace tessera

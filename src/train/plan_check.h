@@ -6,7 +6,9 @@
 // planner prices a CPU from its profile) and the run says so.
 #pragma once
 
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/status.h"
@@ -14,6 +16,8 @@
 #include "plan/dlrm.h"
 
 namespace tessera {
+
+class MetricsLog;  // train/monitoring.h
 
 // The machine a run is on, as the planner is told it.
 struct PlanCheckMachine {
@@ -56,5 +60,21 @@ Result<PlanPrediction> predict_dlrm_for_run(const PlanCheckMachine& machine, con
 
 // "+12.3%": measured against predicted.
 std::string plan_error(double measured, double predicted);
+
+// What a run measured, to hold against its prediction.
+struct PlanCheckMeasured {
+  std::vector<double> step_seconds;  // every step's; the first (first touches) is left out
+  double mem_bytes = 0;              // per rank, the largest
+  double comm_share = 0;             // of the step
+  const char* comm_name = "communication";  // "all-to-all" for a DLRM
+};
+
+// The plan check's line ("plan check: step ... measured vs ... predicted
+// ...") on `out` (rank 0's console, or null) and its record in `metrics`
+// (null: none): the median step after the first, the memory and the
+// communication share beside the prediction. Nothing with fewer than two
+// steps.
+void report_plan_check(const PlanPrediction& plan, const PlanCheckMeasured& m, std::FILE* out,
+                       MetricsLog* metrics);
 
 }  // namespace tessera

@@ -793,28 +793,14 @@ Status Trainer::predict_plan() {
 // first (which pays for first touches), the memory the ranks reported at
 // start-up (the largest of each part), the mean communication share.
 void Trainer::report_plan_check() {
-  if (!plan_ || step_seconds_.size() < 2) return;
-  std::vector<double> steps(step_seconds_.begin() + 1, step_seconds_.end());
-  std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
-  const double step = steps[steps.size() / 2];
-  double mem = 0, comm = 0;
-  for (double m : mem_) mem += m;
-  mem -= mem_[4];  // the planner prices the checkpoint's time, not its staging buffer
-  for (size_t i = 1; i < comm_shares_.size(); i++) comm += comm_shares_[i];
-  comm /= static_cast<double>(comm_shares_.size() - 1);
-  say("plan check: step %.1f ms measured vs %.1f ms predicted (%s), memory %.1f vs %.1f MB per rank (%s), "
-      "communication %.0f%% vs %.0f%% of the step\n",
-      step * 1e3, plan_->step_s * 1e3, plan_error(step, plan_->step_s).c_str(), mem / 1e6, plan_->mem_bytes / 1e6,
-      plan_error(mem, plan_->mem_bytes).c_str(), 100 * comm, 100 * plan_->comm_share);
-  metrics_.write({{"plan_check_steps", steps.size()},
-                  {"measured_step_ms", step * 1e3},
-                  {"plan_step_ms", plan_->step_s * 1e3},
-                  {"step_error", (step - plan_->step_s) / plan_->step_s},
-                  {"measured_memory_mb", mem / 1e6},
-                  {"plan_memory_mb", plan_->mem_bytes / 1e6},
-                  {"memory_error", plan_->mem_bytes > 0 ? (mem - plan_->mem_bytes) / plan_->mem_bytes : 0.0},
-                  {"measured_comm_share", comm},
-                  {"plan_comm_share", plan_->comm_share}});
+  if (!plan_) return;
+  PlanCheckMeasured m;
+  m.step_seconds = step_seconds_;
+  for (double x : mem_) m.mem_bytes += x;
+  m.mem_bytes -= mem_[4];  // the planner prices the checkpoint's time, not its staging buffer
+  for (size_t i = 1; i < comm_shares_.size(); i++) m.comm_share += comm_shares_[i];
+  if (comm_shares_.size() > 1) m.comm_share /= static_cast<double>(comm_shares_.size() - 1);
+  tessera::report_plan_check(*plan_, m, out_, &metrics_);
 }
 
 // A stop signal after step `step` (1-based), agreed by every rank: the

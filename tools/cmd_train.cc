@@ -67,7 +67,7 @@ int run_train(const TrainArgs& a) {
   if (!plan.ok()) return fail(plan.status());
   const FaultPlan* faults = *plan;
   elastic::ElasticOptions eo;
-  const bool elastic = elastic::elastic_options_from_env(&eo);
+  const bool elastic = elastic_options_from_env(&eo);
   eo.faults = faults;
   if (elastic && c->model_kind == "dlrm")
     return fail(Status::InvalidArgument("model.kind = \"dlrm\" does not train under `tessera elastic` yet"));

@@ -3,7 +3,11 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/ops.h"
 
 namespace tessera::tools {
 
@@ -24,6 +28,37 @@ void stop_at_start_if_asked(const FaultPlan& plan) {
   if (plan.stop_at_start_rank < 0) return;
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (rank != nullptr && std::atoi(rank) == plan.stop_at_start_rank) ::raise(SIGSTOP);
+}
+
+void apply_kernel_choices_from_env() {
+  if (const char* a = std::getenv("TESSERA_CUDA_ATTENTION"); a != nullptr && *a != '\0') {
+    if (std::strcmp(a, "plain") == 0) {
+      cuda::set_attention_preference(cuda::AttentionImpl::kPlain);
+    } else if (std::strcmp(a, "flash") != 0) {
+      std::fprintf(stderr, "tessera: TESSERA_CUDA_ATTENTION=%s is neither 'flash' nor 'plain'; using flash\n", a);
+    }
+  }
+  if (const char* v = std::getenv("TESSERA_VERBOSE_MATMUL"); v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0)
+    cpu::set_verbose_matmul(true);
+}
+
+bool elastic_options_from_env(elastic::ElasticOptions* o) {
+  const char* store = std::getenv("TESSERA_ELASTIC_STORE");
+  if (!store || !*store) return false;
+  Result<comm::StoreAddress> a = comm::parse_store_address(store);
+  if (!a.ok()) return false;
+  o->store = *a;
+  auto num = [](const char* name, double dflt) {
+    const char* v = std::getenv(name);
+    return v ? std::atof(v) : dflt;
+  };
+  const char* job = std::getenv("TESSERA_ELASTIC_JOB");
+  o->job = job ? job : "default";
+  o->min = static_cast<int>(num("TESSERA_ELASTIC_MIN", 1));
+  o->max = static_cast<int>(num("TESSERA_ELASTIC_MAX", 1));
+  o->last_call_s = num("TESSERA_ELASTIC_LAST_CALL", 1.0);
+  o->rdzv_timeout_s = num("TESSERA_ELASTIC_RDZV_TIMEOUT", 60.0);
+  return true;
 }
 
 }  // namespace tessera::tools

@@ -10,6 +10,7 @@
 #include "kernels/q4.h"
 #include "serve/http.h"
 #include "tools/commands.h"
+#include "tools/fault_env.h"
 
 namespace tessera::tools {
 
@@ -81,6 +82,7 @@ int fail(const Status& st) {
 
 int main(int argc, char** argv) {
   using namespace tessera::tools;
+  apply_kernel_choices_from_env();
   CLI::App app{"Tessera: train and serve GPT models on CPU or GPU clusters", "tessera"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessera " TESSERA_VERSION);

@@ -701,24 +701,6 @@ Result<ElasticSummary> ElasticTrainer::run() {
 
 }  // namespace
 
-bool elastic_options_from_env(ElasticOptions* o) {
-  const char* store = std::getenv("TESSERA_ELASTIC_STORE");
-  if (!store || !*store) return false;
-  Result<comm::StoreAddress> a = comm::parse_store_address(store);
-  if (!a.ok()) return false;
-  o->store = *a;
-  auto num = [](const char* name, double dflt) {
-    const char* v = std::getenv(name);
-    return v ? std::atof(v) : dflt;
-  };
-  const char* job = std::getenv("TESSERA_ELASTIC_JOB");
-  o->job = job ? job : "default";
-  o->min = static_cast<int>(num("TESSERA_ELASTIC_MIN", 1));
-  o->max = static_cast<int>(num("TESSERA_ELASTIC_MAX", 1));
-  o->last_call_s = num("TESSERA_ELASTIC_LAST_CALL", 1.0);
-  o->rdzv_timeout_s = num("TESSERA_ELASTIC_RDZV_TIMEOUT", 60.0);
-  return true;
-}
 
 Result<ElasticSummary> run_elastic_training(const TrainConfig& c, const ElasticOptions& o, std::FILE* out) {
   ElasticTrainer t(c, o, out);

@@ -28,9 +28,8 @@ struct ElasticOptions {
   const FaultPlan* faults = nullptr;  // a test's deaths (rendezvous.h, fault_point); not owned
 };
 
-// Reads the options the agent passes in the environment (TESSERA_ELASTIC_*);
-// false when this process was not started by `tessera elastic`.
-bool elastic_options_from_env(ElasticOptions* o);
+// The CLI reads these options from the environment `tessera elastic` sets
+// (tools/fault_env.h: elastic_options_from_env).
 
 struct ElasticSummary {
   double last_train_loss = 0.0;

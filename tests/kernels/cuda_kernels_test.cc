@@ -558,19 +558,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFlashAttention,
                                   std::to_string(s.C) + "_NH" + std::to_string(s.NH);
                          });
 
-// The model's choice (no device needed): flash unless the environment asks
-// for the plain kernels, plain above the head-size cap; the buffer sizes
-// follow the choice.
+// The model's choice (no device needed): the preference set, plain above
+// the head-size cap; the buffer sizes follow the choice. Ends on flash, the
+// default.
 TEST(CudaAttentionImpl, SizesFollowTheChoice) {
-  const char* env = std::getenv("TESSERA_CUDA_ATTENTION");
-  const bool plain = env != nullptr && std::string(env) == "plain";
-  const cuda::AttentionImpl want = plain ? cuda::AttentionImpl::kPlain : cuda::AttentionImpl::kFlash;
-  EXPECT_EQ(cuda::attention_impl(64), want);
-  EXPECT_EQ(cuda::attention_impl(cuda::kFlashMaxHeadSize), want);
-  EXPECT_EQ(cuda::attention_impl(cuda::kFlashMaxHeadSize + 1), cuda::AttentionImpl::kPlain);
-  EXPECT_EQ(cuda::attention_saved_floats(100, 64), plain ? 100 : 1);
-  EXPECT_EQ(cuda::attention_scratch_floats(100, 64), plain ? 100 : 1);
-  EXPECT_EQ(cuda::attention_saved_floats(100, 256), 100);
+  for (const cuda::AttentionImpl want : {cuda::AttentionImpl::kPlain, cuda::AttentionImpl::kFlash}) {
+    cuda::set_attention_preference(want);
+    const bool plain = want == cuda::AttentionImpl::kPlain;
+    EXPECT_EQ(cuda::attention_impl(64), want);
+    EXPECT_EQ(cuda::attention_impl(cuda::kFlashMaxHeadSize), want);
+    EXPECT_EQ(cuda::attention_impl(cuda::kFlashMaxHeadSize + 1), cuda::AttentionImpl::kPlain);
+    EXPECT_EQ(cuda::attention_saved_floats(100, 64), plain ? 100 : 1);
+    EXPECT_EQ(cuda::attention_scratch_floats(100, 64), plain ? 100 : 1);
+    EXPECT_EQ(cuda::attention_saved_floats(100, 256), 100);
+  }
 }
 
 #endif  // TESSERA_HAVE_CUDA

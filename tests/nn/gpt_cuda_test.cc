@@ -1,7 +1,7 @@
 // GPT on the CUDA backend against GPT on the CPU backend, on a random small
 // model: the same initial weights bit for bit, then logits, loss, every
 // gradient, AdamW steps and a two-stage pipeline split. The CUDA model runs
-// flash attention (unless TESSERA_CUDA_ATTENTION=plain) and the chunked
+// flash attention (cuda::set_attention_preference, the default) and the chunked
 // output layer; the small batches here fit in one head chunk, so logits()
 // stays available, and FlashAttentionAndChunkedHeadMatchTheCpu splits the
 // head into several chunks. (Parity with the PyTorch reference is in
@@ -25,11 +25,26 @@
 #include "test_util.h"
 #include "optim/optimizer.h"
 #include "parallel/data_parallel.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
 
+using testing_util::allocate_or_die;
+using testing_util::backward_or_die;
+using testing_util::clone_layout_or_die;
+using testing_util::copy_from_or_die;
+using testing_util::copy_to_device_or_die;
+using testing_util::copy_to_host_or_die;
+using testing_util::forward_or_die;
+using testing_util::global_norm_or_die;
+using testing_util::logits_or_die;
+using testing_util::losses_or_die;
+using testing_util::make_adamw;
+using testing_util::make_gpt;
 using testing_util::normalised_error;
+using testing_util::reserve_activations_or_die;
+using testing_util::step_or_die;
 
 // fp32 on both sides (cuBLASLt without TF32, the CPU's oneDNN fp32); the two
 // differ only in summation order, as each does from PyTorch (2e-5 there).
@@ -74,8 +89,8 @@ Batch random_batch(uint32_t seed) {
 
 // The arena's bytes on the host, whatever its device.
 std::vector<char> host_bytes(const Arena& a) {
-  Arena host = a.clone_layout(Device::kCPU);
-  host.copy_from(a);
+  Arena host = clone_layout_or_die(a, Device::kCPU);
+  copy_from_or_die(host, a);
   return std::vector<char>(host.base(), host.base() + host.bytes());
 }
 
@@ -94,56 +109,59 @@ void expect_arenas_close(const GPT& cuda_model, const Arena& cuda_arena, const G
 
 TEST(GptCuda, InitWeightsMatchTheCpuBitForBit) {
   SKIP_WITHOUT_CUDA();
-  GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
-  cpu.init_weights(42);
-  gpu.init_weights(42);
-  EXPECT_EQ(gpu.params().device(), Device::kCUDA);
-  EXPECT_EQ(gpu.params().tensor(kWte).device, Device::kCUDA);
-  EXPECT_EQ(host_bytes(gpu.params()), host_bytes(cpu.params()));
+  auto cpu = make_gpt(kConfig, Backend::kCPU);
+  auto gpu = make_gpt(kConfig, Backend::kCUDA);
+  cpu->init_weights(42);
+  gpu->init_weights(42);
+  EXPECT_EQ(gpu->params().device(), Device::kCUDA);
+  EXPECT_EQ(gpu->params().tensor(kWte).device, Device::kCUDA);
+  EXPECT_EQ(host_bytes(gpu->params()), host_bytes(cpu->params()));
 }
 
 TEST(GptCuda, LogitsLossAndGradientsMatchTheCpu) {
   SKIP_WITHOUT_CUDA();
-  GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
-  cpu.init_weights(7);
-  gpu.init_weights(7);
+  auto cpu = make_gpt(kConfig, Backend::kCPU);
+  auto gpu = make_gpt(kConfig, Backend::kCUDA);
+  cpu->init_weights(7);
+  gpu->init_weights(7);
   const Batch b = random_batch(1);
-  const float ref_loss = cpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
-  const float loss = gpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
+  const float ref_loss = forward_or_die(*cpu, b.inputs.data(), b.targets.data(), kB, kT);
+  const float loss = forward_or_die(*gpu, b.inputs.data(), b.targets.data(), kB, kT);
   EXPECT_NEAR(loss, ref_loss, kTolF32 * ref_loss);
   const int64_t n_logits = int64_t{kB} * kT * kConfig.padded_vocab();
-  const float* ref_logits = cpu.logits();
-  const float* logits = gpu.logits();  // a host copy
+  const float* ref_logits = logits_or_die(*cpu);
+  const float* logits = logits_or_die(*gpu);  // a host copy
   EXPECT_LE(normalised_error(logits, ref_logits, n_logits), kTolF32);
-  EXPECT_LE(normalised_error(gpu.losses(), cpu.losses(), kB * kT), kTolF32);
+  EXPECT_LE(normalised_error(losses_or_die(*gpu), losses_or_die(*cpu), kB * kT), kTolF32);
 
-  cpu.zero_grad();
-  cpu.backward();
-  gpu.zero_grad();
-  gpu.backward();
-  expect_arenas_close(gpu, gpu.grads(), cpu, cpu.grads(), kTolF32);
+  cpu->zero_grad();
+  backward_or_die(*cpu);
+  gpu->zero_grad();
+  backward_or_die(*gpu);
+  expect_arenas_close(*gpu, gpu->grads(), *cpu, cpu->grads(), kTolF32);
 
   // Forward without targets: logits only, loss 0.
-  EXPECT_EQ(gpu.forward(b.inputs.data(), nullptr, kB, kT), 0.0f);
-  EXPECT_LE(normalised_error(gpu.logits(), ref_logits, n_logits), kTolF32);
+  EXPECT_EQ(forward_or_die(*gpu, b.inputs.data(), nullptr, kB, kT), 0.0f);
+  EXPECT_LE(normalised_error(logits_or_die(*gpu), ref_logits, n_logits), kTolF32);
   EXPECT_TRUE(cuda::synchronize().ok());
 }
 
 // AdamW's first moments (flat, on the model's device) laid out as the
 // model's parameter arena, on the host.
 Arena first_moments(const GPT& model, const AdamW& opt) {
-  Arena a = model.params().clone_layout(Device::kCPU);
-  copy_to_host(model.device(), a.base(), opt.m(), model.params().bytes());
+  Arena a = clone_layout_or_die(model.params(), Device::kCPU);
+  copy_to_host_or_die(model.device(), a.base(), opt.m(), model.params().bytes());
   return a;
 }
 
 TEST(GptCuda, AdamWStepsMatchTheCpu) {
   SKIP_WITHOUT_CUDA();
-  GPT cpu(kConfig, Backend::kCPU), gpu(kConfig, Backend::kCUDA);
-  cpu.init_weights(3);
-  gpu.init_weights(3);
-  AdamW cpu_opt(gpt_param_space(cpu), gpt_adamw_kernel(cpu));
-  AdamW gpu_opt(gpt_param_space(gpu), gpt_adamw_kernel(gpu));
+  auto cpu = make_gpt(kConfig, Backend::kCPU);
+  auto gpu = make_gpt(kConfig, Backend::kCUDA);
+  cpu->init_weights(3);
+  gpu->init_weights(3);
+  AdamW cpu_opt = make_adamw(gpt_param_space(*cpu), gpt_adamw_kernel(*cpu));
+  AdamW gpu_opt = make_adamw(gpt_param_space(*gpu), gpt_adamw_kernel(*gpu));
   EXPECT_EQ(gpu_opt.space().device, Device::kCUDA);
   OptimizerConfig oc;
   oc.lr = 1e-3f;
@@ -153,19 +171,19 @@ TEST(GptCuda, AdamWStepsMatchTheCpu) {
   for (int step = 0; step < oc.steps; step++) {
     SCOPED_TRACE(step);
     const Batch b = random_batch(100 + step);
-    const float ref_loss = cpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
-    const float loss = gpu.forward(b.inputs.data(), b.targets.data(), kB, kT);
-    cpu.zero_grad();
-    cpu.backward();
-    gpu.zero_grad();
-    gpu.backward();
-    const float ref_norm = cpu_opt.step(oc, lr_at(oc, step));
-    const float norm = gpu_opt.step(oc, lr_at(oc, step));
+    const float ref_loss = forward_or_die(*cpu, b.inputs.data(), b.targets.data(), kB, kT);
+    const float loss = forward_or_die(*gpu, b.inputs.data(), b.targets.data(), kB, kT);
+    cpu->zero_grad();
+    backward_or_die(*cpu);
+    gpu->zero_grad();
+    backward_or_die(*gpu);
+    const float ref_norm = step_or_die(cpu_opt, oc, lr_at(oc, step));
+    const float norm = step_or_die(gpu_opt, oc, lr_at(oc, step));
     EXPECT_NEAR(loss, ref_loss, 5 * kTolF32 * ref_loss);
     EXPECT_NEAR(norm, ref_norm, 5 * kTolF32 * ref_norm);
   }
-  expect_arenas_close(gpu, gpu.params(), cpu, cpu.params(), 5 * kTolF32);
-  expect_arenas_close(gpu, first_moments(gpu, gpu_opt), cpu, first_moments(cpu, cpu_opt), 5 * kTolF32);
+  expect_arenas_close(*gpu, gpu->params(), *cpu, cpu->params(), 5 * kTolF32);
+  expect_arenas_close(*gpu, first_moments(*gpu, gpu_opt), *cpu, first_moments(*cpu, cpu_opt), 5 * kTolF32);
 }
 
 TEST(GptCuda, GlobalNormIsDeterministicAndMatchesTheHost) {
@@ -179,11 +197,11 @@ TEST(GptCuda, GlobalNormIsDeterministicAndMatchesTheHost) {
     Arena a;
     a.set_device(Device::kCUDA);
     a.reserve("x", DType::kF32, {n});
-    a.allocate();
-    copy_to_device(Device::kCUDA, a.base(), x.data(), sizeof(float) * n);
-    const float norm = global_norm(Device::kCUDA, a.tensor(0).f32(), n);
+    allocate_or_die(a);
+    copy_to_device_or_die(Device::kCUDA, a.base(), x.data(), sizeof(float) * n);
+    const float norm = global_norm_or_die(Device::kCUDA, a.tensor(0).f32(), n);
     EXPECT_NEAR(norm, global_norm(x.data(), n), 1e-6 * std::max(1.0f, norm));
-    EXPECT_EQ(global_norm(Device::kCUDA, a.tensor(0).f32(), n), norm);  // same bits again
+    EXPECT_EQ(global_norm_or_die(Device::kCUDA, a.tensor(0).f32(), n), norm);  // same bits again
   }
 }
 
@@ -191,44 +209,45 @@ TEST(GptCuda, GlobalNormIsDeterministicAndMatchesTheHost) {
 // and its gradient handed over through the host, against the whole model.
 TEST(GptCuda, PipelineStagesMatchTheWholeModel) {
   SKIP_WITHOUT_CUDA();
-  GPT whole(kConfig, Backend::kCUDA);
+  auto whole = make_gpt(kConfig, Backend::kCUDA);
   ModelShard s0, s1;
   s0.layer_begin = 0;
   s0.layer_end = 1;
   s1.layer_begin = 1;
   s1.layer_end = 2;
-  GPT first(kConfig, Backend::kCUDA, s0), last(kConfig, Backend::kCUDA, s1);
-  whole.init_weights(11);
-  first.init_weights(11);
-  last.init_weights(11);
+  auto first = make_gpt(kConfig, Backend::kCUDA, s0);
+  auto last = make_gpt(kConfig, Backend::kCUDA, s1);
+  whole->init_weights(11);
+  first->init_weights(11);
+  last->init_weights(11);
   const Batch b = random_batch(2);
-  const float ref_loss = whole.forward(b.inputs.data(), b.targets.data(), kB, kT);
-  whole.zero_grad();
-  whole.backward();
+  const float ref_loss = forward_or_die(*whole, b.inputs.data(), b.targets.data(), kB, kT);
+  whole->zero_grad();
+  backward_or_die(*whole);
 
   const size_t bytes = sizeof(float) * kB * kT * kConfig.channels;
   std::vector<float> message(kB * kT * kConfig.channels);
-  first.reserve_activations(kB, kT, 1);
-  last.reserve_activations(kB, kT, 1);
-  first.zero_grad();
-  last.zero_grad();
+  reserve_activations_or_die(*first, kB, kT, 1);
+  reserve_activations_or_die(*last, kB, kT, 1);
+  first->zero_grad();
+  last->zero_grad();
   float loss = 0.0f;
-  ASSERT_TRUE(first.forward_stage(0, b.inputs.data(), nullptr, kB, kT, nullptr).ok());
-  copy_to_host(Device::kCUDA, message.data(), first.stage_output(0), bytes);
-  copy_to_device(Device::kCUDA, last.stage_input(0), message.data(), bytes);
-  ASSERT_TRUE(last.forward_stage(0, nullptr, b.targets.data(), kB, kT, &loss).ok());
+  ASSERT_TRUE(first->forward_stage(0, b.inputs.data(), nullptr, kB, kT, nullptr).ok());
+  copy_to_host_or_die(Device::kCUDA, message.data(), first->stage_output(0), bytes);
+  copy_to_device_or_die(Device::kCUDA, last->stage_input(0), message.data(), bytes);
+  ASSERT_TRUE(last->forward_stage(0, nullptr, b.targets.data(), kB, kT, &loss).ok());
   EXPECT_NEAR(loss, ref_loss, 1e-6 * ref_loss);  // the same kernels in the same order
-  ASSERT_TRUE(last.backward_stage(0, 1.0f).ok());
-  copy_to_host(Device::kCUDA, message.data(), last.stage_input_grad(0), bytes);
-  copy_to_device(Device::kCUDA, first.stage_output_grad(), message.data(), bytes);
-  ASSERT_TRUE(first.backward_stage(0, 1.0f).ok());
+  ASSERT_TRUE(last->backward_stage(0, 1.0f).ok());
+  copy_to_host_or_die(Device::kCUDA, message.data(), last->stage_input_grad(0), bytes);
+  copy_to_device_or_die(Device::kCUDA, first->stage_output_grad(), message.data(), bytes);
+  ASSERT_TRUE(first->backward_stage(0, 1.0f).ok());
 
   // Layer 1's gradients on the last stage, layer 0's and wpe on the first.
-  Arena whole_grads = whole.grads().clone_layout(Device::kCPU), g0 = first.grads().clone_layout(Device::kCPU),
-        g1 = last.grads().clone_layout(Device::kCPU);
-  whole_grads.copy_from(whole.grads());
-  g0.copy_from(first.grads());
-  g1.copy_from(last.grads());
+  Arena whole_grads = clone_layout_or_die(whole->grads(), Device::kCPU);
+  Arena g0 = clone_layout_or_die(first->grads(), Device::kCPU), g1 = clone_layout_or_die(last->grads(), Device::kCPU);
+  copy_from_or_die(whole_grads, whole->grads());
+  copy_from_or_die(g0, first->grads());
+  copy_from_or_die(g1, last->grads());
   // The same kernels on the same data; only encoder_backward's atomicAdd
   // into wte may reorder sums, so allow rounding.
   constexpr double kTol = 1e-6;
@@ -282,15 +301,17 @@ TEST(GptCuda, FlashAttentionAndChunkedHeadMatchTheCpu) {
                                ChunkedCase{GPTConfig{1, 2, 256, 1000, 48}, 2, 40, 48}}) {
     SCOPED_TRACE(c.config.str());
     const int BT = c.B * c.T;
-    GPT cpu(c.config, Backend::kCPU), gpu(c.config, Backend::kCUDA), one_chunk(c.config, Backend::kCUDA);
-    gpu.set_head_chunk_rows(c.chunk_rows);
+    auto cpu = make_gpt(c.config, Backend::kCPU);
+    auto gpu = make_gpt(c.config, Backend::kCUDA);
+    auto one_chunk = make_gpt(c.config, Backend::kCUDA);
+    gpu->set_head_chunk_rows(c.chunk_rows);
     ASSERT_GT(BT, c.chunk_rows);
-    ASSERT_LE(BT, one_chunk.head_chunk_rows());
-    cpu.init_weights(21);
-    gpu.init_weights(21);
-    one_chunk.init_weights(21);
-    AdamW cpu_opt(gpt_param_space(cpu), gpt_adamw_kernel(cpu));
-    AdamW gpu_opt(gpt_param_space(gpu), gpt_adamw_kernel(gpu));
+    ASSERT_LE(BT, one_chunk->head_chunk_rows());
+    cpu->init_weights(21);
+    gpu->init_weights(21);
+    one_chunk->init_weights(21);
+    AdamW cpu_opt = make_adamw(gpt_param_space(*cpu), gpt_adamw_kernel(*cpu));
+    AdamW gpu_opt = make_adamw(gpt_param_space(*gpu), gpt_adamw_kernel(*gpu));
     OptimizerConfig oc;
     oc.lr = 1e-3f;
     oc.warmup = 2;
@@ -300,32 +321,32 @@ TEST(GptCuda, FlashAttentionAndChunkedHeadMatchTheCpu) {
       SCOPED_TRACE(step);
       const std::vector<int> inputs = random_tokens(BT, c.config.vocab, 300 + 2 * step);
       const std::vector<int> targets = random_tokens(BT, c.config.vocab, 301 + 2 * step);
-      const float ref_loss = cpu.forward(inputs.data(), targets.data(), c.B, c.T);
-      const float loss = gpu.forward(inputs.data(), targets.data(), c.B, c.T);
+      const float ref_loss = forward_or_die(*cpu, inputs.data(), targets.data(), c.B, c.T);
+      const float loss = forward_or_die(*gpu, inputs.data(), targets.data(), c.B, c.T);
       EXPECT_NEAR(loss, ref_loss, (step == 0 ? 1 : 5) * kTol * ref_loss);
-      cpu.zero_grad();
-      cpu.backward();
-      gpu.zero_grad();
-      gpu.backward();
+      cpu->zero_grad();
+      backward_or_die(*cpu);
+      gpu->zero_grad();
+      backward_or_die(*gpu);
       if (step == 0) {
-        EXPECT_LE(normalised_error(gpu.losses(), cpu.losses(), BT), kTol);
-        expect_arenas_close(gpu, gpu.grads(), cpu, cpu.grads(), kTol);
+        EXPECT_LE(normalised_error(losses_or_die(*gpu), losses_or_die(*cpu), BT), kTol);
+        expect_arenas_close(*gpu, gpu->grads(), *cpu, cpu->grads(), kTol);
         // No (T,T) attention matrices (with flash) and no full-vocabulary
         // logits, probabilities or dlogits on the device.
-        EXPECT_LT(gpu.activation_bytes(), cpu.activation_bytes());
+        EXPECT_LT(gpu->activation_bytes(), cpu->activation_bytes());
 
-        const float one_loss = one_chunk.forward(inputs.data(), targets.data(), c.B, c.T);
+        const float one_loss = forward_or_die(*one_chunk, inputs.data(), targets.data(), c.B, c.T);
         EXPECT_NEAR(one_loss, loss, 1e-5 * loss);
-        one_chunk.zero_grad();
-        one_chunk.backward();
-        expect_arenas_close(gpu, gpu.grads(), one_chunk, one_chunk.grads(), 1e-5);
+        one_chunk->zero_grad();
+        backward_or_die(*one_chunk);
+        expect_arenas_close(*gpu, gpu->grads(), *one_chunk, one_chunk->grads(), 1e-5);
       }
-      const float ref_norm = cpu_opt.step(oc, lr_at(oc, step));
-      const float norm = gpu_opt.step(oc, lr_at(oc, step));
+      const float ref_norm = step_or_die(cpu_opt, oc, lr_at(oc, step));
+      const float norm = step_or_die(gpu_opt, oc, lr_at(oc, step));
       EXPECT_NEAR(norm, ref_norm, 5 * kTol * ref_norm);
     }
-    expect_arenas_close(gpu, gpu.params(), cpu, cpu.params(), 5 * kTol);
-    expect_arenas_close(gpu, first_moments(gpu, gpu_opt), cpu, first_moments(cpu, cpu_opt), 5 * kTol);
+    expect_arenas_close(*gpu, gpu->params(), *cpu, cpu->params(), 5 * kTol);
+    expect_arenas_close(*gpu, first_moments(*gpu, gpu_opt), *cpu, first_moments(*cpu, cpu_opt), 5 * kTol);
     EXPECT_TRUE(cuda::synchronize().ok());
   }
 }

@@ -45,6 +45,7 @@
 // its shapes (the per-call argument array lives on the stack and execution
 // goes through the C API). OpenMP: each calling thread runs the primitive on
 // its own OpenMP team, so N threads use N x OMP_NUM_THREADS cores.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -66,6 +67,8 @@
 namespace tessera::cpu {
 
 namespace {
+
+std::atomic<bool> g_verbose_matmul{false};
 
 using dnnl::memory;
 using tag = memory::format_tag;
@@ -161,7 +164,7 @@ Compiled compile(const Key& k) {
   dnnl::matmul::desc desc = k.bias ? dnnl::matmul::desc(d.src, d.wei, d.bias, d.dst)
                                    : dnnl::matmul::desc(d.src, d.wei, d.dst);
   dnnl::matmul::primitive_desc pd(desc, attr, engine());
-  if (std::getenv("TESSERA_VERBOSE_MATMUL"))
+  if (g_verbose_matmul.load(std::memory_order_relaxed))
     std::fprintf(stderr, "matmul %d prec=%d M=%ld K=%ld N=%ld: %s\n", static_cast<int>(k.product),
                  static_cast<int>(k.prec), static_cast<long>(k.M), static_cast<long>(k.K), static_cast<long>(k.N),
                  pd.impl_info_str());
@@ -368,5 +371,7 @@ void matmul_gelu_forward(float* pre, float* out, const float* inp, const float* 
   matmul_forward(pre, inp, weight, bias, N, C, OC, prec);
   gelu_forward(out, pre, static_cast<int64_t>(N) * OC);
 }
+
+void set_verbose_matmul(bool on) { g_verbose_matmul.store(on, std::memory_order_relaxed); }
 
 }  // namespace tessera::cpu

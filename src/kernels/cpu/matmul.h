@@ -32,4 +32,9 @@ bool matmul_rows_get_exact_primitive(int64_t rows);
 constexpr int kFewRowsMax = 8;
 void matmul_f32_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
 
+// on: every oneDNN matmul primitive, when it is first built, prints its
+// shape and oneDNN's implementation name to stderr (which kernel a shape
+// gets; the CLI turns it on for TESSERA_VERBOSE_MATMUL=1). Off by default.
+void set_verbose_matmul(bool on);
+
 }  // namespace tessera::cpu

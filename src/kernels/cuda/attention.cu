@@ -6,6 +6,7 @@
 // Every kernel gives each thread one output element and loops over the
 // reduced index in the oracle's order, so nothing races and results are
 // deterministic. Work is O(B NH T^2 hs) per kernel.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -177,15 +178,14 @@ void attention_backward(float* dinp, float* dpreatt, float* datt, const float* d
   CHECK_CUDA_LAUNCH();
 }
 
+namespace {
+std::atomic<AttentionImpl> g_attention_preference{AttentionImpl::kFlash};
+}  // namespace
+
+void set_attention_preference(AttentionImpl impl) { g_attention_preference.store(impl); }
+
 AttentionImpl attention_impl(int hs) {
-  static const AttentionImpl chosen = [] {
-    const char* env = std::getenv("TESSERA_CUDA_ATTENTION");
-    if (env == nullptr || *env == '\0' || std::strcmp(env, "flash") == 0) return AttentionImpl::kFlash;
-    if (std::strcmp(env, "plain") == 0) return AttentionImpl::kPlain;
-    std::fprintf(stderr, "tessera: TESSERA_CUDA_ATTENTION=%s is neither 'flash' nor 'plain'; using flash\n", env);
-    return AttentionImpl::kFlash;
-  }();
-  return hs <= kFlashMaxHeadSize ? chosen : AttentionImpl::kPlain;
+  return hs <= kFlashMaxHeadSize ? g_attention_preference.load() : AttentionImpl::kPlain;
 }
 
 int64_t attention_saved_floats(int T, int hs) { return attention_impl(hs) == AttentionImpl::kFlash ? 1 : T; }

@@ -38,8 +38,12 @@ void flash_attention_backward(float* dinp, float* dsum, const float* dout, const
 
 // ---- The model's attention (attention.cu), as the OpsTable calls it.
 enum class AttentionImpl { kPlain, kFlash };
-// kFlash unless the environment says TESSERA_CUDA_ATTENTION=plain (read once
-// per process); kPlain for head sizes above kFlashMaxHeadSize.
+// The kernels the model's attention prefers (kFlash by default; the CLI sets
+// kPlain for TESSERA_CUDA_ATTENTION=plain). Set it before any model is made:
+// a model sizes its buffers for the choice. Every build has it (a no-op
+// without the CUDA backend).
+void set_attention_preference(AttentionImpl impl);
+// The preference; kPlain for head sizes above kFlashMaxHeadSize.
 AttentionImpl attention_impl(int hs);
 // Floats per (b, h, t) row of the state the model keeps between forward and
 // backward (att) and of the scratch buffers (preatt, dpreatt, datt): T for

@@ -10,8 +10,8 @@
 //                          be returned, inside a kernel launch): print
 //                          file:line, the expression and the message; abort.
 //   value_or_abort(result) the value of a Result<T>, or print its error and
-//                          abort: the aborting convenience forms over a
-//                          create() (tests and benches).
+//                          abort: tests/aborting.h's conveniences over a
+//                          create() (library code returns the error).
 //
 // Each library has one function turning its return code into a Status
 // that names the call ("cudaMalloc(&p, n): out of memory"), and two macros
@@ -43,7 +43,7 @@ namespace tessera::detail {
 
 namespace tessera {
 
-// Prints "tessera: <message>" (as Arena::allocate()) and aborts on an error.
+// Prints "tessera: <message>" and aborts on an error.
 template <typename T>
 T value_or_abort(Result<T> r) {
   if (!r.ok()) {

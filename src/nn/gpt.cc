@@ -17,7 +17,6 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "core/try.h"
 #include "comm/communicator.h"
 #include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/matmul.h"
@@ -122,11 +121,6 @@ GPT::GPT(Uninitialised, const GPTConfig& config, Backend backend, const ModelSha
       device_(device_of(backend)),
       use_(use),
       ops_(ops_for(backend)) {}
-
-GPT::GPT(const GPTConfig& config, Backend backend, const ModelShard& shard, comm::Communicator* tp_comm, ModelUse use)
-    : GPT(Uninitialised{}, config, backend, shard, tp_comm, use) {
-  CHECK_OK(init());
-}
 
 Result<std::unique_ptr<GPT>> GPT::create(const GPTConfig& config, Backend backend, const ModelShard& shard,
                                          comm::Communicator* tp_comm, ModelUse use) {
@@ -304,8 +298,6 @@ Status GPT::check_batch(const int* inputs, const int* targets, int B, int T) con
   return Status::OK();
 }
 
-void GPT::reserve_activations(int B, int T, int slots) { CHECK_OK(try_reserve_activations(B, T, slots)); }
-
 Status GPT::try_reserve_activations(int B, int T, int slots) {
   CHECK(B > 0 && T > 0 && slots > 0);
   const int have = static_cast<int>(slot_acts_.size());
@@ -399,7 +391,7 @@ void GPT::set_head_chunk_rows(int rows) {
   if (rows == head_chunk_rows_) return;
   head_chunk_rows_ = rows;
   // The chunk buffer is sized from it: lay the arenas out again on the next
-  // reserve_activations().
+  // try_reserve_activations().
   slot_acts_.clear();
   scratch_ = Arena();
   slot_state_.clear();
@@ -599,13 +591,9 @@ Result<float> GPT::try_forward(const int* inputs, const int* targets, int B, int
   return loss;
 }
 
-float GPT::forward(const int* inputs, const int* targets, int B, int T) {
-  return value_or_abort(try_forward(inputs, targets, B, T));
-}
-
-void GPT::backward(float loss_scale) {
+Status GPT::try_backward(float loss_scale) {
   CHECK(shard_.tp == 1 && shard_.first && shard_.last);
-  CHECK_OK(backward_stage(0, loss_scale));
+  return backward_stage(0, loss_scale);
 }
 
 Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B, int T, float* loss) {
@@ -663,7 +651,7 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   norm_forward(act.f(kLnf), act.f(kLnfMean), act.f(kLnfRstd), residual, p[kLnfW], p[kLnfB], BT);
   const int head_rows = std::min(BT, head_chunk_rows_);
   if (chunked_head()) {
-    // Without targets only logits() can be wanted: computed when they fit in
+    // Without targets only try_logits() can be wanted: computed when they fit in
     // one chunk, otherwise not at all.
     held_logits_ = HeldLogits{};
     if (!targets && BT <= head_rows) {
@@ -717,17 +705,13 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   return Status::OK();
 }
 
-const float* GPT::logits() const { return value_or_abort(try_logits()); }
-
-const float* GPT::losses() const { return value_or_abort(try_losses()); }
-
 Result<const float*> GPT::try_logits() const {
   ActView act{&slot_acts_.at(0), &scratch_, &acts_idx_};
   const int64_t BT = int64_t{slot_state_.at(0).B} * slot_state_[0].T;
   if (chunked_head()) {
     if (held_logits_.slot != 0 || held_logits_.row0 != 0 || held_logits_.rows != BT) {
       std::fprintf(stderr,
-                   "tessera: GPT::logits() on CUDA needs the last forward's %lld rows in one head chunk (%d rows; "
+                   "tessera: GPT::try_logits() on CUDA needs the last forward's %lld rows in one head chunk (%d rows; "
                    "GPT::set_head_chunk_rows) and no forward or backward since\n",
                    static_cast<long long>(BT), head_chunk_rows_);
       CHECK(false);

@@ -22,7 +22,7 @@
 // and owns them, on the model's device (optim/zero.h's ShardedAdamW, which
 // the trainer uses, holds one AdamW: all the moments, or its ZeRO-1 shard).
 // A model made for inference holds only the weights plus the activations
-// its forward needs. Training activations are sized on the first forward()
+// its forward needs. Training activations are sized on the first try_forward()
 // for (B, T) and re-laid only if a later call needs more; forward_tokens'
 // scratch grows to the largest ragged batch seen. Steady-state steps
 // allocate nothing. Not thread-safe: one step at a time.
@@ -36,7 +36,7 @@
 // Backend::kCUDA keeps all three arenas on the CUDA device current at
 // construction (create() returns backend_available()'s error without one):
 // params(), grads() and the raw pointers below are then device pointers. Token ids go in as host
-// arrays, the loss comes back as a host float, and logits()/losses() copy
+// arrays, the loss comes back as a host float, and try_logits()/try_losses() copy
 // back to host buffers; everything else stays on the device. Tensor
 // parallelism (tp > 1) is CPU-only for now (its vocabulary-parallel pieces
 // are host loops); pipeline stages work on either device. On CUDA the
@@ -113,10 +113,11 @@ struct TokenBatch {
   std::span<const int> pos;     // (N) positions < cache.length(seq[i])
 };
 
-// Told during GPT::backward() as parameter gradients become final, so data
-// parallelism can start reducing them while backward goes on. Events, in
-// order: kFinalNorm (lnfw, lnfb and an untied head's lmhead), each layer
-// L-1 ... 0 (its 12 per-layer tensors, some empty for the Llama family),
+// Told during GPT::backward_stage() (and try_backward()) as parameter
+// gradients become final, so data parallelism can start reducing them while
+// backward goes on. Events, in order: kFinalNorm (lnfw, lnfb and an untied
+// head's lmhead), each layer L-1 ... 0 (its 12 per-layer tensors, some
+// empty for the Llama family),
 // then kEmbeddings (wte, which also holds a tied output layer's gradient, and
 // wpe). A pipeline stage raises only its own: kFinalNorm on the last stage,
 // its layers, and kEmbeddings on the first and (for its copy of a tied wte)
@@ -144,10 +145,6 @@ class GPT {
   static Result<std::unique_ptr<GPT>> create(const GPTConfig& config, Backend backend = Backend::kCPU,
                                              const ModelShard& shard = {}, comm::Communicator* tp_comm = nullptr,
                                              ModelUse use = ModelUse::kTraining);
-  // create() for callers that cannot go on without the model (tests,
-  // benches): create() or abort with its error.
-  explicit GPT(const GPTConfig& config, Backend backend = Backend::kCPU, const ModelShard& shard = {},
-               comm::Communicator* tp_comm = nullptr, ModelUse use = ModelUse::kTraining);
 
   const GPTConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
@@ -254,25 +251,21 @@ class GPT {
 
   // Whole-model forms (shard().tp == 1, one stage; CHECKed), slot 0.
   // Forward pass over inputs (B,T). With targets, returns the mean
-  // cross-entropy and keeps what backward() needs; without, returns 0 and only
-  // logits() are meaningful. The caller checks the batch (check_batch).
-  // try_forward: out of memory for the activations or a device failure is
-  // returned; forward() aborts on it (tests and benches).
+  // cross-entropy and keeps what try_backward() needs; without, returns 0 and only
+  // try_logits() are meaningful. The caller checks the batch (check_batch).
+  // Out of memory for the activations or a device failure is returned.
   Result<float> try_forward(const int* inputs, const int* targets, int B, int T);
-  float forward(const int* inputs, const int* targets, int B, int T);
   // Logits (B,T,Vp) of slot 0's last forward; columns >= V are padding. On a
   // tensor-parallel last stage, this rank's (B,T,Vp/tp) columns. Host
   // memory: on the CPU the activation itself, on CUDA a copy made by this
   // call (valid until the next call or forward). On CUDA only when that
   // forward's B*T rows fit in one head chunk (B*T <= head_chunk_rows()) and
-  // no other forward or backward ran since; CHECKed. try_logits: a failed
-  // device copy is returned; logits() aborts on it (tests and benches).
+  // no other forward or backward ran since; CHECKed. A failed device copy
+  // is returned.
   Result<const float*> try_logits() const;
-  const float* logits() const;
   // Per-position losses (B,T) of slot 0's last forward with targets; host
-  // memory as logits().
+  // memory as try_logits().
   Result<const float*> try_losses() const;
-  const float* losses() const;
 
   // CUDA: rows of logits (each Vp/tp wide) the output layer materialises at
   // once; forward computes the loss chunk by chunk, backward recomputes each
@@ -285,13 +278,11 @@ class GPT {
 
   // ---- Pipeline-stage interface. Activations of up to `slots` micro-batches
   // in flight are kept at once (1F1B keeps pp - stage, GPipe all of them).
-  // Call try_reserve_activations() before using slots; forward() does it
+  // Call try_reserve_activations() before using slots; try_forward() does it
   // itself. Grows the arenas to at least (B, T, slots) (B, T, slots >= 1,
   // CHECKed); out of host or device memory is the arena's error, and the
   // activations held before stay as they were.
   Status try_reserve_activations(int B, int T, int slots);
-  // The same, aborting on error (tests and benches).
-  void reserve_activations(int B, int T, int slots);
   int activation_slots() const { return static_cast<int>(slot_acts_.size()); }
   int64_t activation_bytes() const;
   // (B,T,C) buffers for the pipeline's messages: the input a non-first stage
@@ -341,10 +332,10 @@ class GPT {
   // Not owned; nullptr for none.
   void set_grad_listener(GradListener* l) { listener_ = l; }
   // Accumulates d(loss_scale * mean loss)/d(params) into grads() for the last
-  // forward(); loss_scale is 1/grad_accum when accumulating micro-steps.
-  // Aborts on a device failure (tests and benches; training runs
-  // backward_stage(), which returns it).
-  void backward(float loss_scale = 1.0f);
+  // try_forward(); loss_scale is 1/grad_accum when accumulating micro-steps.
+  // Whole model (CHECKed): backward_stage() of slot 0, whose device or tp
+  // communication failure is returned.
+  Status try_backward(float loss_scale = 1.0f);
 
  private:
   // create()'s one code path: the constructor stores the arguments, init()
@@ -432,7 +423,7 @@ class GPT {
   };
   HeldLogits held_logits_;
   // Off the CPU: host copies of the losses (summed into the loss) and of
-  // what logits()/losses() return.
+  // what try_logits()/try_losses() return.
   std::vector<float> host_losses_;
   mutable std::vector<float> host_logits_, host_losses_out_;
   // forward_tokens' scratch: activations for infer_rows_ rows and logits for

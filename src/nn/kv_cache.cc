@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "core/try.h"
 
 namespace tessera {
 
@@ -31,11 +30,6 @@ PagedKVCache::PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int 
       num_blocks_(num_blocks),
       block_size_(block_size),
       max_seqs_(max_seqs) {}
-
-PagedKVCache::PagedKVCache(const GPT& model, int num_blocks, int block_size, int max_seqs)
-    : PagedKVCache(Uninitialised{}, model, num_blocks, block_size, max_seqs) {
-  CHECK_OK(init(model.device()));
-}
 
 Result<std::unique_ptr<PagedKVCache>> PagedKVCache::create(const GPT& model, int num_blocks, int block_size,
                                                            int max_seqs) {

@@ -53,9 +53,6 @@ class PagedKVCache {
   // the pool's allocation error (out of host or device memory) otherwise.
   static Result<std::unique_ptr<PagedKVCache>> create(const GPT& model, int num_blocks,
                                                       int block_size = kDefaultBlockSize, int max_seqs = 256);
-  // create() for callers that cannot go on without the cache (tests,
-  // benches): create() or abort with its error.
-  PagedKVCache(const GPT& model, int num_blocks, int block_size = kDefaultBlockSize, int max_seqs = 256);
   PagedKVCache(const PagedKVCache&) = delete;
   PagedKVCache& operator=(const PagedKVCache&) = delete;
 

@@ -183,7 +183,7 @@ Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int m
       RETURN_IF_ERROR(model.forward_tokens(b, cache, std::span<const int>(&zero, 1), logits.data()));
     }
   } else {
-    // GPT::forward re-lays its activation arena whenever T grows, which would
+    // GPT::try_forward re-lays its activation arena whenever T grows, which would
     // make every step allocate (40% of the time at GPT-2 124M shapes). So the
     // first step runs over the longest sequence this call feeds: the prompt
     // padded with token 0, which causal attention keeps out of row P-1; later

@@ -47,7 +47,7 @@ float token_logprob(const float* logits, int V, int id);
 // need, so that later ones reuse the model's activation arena).
 // Both draw the same tokens up to fp32 rounding of the logits (identical at
 // temperature 0 unless two logits tie within it). Without the cache the
-// model's forward activations (model.logits()) are overwritten.
+// model's forward activations (model.try_logits()) are overwritten.
 Result<std::vector<int>> generate(GPT& model, std::span<const int> prompt, int max_new_tokens, float temperature,
                                   int top_k, uint64_t seed, bool use_cache,
                                   const std::function<void(int)>& on_token);

@@ -1,7 +1,6 @@
 #include "optim/host_reduce.h"
 
 #include "core/check.h"
-#include "core/try.h"
 #include "tensor/device_memory.h"
 
 namespace tessera {
@@ -18,8 +17,6 @@ Result<HostReduce> HostReduce::create(comm::Communicator& comm) {
   RETURN_IF_ERROR(h.init());
   return h;
 }
-
-HostReduce::HostReduce(comm::Communicator& comm) : HostReduce(Uninitialised{}, comm) { CHECK_OK(init()); }
 
 Status HostReduce::all_reduce(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op) {
   if (!scratch_.allocated()) return comm_.all_reduce(data, data, count, type, op);

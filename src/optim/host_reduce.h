@@ -20,8 +20,6 @@ class HostReduce {
 
   // Out of device memory for the scratch is the arena's error.
   static Result<HostReduce> create(comm::Communicator& comm);
-  // create(), aborting on its error (tests and benches).
-  explicit HostReduce(comm::Communicator& comm);
   // In place over count values at host pointer data (count * elem_size <= kMaxBytes).
   Status all_reduce(void* data, int64_t count, comm::ElemType type, comm::ReduceOp op);
 

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "core/try.h"
 #include "kernels/cuda/reduce.h"
 
 namespace tessera {
@@ -31,8 +30,6 @@ Result<float> try_global_norm(Device d, const float* x, int64_t n) {
   if (!sq.ok()) return sq.status().With("the gradient norm");
   return static_cast<float>(std::sqrt(*sq));
 }
-
-float global_norm(Device d, const float* x, int64_t n) { return value_or_abort(try_global_norm(d, x, n)); }
 
 float clip_scale(const OptimizerConfig& c, float norm) {
   if (c.grad_clip <= 0.0f) return 1.0f;
@@ -66,13 +63,6 @@ Result<AdamW> AdamW::create(ParamSpace space, AdamWKernel kernel, int64_t lo, in
   return a;
 }
 
-AdamW::AdamW(ParamSpace space, AdamWKernel kernel) : AdamW(space, kernel, 0, space.count, space.count) {}
-
-AdamW::AdamW(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity)
-    : AdamW(Uninitialised{}, std::move(space), kernel, lo, hi, capacity) {
-  CHECK_OK(init());
-}
-
 Result<float> AdamW::try_step(const OptimizerConfig& c, float lr) {
   CHECK(lo_ == 0 && hi_ == space_.count);
   // Gaps between groups are zero, so the flat norm is the groups' norm.
@@ -80,8 +70,6 @@ Result<float> AdamW::try_step(const OptimizerConfig& c, float lr) {
   apply(c, lr, norm);
   return norm;
 }
-
-float AdamW::step(const OptimizerConfig& c, float lr) { return value_or_abort(try_step(c, lr)); }
 
 void AdamW::apply(const OptimizerConfig& c, float lr, float norm) {
   const float scale = clip_scale(c, norm);

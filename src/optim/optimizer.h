@@ -37,8 +37,6 @@ float global_norm(const float* x, int64_t n);
 // CUDA a deterministic device reduction (cuda::sum_of_squares), whose
 // failure (a dead device) is returned naming the CUDA error.
 Result<float> try_global_norm(Device d, const float* x, int64_t n);
-// try_global_norm(), aborting on a device error (tests and benches).
-float global_norm(Device d, const float* x, int64_t n);
 
 // The factor gradients are scaled by so that their global norm is at most
 // c.grad_clip (1 when clipping is off or not needed), as torch's
@@ -83,18 +81,12 @@ class AdamW {
   // arena's error.
   static Result<AdamW> create(ParamSpace space, AdamWKernel kernel);
   static Result<AdamW> create(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity);
-  // create() for callers that cannot go on without it (tests, benches):
-  // create() or abort with its error.
-  AdamW(ParamSpace space, AdamWKernel kernel);
-  AdamW(ParamSpace space, AdamWKernel kernel, int64_t lo, int64_t hi, int64_t capacity);
 
   // One update of the whole space at learning rate lr: the global norm over
   // the flat gradients, clipping by scaling (never touching the stored
   // gradients), the update. Returns the pre-clip global norm; a device
   // error in the norm is returned before anything is updated.
   Result<float> try_step(const OptimizerConfig& c, float lr);
-  // try_step(), aborting on a device error (tests and benches).
-  float step(const OptimizerConfig& c, float lr);
   // The update of [lo, hi) with the global norm computed by the caller
   // (over a sharded model's or ZeRO's ranks). Advances t.
   void apply(const OptimizerConfig& c, float lr, float norm);

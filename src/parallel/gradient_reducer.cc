@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "core/try.h"
 #include "obs/trace.h"
 #ifdef TESSERA_HAVE_CUDA
 #include "parallel/cuda/dp_device.h"
@@ -18,12 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 }  // namespace
-
-GradientReducer::GradientReducer(comm::Communicator& comm, std::vector<std::vector<GradSpan>> ready_groups,
-                                 const GradientReducerOptions& o)
-    : GradientReducer(Uninitialised{}, comm, std::move(ready_groups), o) {
-  CHECK_OK(init());
-}
 
 Result<std::unique_ptr<GradientReducer>> GradientReducer::create(comm::Communicator& comm,
                                                                  std::vector<std::vector<GradSpan>> ready_groups,

@@ -53,9 +53,6 @@ class GradientReducer {
   static Result<std::unique_ptr<GradientReducer>> create(comm::Communicator& comm,
                                                          std::vector<std::vector<GradSpan>> ready_groups,
                                                          const GradientReducerOptions& o);
-  // create(), aborting on its error (tests and benches).
-  GradientReducer(comm::Communicator& comm, std::vector<std::vector<GradSpan>> ready_groups,
-                  const GradientReducerOptions& o);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;

@@ -1,7 +1,6 @@
 #include "tensor/arena.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -57,14 +56,6 @@ Status Arena::try_allocate() {
   return st;
 }
 
-void Arena::allocate() {
-  Status st = try_allocate();
-  if (!st.ok()) {
-    std::fprintf(stderr, "tessera: %s\n", st.message().c_str());
-    std::abort();
-  }
-}
-
 Tensor Arena::tensor(int i) const {
   CHECK(allocated() && i >= 0 && i < count());
   const Entry& e = entries_[i];
@@ -80,15 +71,6 @@ Result<Arena> Arena::try_clone_layout(Device d) const {
   return a;
 }
 
-Arena Arena::clone_layout(Device d) const {
-  Arena a;
-  a.entries_ = entries_;
-  a.bytes_ = bytes_;
-  a.device_ = d;
-  a.allocate();
-  return a;
-}
-
 Status Arena::try_copy_from(const Arena& src) {
   CHECK(allocated() && src.allocated() && src.bytes_ == bytes_);
   const size_t n = allocated_bytes();
@@ -97,16 +79,10 @@ Status Arena::try_copy_from(const Arena& src) {
   return try_copy_on_device(device_, base_.get(), src.base_.get(), n);
 }
 
-void Arena::copy_from(const Arena& src) { device_memory_detail::abort_on_error(try_copy_from(src)); }
-
 Status Arena::try_zero() {
   // Parallel first touch would matter on multi-socket machines; one memset is
   // enough here and runs once per allocation or step.
   return base_ ? try_zero_on_device(device_, base_.get(), bytes_ + kSlack) : Status::OK();
-}
-
-void Arena::zero() {
-  if (base_) zero_on_device(device_, base_.get(), bytes_ + kSlack);
 }
 
 }  // namespace tessera

@@ -3,11 +3,11 @@
 // a whole group can be zeroed, copied, checksummed or reduced as one flat
 // buffer. Not thread-safe while being laid out; read-only use afterwards is.
 //
-// An arena lives on one device (set_device() before allocate(); the CPU by
-// default). A CUDA arena's memory comes from the device API
-// (runtime/cuda_device.h) on the device current at allocate(); its tensors
-// carry Device::kCUDA and their pointers must never be dereferenced on the
-// host (move bytes with tensor/device_memory.h or copy_from()).
+// An arena lives on one device (set_device() before try_allocate(); the CPU
+// by default). A CUDA arena's memory comes from the device API
+// (runtime/cuda_device.h) on the device current at try_allocate(); its
+// tensors carry Device::kCUDA and their pointers must never be dereferenced
+// on the host (move bytes with tensor/device_memory.h or try_copy_from()).
 #pragma once
 
 #include <cstddef>
@@ -43,10 +43,7 @@ class Arena {
   // build without CUDA (Unavailable) is an error naming the size and the
   // device; the arena stays unallocated.
   Status try_allocate();
-  // try_allocate() for callers that cannot go on without the memory: a
-  // failure prints the error and aborts.
-  void allocate();
-  // Where allocate() puts the memory; only before it.
+  // Where try_allocate() puts the memory; only before it.
   void set_device(Device d);
   Device device() const { return device_; }
 
@@ -57,19 +54,15 @@ class Arena {
   Tensor tensor(int i) const;
   const std::string& name(int i) const { return entries_[i].name; }
   size_t offset(int i) const { return entries_[i].offset; }
-  // Sets every byte to zero (try_zero: a device failure is returned).
-  void zero();
+  // Sets every byte to zero; a device failure is returned.
   Status try_zero();
-  // A new, allocated, zeroed arena with the same tensors at the same offsets
-  // (gradients and optimizer moments mirror the parameters this way).
-  Arena clone_layout() const { return clone_layout(device_); }
-  // The same, on device d (a host staging copy of a CUDA arena, ...).
-  Arena clone_layout(Device d) const;
+  // A new, allocated, zeroed arena with the same tensors at the same offsets,
+  // on device d (a host staging copy of a CUDA arena, ...); try_allocate()'s
+  // errors.
   Result<Arena> try_clone_layout(Device d) const;
   // Copies every byte (tensors, gaps and slack) of src, which has this
-  // arena's layout, from whichever device it is on to this arena's
-  // (try_copy_from: a failed device copy is returned, not fatal).
-  void copy_from(const Arena& src);
+  // arena's layout, from whichever device it is on to this arena's; a
+  // failed device copy is returned.
   Status try_copy_from(const Arena& src);
 
  private:

@@ -1,19 +1,10 @@
 #include "tensor/device_memory.h"
 
-#include <cstdio>
-#include <cstdlib>
-
 #include "runtime/cuda_device.h"
 
 namespace tessera {
 
 namespace device_memory_detail {
-
-void abort_on_error(const Status& st) {
-  if (st.ok()) return;
-  std::fprintf(stderr, "tessera: CUDA error: %s\n", st.message().c_str());
-  std::abort();
-}
 
 Status copy_h2d(void* dst, const void* src, size_t bytes) { return cuda::memcpy_h2d(dst, src, bytes); }
 Status copy_d2h(void* dst, const void* src, size_t bytes) { return cuda::memcpy_d2h(dst, src, bytes); }

@@ -4,9 +4,7 @@
 // ARE memcpy/memset (inline, no extra copy); on Device::kCUDA they are
 // blocking CUDA runtime calls on the current device, queued after the
 // kernels already launched. A CUDA failure (a dead device, no CUDA in this
-// build, a host pointer passed as a device one) is returned by the try_
-// forms; the plain forms, for callers that cannot go on, abort with the
-// call and the CUDA error string.
+// build, a host pointer passed as a device one) is returned as a Status.
 #pragma once
 
 #include <cstddef>
@@ -22,12 +20,7 @@ Status copy_h2d(void* dst, const void* src, size_t bytes);
 Status copy_d2h(void* dst, const void* src, size_t bytes);
 Status copy_d2d(void* dst, const void* src, size_t bytes);
 Status zero(void* p, size_t bytes);
-// Prints "tessera: CUDA error: <message>" and aborts, unless st is OK.
-void abort_on_error(const Status& st);
 }  // namespace device_memory_detail
-
-// The try_ forms return a device failure (a failed copy, a dead device, no
-// CUDA in this build) as a Status; the plain forms abort on it.
 
 // dst on `d`, src on the host.
 inline Status try_copy_to_device(Device d, void* dst, const void* src, size_t bytes) {
@@ -36,9 +29,6 @@ inline Status try_copy_to_device(Device d, void* dst, const void* src, size_t by
     return Status::OK();
   }
   return device_memory_detail::copy_h2d(dst, src, bytes);
-}
-inline void copy_to_device(Device d, void* dst, const void* src, size_t bytes) {
-  device_memory_detail::abort_on_error(try_copy_to_device(d, dst, src, bytes));
 }
 
 // dst on the host, src on `d`.
@@ -49,9 +39,6 @@ inline Status try_copy_to_host(Device d, void* dst, const void* src, size_t byte
   }
   return device_memory_detail::copy_d2h(dst, src, bytes);
 }
-inline void copy_to_host(Device d, void* dst, const void* src, size_t bytes) {
-  device_memory_detail::abort_on_error(try_copy_to_host(d, dst, src, bytes));
-}
 
 // Both on `d`.
 inline Status try_copy_on_device(Device d, void* dst, const void* src, size_t bytes) {
@@ -61,9 +48,6 @@ inline Status try_copy_on_device(Device d, void* dst, const void* src, size_t by
   }
   return device_memory_detail::copy_d2d(dst, src, bytes);
 }
-inline void copy_on_device(Device d, void* dst, const void* src, size_t bytes) {
-  device_memory_detail::abort_on_error(try_copy_on_device(d, dst, src, bytes));
-}
 
 inline Status try_zero_on_device(Device d, void* p, size_t bytes) {
   if (d == Device::kCPU) {
@@ -71,9 +55,6 @@ inline Status try_zero_on_device(Device d, void* p, size_t bytes) {
     return Status::OK();
   }
   return device_memory_detail::zero(p, bytes);
-}
-inline void zero_on_device(Device d, void* p, size_t bytes) {
-  device_memory_detail::abort_on_error(try_zero_on_device(d, p, bytes));
 }
 
 // Waits for the work queued on `d` (nothing to wait for on the CPU); the

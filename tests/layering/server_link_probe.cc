@@ -15,8 +15,13 @@ int main() {
   c.channels = 16;
   c.vocab = 64;
   c.context = 8;
-  tessera::GPT model(c);
-  model.init_weights(1);
+  auto made = tessera::GPT::create(c);
+  if (!made.ok()) {
+    std::fprintf(stderr, "server_link_probe: %s\n", made.status().ToString().c_str());
+    return 1;
+  }
+  tessera::GPT& model = **made;
+  if (!model.init_weights(1).ok()) return 1;
   const int B = 1, T = 8;
   std::vector<int> inputs(B * T), targets(B * T);
   for (int i = 0; i < B * T; i++) {
@@ -24,7 +29,12 @@ int main() {
     targets[i] = (i + 1) % c.vocab;
   }
   if (!model.check_batch(inputs.data(), targets.data(), B, T).ok()) return 1;
-  const float loss = model.forward(inputs.data(), targets.data(), B, T);
+  auto forward = model.try_forward(inputs.data(), targets.data(), B, T);
+  if (!forward.ok()) {
+    std::fprintf(stderr, "server_link_probe: %s\n", forward.status().ToString().c_str());
+    return 1;
+  }
+  const float loss = *forward;
   std::printf("server_link_probe: loss %.4f (about ln 64 = 4.16)\n", loss);
   return std::isfinite(loss) && loss > 0.0f ? 0 : 1;
 }

@@ -40,7 +40,7 @@ TEST(DecoderShape, LayoutHoldsEveryParameterOnce) {
   DecoderConfig c = llama(3, 8, 2, 64, 80, 99, 16);
   c.qkv_bias = true;
   Arena whole = param_layout(c, ModelShard{});
-  whole.allocate();
+  ASSERT_TRUE(whole.try_allocate().ok());
   int64_t n = 0;
   for (int id = 0; id < kNumParams; id++) n += whole.tensor(id).numel();
   // The arena pads wte and lm_head to Vp rows.

@@ -11,6 +11,7 @@
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
+#include "aborting.h"
 
 namespace tessera::testing_util {
 
@@ -24,13 +25,13 @@ inline std::unique_ptr<GPT> tiny_gpt2() {
 // (N, Vp) logits of tokens as one sequence, every row.
 inline std::vector<float> all_logits(GPT& m, const std::vector<int>& tokens) {
   const int N = static_cast<int>(tokens.size()), Vp = m.config().padded_vocab();
-  PagedKVCache cache(m, 4);
-  const int seq = cache.add_sequence().value();
-  EXPECT_TRUE(cache.extend(seq, N).ok());
+  auto cache = make_kv_cache(m, 4);
+  const int seq = cache->add_sequence().value();
+  EXPECT_TRUE(cache->extend(seq, N).ok());
   std::vector<int> seqs(N, seq), pos(N), rows(N);
   for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
   std::vector<float> logits(static_cast<size_t>(N) * Vp);
-  Status st = m.forward_tokens(TokenBatch{tokens, seqs, pos}, cache, rows, logits.data());
+  Status st = m.forward_tokens(TokenBatch{tokens, seqs, pos}, *cache, rows, logits.data());
   EXPECT_TRUE(st.ok()) << st.message();
   return logits;
 }

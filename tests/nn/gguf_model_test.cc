@@ -20,11 +20,13 @@
 #include "nn/kv_cache.h"
 #include "nn/forward_util.h"
 #include "test_util.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
 
 using testing_util::all_logits;
+using testing_util::make_gpt;
 using testing_util::tiny_gpt2;
 
 std::string temp_path(const std::string& name) {
@@ -51,7 +53,7 @@ DecoderConfig llama(int heads, int kv_heads, bool tied) {
 }
 
 std::unique_ptr<GPT> random_model(const DecoderConfig& c, uint64_t seed) {
-  auto m = std::make_unique<GPT>(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  auto m = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
   m->init_weights(seed);
   return m;
 }

@@ -19,9 +19,17 @@
 #include "nn/gpt2_weights.h"
 #include "optim/optimizer.h"
 #include "parallel/data_parallel.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
+
+using testing_util::backward_or_die;
+using testing_util::forward_or_die;
+using testing_util::logits_or_die;
+using testing_util::make_adamw;
+using testing_util::make_gpt;
+using testing_util::step_or_die;
 
 const std::string kDir = std::string(TESSERA_TEST_DATA_DIR) + "/reference/";
 
@@ -88,14 +96,14 @@ TEST_P(GptParity, LogitsLossAndEveryGradient) {
   auto expected = io::SafetensorsFile::open(kDir + "expected.safetensors");
   ASSERT_TRUE(expected.ok()) << expected.status().message();
 
-  float loss = model->forward(r.inputs.data(), r.targets.data(), r.B, r.T);
+  float loss = forward_or_die(*model, r.inputs.data(), r.targets.data(), r.B, r.T);
   const double ref_loss = r.json["loss"];
   EXPECT_NEAR(loss, ref_loss, c.tol * ref_loss);
 
   const int V = model->config().vocab, Vp = model->config().padded_vocab();
   std::vector<float> ref_logits(r.B * r.T * V), ours(r.B * r.T * V);
   ASSERT_TRUE(expected->read_f32("logits", ref_logits).ok());
-  const float* logits = model->logits();  // host memory (a copy on CUDA)
+  const float* logits = logits_or_die(*model);  // host memory (a copy on CUDA)
   for (int i = 0; i < r.B * r.T; i++)
     for (int j = 0; j < V; j++) ours[i * V + j] = logits[i * Vp + j];
   EXPECT_LE(normalised_error(ours.data(), ref_logits.data(), ours.size()), c.tol);
@@ -103,7 +111,7 @@ TEST_P(GptParity, LogitsLossAndEveryGradient) {
     for (int j = V; j < Vp; j++) ASSERT_EQ(logits[i * Vp + j], 0.0f);
 
   model->zero_grad();
-  model->backward();
+  backward_or_die(*model);
   int checked = 0;
   for (const HfTensor& g : value_or_abort(to_hf_tensors(*model, model->grads()))) {
     SCOPED_TRACE(g.name);
@@ -132,13 +140,13 @@ TEST_P(GptParity, TenAdamWStepsMatchTorch) {
   oc.beta2 = tj["beta2"];
   oc.eps = tj["eps"];
   oc.grad_clip = tj["grad_clip"];
-  AdamW opt(gpt_param_space(*model), gpt_adamw_kernel(*model));
+  AdamW opt = make_adamw(gpt_param_space(*model), gpt_adamw_kernel(*model));
   for (int step = 0; step < oc.steps; step++) {
     SCOPED_TRACE(step);
-    float loss = model->forward(r.inputs.data(), r.targets.data(), r.B, r.T);
+    float loss = forward_or_die(*model, r.inputs.data(), r.targets.data(), r.B, r.T);
     model->zero_grad();
-    model->backward();
-    float norm = opt.step(oc, lr_at(oc, step));
+    backward_or_die(*model);
+    float norm = step_or_die(opt, oc, lr_at(oc, step));
     const double ref_loss = tj["losses"][step];
     const double ref_norm = tj["grad_norms"][step];
     const double ref_lr = tj["lrs"][step];
@@ -187,22 +195,22 @@ TEST(GptWeights, WrongShapeIsRejectedNamingTheTensor) {
   ASSERT_TRUE(f.ok());
   GPTConfig c{2, 4, 64, 99, 32};
   c.channels = 32;  // the file has 64
-  GPT model(c);
-  Status st = load_hf_weights(model, f.value());
+  auto model = make_gpt(c);
+  Status st = load_hf_weights(*model, f.value());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("shape"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("wte.weight"), std::string::npos) << st.message();
 }
 
 TEST(GptBatch, RejectsTokenOutsideVocabAndTooLongSequence) {
-  GPT model(GPTConfig{1, 2, 8, 10, 4});
+  auto model = make_gpt(GPTConfig{1, 2, 8, 10, 4});
   std::vector<int> ok = {1, 2, 3, 4}, bad = {1, 2, 10, 4};
-  EXPECT_TRUE(model.check_batch(ok.data(), ok.data(), 1, 4).ok());
-  Status st = model.check_batch(bad.data(), nullptr, 1, 4);
+  EXPECT_TRUE(model->check_batch(ok.data(), ok.data(), 1, 4).ok());
+  Status st = model->check_batch(bad.data(), nullptr, 1, 4);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("token id 10"), std::string::npos) << st.message();
   std::vector<int> longer(5, 1);
-  st = model.check_batch(longer.data(), nullptr, 1, 5);
+  st = model->check_batch(longer.data(), nullptr, 1, 5);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("context"), std::string::npos) << st.message();
 }

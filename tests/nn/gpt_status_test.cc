@@ -15,9 +15,12 @@
 
 #include "nn/gpt.h"
 #include "nn/kv_cache.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
+
+using testing_util::make_gpt;
 
 const GPTConfig kTiny{2, 4, 64, 200, 32};
 
@@ -110,11 +113,11 @@ TEST(GptStatusDeathTest, ActivationsTooBigForMemoryAreAStatusAndKeepTheOld) {
   EXPECT_EXIT(
       {
         cap_address_space();
-        GPT model(kTiny);
-        if (!model.try_reserve_activations(2, 8, 1).ok()) std::exit(2);
-        const int64_t before = model.activation_bytes();
-        const Status st = model.try_reserve_activations(1 << 16, 1 << 16, 1);
-        if (model.activation_bytes() != before || model.activation_slots() != 1) std::exit(3);
+        auto model = make_gpt(kTiny);
+        if (!model->try_reserve_activations(2, 8, 1).ok()) std::exit(2);
+        const int64_t before = model->activation_bytes();
+        const Status st = model->try_reserve_activations(1 << 16, 1 << 16, 1);
+        if (model->activation_bytes() != before || model->activation_slots() != 1) std::exit(3);
         exit_with(st, StatusCode::kResourceExhausted);
       },
       ::testing::ExitedWithCode(0), "activations.*out of memory");
@@ -151,21 +154,21 @@ TEST(KvCacheStatusDeathTest, APoolTooBigForMemoryIsAStatus) {
   EXPECT_EXIT(
       {
         cap_address_space();
-        GPT model(kTiny, Backend::kCPU, {}, nullptr, ModelUse::kInference);
+        auto model = make_gpt(kTiny, Backend::kCPU, {}, nullptr, ModelUse::kInference);
         // 2^24 blocks of 16 positions: 2 x 2 layers x 2^28 rows x 64 floats, 256 GiB.
-        exit_with(PagedKVCache::create(model, 1 << 24).status(), StatusCode::kResourceExhausted);
+        exit_with(PagedKVCache::create(*model, 1 << 24).status(), StatusCode::kResourceExhausted);
       },
       ::testing::ExitedWithCode(0), "the KV cache \\(16777216 blocks of 16\\).*out of memory");
 }
 
 TEST(KvCacheStatus, CreateRejectsSizesBelowOne) {
-  GPT model(kTiny, Backend::kCPU, {}, nullptr, ModelUse::kInference);
+  auto model = make_gpt(kTiny, Backend::kCPU, {}, nullptr, ModelUse::kInference);
   for (const auto& [blocks, block_size, seqs] : {std::tuple{0, 16, 4}, std::tuple{4, 0, 4}, std::tuple{4, 16, 0}}) {
-    Result<std::unique_ptr<PagedKVCache>> c = PagedKVCache::create(model, blocks, block_size, seqs);
+    Result<std::unique_ptr<PagedKVCache>> c = PagedKVCache::create(*model, blocks, block_size, seqs);
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().message();
   }
-  Result<std::unique_ptr<PagedKVCache>> c = PagedKVCache::create(model, 4, 16, 2);
+  Result<std::unique_ptr<PagedKVCache>> c = PagedKVCache::create(*model, 4, 16, 2);
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ((*c)->free_blocks(), 4);
 }

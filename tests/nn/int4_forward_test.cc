@@ -17,11 +17,13 @@
 #include "nn/kv_cache.h"
 #include "nn/forward_util.h"
 #include "test_util.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
 
 using testing_util::all_logits;
+using testing_util::make_gpt;
 std::unique_ptr<GPT> tiny() { return testing_util::tiny_gpt2(); }
 
 // A Llama-shaped model (RMSNorm, SwiGLU, GQA, untied head) whose input
@@ -82,19 +84,19 @@ TEST(Int4Forward, Q4_0CloseToFp32OnTheTinyGpt2) {
 // falls back to Q4_0 as llama.cpp's quantizer does.
 TEST(Int4Forward, Q4_KIsCloserToFp32ThanQ4_0) {
   const GPTConfig c = llama_256();
-  GPT fp(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  fp.init_weights(11);
+  auto fp = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  fp->init_weights(11);
   std::vector<int> tokens(48);
   for (int i = 0; i < 48; i++) tokens[i] = (i * 13 + 1) % c.vocab;
-  const std::vector<float> ref = all_logits(fp, tokens);
+  const std::vector<float> ref = all_logits(*fp, tokens);
   double err[2];
   for (q4::Type t : {q4::Type::kQ4_0, q4::Type::kQ4_K}) {
-    GPT q(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-    q.init_weights(11);
-    auto made = q.quantize_q4(t);
+    auto q = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+    q->init_weights(11);
+    auto made = q->quantize_q4(t);
     ASSERT_TRUE(made.ok()) << made.status().message();
     EXPECT_EQ(*made, t == q4::Type::kQ4_0 ? "q4_0: 9 matrices" : "q4_k: 7 matrices, q4_0: 2 matrices");
-    const std::vector<float> got = all_logits(q, tokens);
+    const std::vector<float> got = all_logits(*q, tokens);
     err[t == q4::Type::kQ4_K] = testing_util::normalised_error(got.data(), ref.data(), static_cast<int64_t>(ref.size()));
   }
   EXPECT_LT(err[1], err[0]) << "q4_k " << err[1] << ", q4_0 " << err[0];
@@ -105,28 +107,28 @@ TEST(Int4Forward, Q4_KIsCloserToFp32ThanQ4_0) {
 // (the GGUF loader's path) gives the same logits bit for bit.
 TEST(Int4Forward, LoadQ4TakesTheMatricesBack) {
   const GPTConfig c = llama_256();
-  GPT q(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  q.init_weights(5);
-  ASSERT_TRUE(q.quantize_q4(q4::Type::kQ4_K).ok());
+  auto q = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  q->init_weights(5);
+  ASSERT_TRUE(q->quantize_q4(q4::Type::kQ4_K).ok());
   std::vector<GPT::Q4Matrix> ms;
-  q.for_each_q4([&](int k, int, int, const GPT::Q4Matrix& m) {
+  q->for_each_q4([&](int k, int, int, const GPT::Q4Matrix& m) {
     EXPECT_EQ(k, static_cast<int>(ms.size()));
     ms.push_back(m);
   });
   ASSERT_EQ(ms.size(), 9u);
-  GPT back(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInt8Inference);
+  auto back = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInt8Inference);
   // The fp32 tensors that stay (embeddings, norms) from the original.
   for (int id = 0; id < kNumParams; id++) {
-    Tensor dst = back.params().tensor(id);
-    if (dst.numel() > 0) std::copy_n(q.params().tensor(id).f32(), dst.numel(), dst.f32());
+    Tensor dst = back->params().tensor(id);
+    if (dst.numel() > 0) std::copy_n(q->params().tensor(id).f32(), dst.numel(), dst.f32());
   }
-  Status st = back.load_q4([&](int k, int, int, GPT::Q4Matrix* m) {
+  Status st = back->load_q4([&](int k, int, int, GPT::Q4Matrix* m) {
     *m = ms[k];
     return Status::OK();
   });
   ASSERT_TRUE(st.ok()) << st.message();
   std::vector<int> tokens = {1, 5, 9, 2, 7, 7, 30, 299};
-  EXPECT_EQ(all_logits(back, tokens), all_logits(q, tokens));
+  EXPECT_EQ(all_logits(*back, tokens), all_logits(*q, tokens));
 }
 
 // A stored matrix whose columns are permuted, with the permutation as
@@ -134,11 +136,11 @@ TEST(Int4Forward, LoadQ4TakesTheMatricesBack) {
 // order: equal within fp32 rounding).
 TEST(Int4Forward, InputPermutationGathersTheColumns) {
   const GPTConfig c = llama_256();
-  GPT q(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  q.init_weights(9);
-  ASSERT_TRUE(q.quantize_q4(q4::Type::kQ4_0).ok());
+  auto q = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  q->init_weights(9);
+  ASSERT_TRUE(q->quantize_q4(q4::Type::kQ4_0).ok());
   std::vector<GPT::Q4Matrix> ms;
-  q.for_each_q4([&](int, int, int, const GPT::Q4Matrix& m) { ms.push_back(m); });
+  q->for_each_q4([&](int, int, int, const GPT::Q4Matrix& m) { ms.push_back(m); });
   // Matrix 1 (layer 0's attention projection, (256, 256)): its 8 blocks of
   // 32 columns in reverse order.
   GPT::Q4Matrix& m = ms[1];
@@ -151,29 +153,29 @@ TEST(Int4Forward, InputPermutationGathersTheColumns) {
   m.w = w;
   m.in_perm.resize(C);
   for (int col = 0; col < C; col++) m.in_perm[col] = (nb - 1 - col / 32) * 32 + col % 32;
-  GPT back(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  back.init_weights(9);
-  ASSERT_TRUE(back.load_q4([&](int k, int, int, GPT::Q4Matrix* out) {
+  auto back = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  back->init_weights(9);
+  ASSERT_TRUE(back->load_q4([&](int k, int, int, GPT::Q4Matrix* out) {
                     *out = ms[k];
                     return Status::OK();
                   }).ok());
   std::vector<int> tokens = {3, 1, 4, 1, 5, 9, 2, 6};
-  const std::vector<float> a = all_logits(q, tokens), b = all_logits(back, tokens);
+  const std::vector<float> a = all_logits(*q, tokens), b = all_logits(*back, tokens);
   EXPECT_LE(testing_util::normalised_error(b.data(), a.data(), static_cast<int64_t>(a.size())), 1e-5);
 }
 
 TEST(Int4Forward, Refusals) {
   // Training models, and a model already quantized.
-  GPT train(GPTConfig{1, 2, 32, 32, 8});
-  EXPECT_EQ(train.quantize_q4(q4::Type::kQ4_0).status().code(), StatusCode::kInvalidArgument);
+  auto train = make_gpt(GPTConfig{1, 2, 32, 32, 8});
+  EXPECT_EQ(train->quantize_q4(q4::Type::kQ4_0).status().code(), StatusCode::kInvalidArgument);
   auto q = tiny();
   ASSERT_TRUE(q->quantize_int8().ok());
   EXPECT_EQ(q->quantize_q4(q4::Type::kQ4_0).status().code(), StatusCode::kInvalidArgument);
   // Input channels not a multiple of 32.
   GPTConfig odd{1, 2, 48, 32, 8};
-  GPT m(odd, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  m.init_weights(1);
-  auto r = m.quantize_q4(q4::Type::kQ4_0);
+  auto m = make_gpt(odd, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  m->init_weights(1);
+  auto r = m->quantize_q4(q4::Type::kQ4_0);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("multiples of 32"), std::string::npos) << r.status().message();
   // load_q4: a matrix of the wrong size, and a block whose scale is NaN.

@@ -18,11 +18,13 @@
 #include "obs/process.h"
 #include "nn/forward_util.h"
 #include "test_util.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
 
 using testing_util::all_logits;
+using testing_util::make_gpt;
 std::unique_ptr<GPT> tiny() { return testing_util::tiny_gpt2(); }
 
 TEST(Int8Forward, CloseToFp32AndMostlyTheSameArgmax) {
@@ -86,28 +88,28 @@ TEST(Int8Forward, ReleasingFp32MatmulWeightsKeepsTheLogitsAndFreesMemory) {
   c.channels = 256;
   c.vocab = 512;
   c.context = 64;
-  GPT m(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  m.init_weights(7);
-  EXPECT_EQ(m.release_fp32_matmul_weights().status().code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE(m.quantize_int8().ok());
+  auto m = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  m->init_weights(7);
+  EXPECT_EQ(m->release_fp32_matmul_weights().status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m->quantize_int8().ok());
   std::vector<int> tokens(40);
   for (int i = 0; i < 40; i++) tokens[i] = (i * 11 + 5) % c.vocab;
-  const std::vector<float> before = all_logits(m, tokens);
+  const std::vector<float> before = all_logits(*m, tokens);
   const double rss0 = obs::read_process_stats().value().resident_bytes;
-  auto released = m.release_fp32_matmul_weights();
+  auto released = m->release_fp32_matmul_weights();
   ASSERT_TRUE(released.ok()) << released.status().message();
   const double rss1 = obs::read_process_stats().value().resident_bytes;
   const int64_t matmul_bytes = int64_t{12} * c.channels * c.channels * c.layers * 4;  // (3+1+4+4) C^2 per layer
   EXPECT_GE(*released, matmul_bytes * 9 / 10);
   EXPECT_LE(*released, matmul_bytes);
   EXPECT_GE(rss0 - rss1, 0.9 * static_cast<double>(*released)) << "resident " << rss0 << " -> " << rss1;
-  EXPECT_TRUE(m.fp32_matmul_weights_released());
-  EXPECT_EQ(all_logits(m, tokens), before);
+  EXPECT_TRUE(m->fp32_matmul_weights_released());
+  EXPECT_EQ(all_logits(*m, tokens), before);
 }
 
 TEST(Int8Forward, RefusesTrainingModels) {
-  GPT m(GPTConfig{1, 2, 16, 32, 8});
-  EXPECT_EQ(m.quantize_int8().code(), StatusCode::kInvalidArgument);
+  auto m = make_gpt(GPTConfig{1, 2, 16, 32, 8});
+  EXPECT_EQ(m->quantize_int8().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

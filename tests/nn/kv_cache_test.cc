@@ -20,9 +20,15 @@
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
 #include "nn/sampler.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
+
+using testing_util::forward_or_die;
+using testing_util::logits_or_die;
+using testing_util::make_gpt;
+using testing_util::make_kv_cache;
 
 // max |ours - ref| / max(1, max |ref|). Both sides are fp32 with different
 // summation orders (oneDNN blocks one row differently from many; attention
@@ -41,7 +47,7 @@ std::unique_ptr<GPT> make_model(Kind kind) {
     EXPECT_TRUE(m.ok()) << m.status().message();
     return std::move(m).value();
   }
-  auto m = std::make_unique<GPT>(GPTConfig{2, 4, 64, 99, 32});
+  auto m = make_gpt(GPTConfig{2, 4, 64, 99, 32});
   m->init_weights(7);
   // GPT-2's init (std 0.02) makes attention nearly uniform, which would let
   // a cache bug that attends to the wrong positions hide below the
@@ -70,8 +76,8 @@ class KVCacheTest : public ::testing::TestWithParam<Kind> {
   // Logits (Vp) at the last position of a full forward over tokens.
   std::vector<float> recompute_last(const std::vector<int>& tokens) {
     const int T = static_cast<int>(tokens.size());
-    model_->forward(tokens.data(), nullptr, 1, T);
-    const float* row = model_->logits() + static_cast<int64_t>(T - 1) * Vp_;
+    forward_or_die(*model_, tokens.data(), nullptr, 1, T);
+    const float* row = logits_or_die(*model_) + static_cast<int64_t>(T - 1) * Vp_;
     return std::vector<float>(row, row + Vp_);
   }
   // Feeds tokens[from, to) of cache sequence seq (extending it first) and
@@ -98,32 +104,32 @@ TEST_P(KVCacheTest, PrefillOfWholeSequenceMatchesForward) {
   const int T = maxT_;
   for (int bs : {1, 5, 16, 64}) {
     std::vector<int> tokens = random_tokens(T, V_, 11);
-    model_->forward(tokens.data(), nullptr, 1, T);
-    PagedKVCache cache(*model_, (T + bs - 1) / bs, bs);
-    const int seq = cache.add_sequence().value();
-    std::vector<float> logits = feed(cache, seq, tokens, 0, T);
-    EXPECT_EQ(cache.length(seq), T);
-    EXPECT_LT(normalised_error(logits.data(), model_->logits(), int64_t{T} * Vp_), kTol) << "block size " << bs;
+    forward_or_die(*model_, tokens.data(), nullptr, 1, T);
+    auto cache = make_kv_cache(*model_, (T + bs - 1) / bs, bs);
+    const int seq = cache->add_sequence().value();
+    std::vector<float> logits = feed(*cache, seq, tokens, 0, T);
+    EXPECT_EQ(cache->length(seq), T);
+    EXPECT_LT(normalised_error(logits.data(), logits_or_die(*model_), int64_t{T} * Vp_), kTol) << "block size " << bs;
   }
 }
 
 TEST_P(KVCacheTest, PrefixThenOneTokenAtATimeMatchesRecomputeAtEveryPosition) {
   const int prefix = 5;
   std::vector<int> tokens = random_tokens(maxT_, V_, 12);
-  PagedKVCache cache(*model_, 8, 4);
-  const int seq = cache.add_sequence().value();
-  std::vector<float> logits = feed(cache, seq, tokens, 0, prefix);
+  auto cache = make_kv_cache(*model_, 8, 4);
+  const int seq = cache->add_sequence().value();
+  std::vector<float> logits = feed(*cache, seq, tokens, 0, prefix);
   std::vector<float> want = recompute_last({tokens.begin(), tokens.begin() + prefix});
   EXPECT_LT(normalised_error(logits.data() + (prefix - 1) * Vp_, want.data(), Vp_), kTol);
   for (int p = prefix; p < maxT_; p++) {
-    logits = feed(cache, seq, tokens, p, p + 1);
-    ASSERT_EQ(cache.length(seq), p + 1);
+    logits = feed(*cache, seq, tokens, p, p + 1);
+    ASSERT_EQ(cache->length(seq), p + 1);
     want = recompute_last({tokens.begin(), tokens.begin() + p + 1});
     EXPECT_LT(normalised_error(logits.data(), want.data(), Vp_), kTol) << "position " << p;
   }
-  EXPECT_EQ(cache.used_blocks(), maxT_ / 4);
-  cache.release(seq);
-  EXPECT_EQ(cache.free_blocks(), 8);
+  EXPECT_EQ(cache->used_blocks(), maxT_ / 4);
+  cache->release(seq);
+  EXPECT_EQ(cache->free_blocks(), 8);
 }
 
 TEST_P(KVCacheTest, GenerateIsDeterministicPerSeed) {
@@ -186,23 +192,23 @@ INSTANTIATE_TEST_SUITE_P(Models, KVCacheTest, ::testing::Values(Kind::kRandom, K
 TEST(KVCacheErrors, BadRowsAreStatusesThatWriteNothing) {
   auto model = make_model(Kind::kRandom);
   const int Vp = model->config().padded_vocab();
-  PagedKVCache cache(*model, 2, 4);  // 8 positions
-  const int seq = cache.add_sequence().value();
+  auto cache = make_kv_cache(*model, 2, 4);  // 8 positions
+  const int seq = cache->add_sequence().value();
   std::vector<float> logits(8 * static_cast<size_t>(Vp));
   // Past the pool: ResourceExhausted, nothing reserved.
-  Status st = cache.extend(seq, 9);
+  Status st = cache->extend(seq, 9);
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st.message();
-  EXPECT_EQ(cache.length(seq), 0);
-  EXPECT_EQ(cache.free_blocks(), 2);
+  EXPECT_EQ(cache->length(seq), 0);
+  EXPECT_EQ(cache->free_blocks(), 2);
   // Past the context.
-  PagedKVCache big(*model, 16, 4);
-  const int s2 = big.add_sequence().value();
-  st = big.extend(s2, 33);
+  auto big = make_kv_cache(*model, 16, 4);
+  const int s2 = big->add_sequence().value();
+  st = big->extend(s2, 33);
   EXPECT_NE(st.message().find("context of 32"), std::string::npos) << st.message();
-  ASSERT_TRUE(cache.extend(seq, 3).ok());
+  ASSERT_TRUE(cache->extend(seq, 3).ok());
   const int zero = 0;
   auto run = [&](std::vector<int> tokens, std::vector<int> seqs, std::vector<int> pos) {
-    return model->forward_tokens(TokenBatch{tokens, seqs, pos}, cache, std::span<const int>(&zero, 1),
+    return model->forward_tokens(TokenBatch{tokens, seqs, pos}, *cache, std::span<const int>(&zero, 1),
                                  logits.data());
   };
   st = run({1, 2, 99}, {seq, seq, seq}, {0, 1, 2});
@@ -216,28 +222,28 @@ TEST(KVCacheErrors, BadRowsAreStatusesThatWriteNothing) {
   st = run({}, {}, {});
   EXPECT_FALSE(st.ok());
   const int bad_row = 5;
-  st = model->forward_tokens(TokenBatch{std::vector<int>{1}, std::vector<int>{seq}, std::vector<int>{0}}, cache,
+  st = model->forward_tokens(TokenBatch{std::vector<int>{1}, std::vector<int>{seq}, std::vector<int>{0}}, *cache,
                              std::span<const int>(&bad_row, 1), logits.data());
   EXPECT_NE(st.message().find("logit row"), std::string::npos) << st.message();
   ASSERT_TRUE(run({1, 2, 3}, {seq, seq, seq}, {0, 1, 2}).ok());
 
-  GPT other(GPTConfig{1, 4, 64, 99, 32});
-  st = other.forward_tokens(TokenBatch{std::vector<int>{1}, std::vector<int>{seq}, std::vector<int>{0}}, cache,
+  auto other = make_gpt(GPTConfig{1, 4, 64, 99, 32});
+  st = other->forward_tokens(TokenBatch{std::vector<int>{1}, std::vector<int>{seq}, std::vector<int>{0}}, *cache,
                             std::span<const int>(&zero, 1), logits.data());
   EXPECT_NE(st.message().find("another model"), std::string::npos) << st.message();
-  cache.release(seq);
-  EXPECT_EQ(cache.free_blocks(), 2);
-  EXPECT_EQ(cache.live_sequences(), 0);
+  cache->release(seq);
+  EXPECT_EQ(cache->free_blocks(), 2);
+  EXPECT_EQ(cache->live_sequences(), 0);
 }
 
 TEST(KVCacheErrors, SequenceSlotsAreBounded) {
   auto model = make_model(Kind::kRandom);
-  PagedKVCache cache(*model, 4, 4, 2);
-  EXPECT_TRUE(cache.add_sequence().ok());
-  EXPECT_TRUE(cache.add_sequence().ok());
-  EXPECT_EQ(cache.add_sequence().status().code(), StatusCode::kResourceExhausted);
-  cache.release(0);
-  EXPECT_EQ(cache.add_sequence().value(), 0);
+  auto cache = make_kv_cache(*model, 4, 4, 2);
+  EXPECT_TRUE(cache->add_sequence().ok());
+  EXPECT_TRUE(cache->add_sequence().ok());
+  EXPECT_EQ(cache->add_sequence().status().code(), StatusCode::kResourceExhausted);
+  cache->release(0);
+  EXPECT_EQ(cache->add_sequence().value(), 0);
 }
 
 // The serving pattern (continuous batching): 8 sequences with prompts of 1
@@ -247,7 +253,7 @@ TEST(KVCacheErrors, SequenceSlotsAreBounded) {
 // to later ones. Every logit row equals the full forward over that sequence
 // alone at that position.
 TEST(PagedKVCache, EightRaggedSequencesDecodedTogetherMatchEachAlone) {
-  auto model = std::make_unique<GPT>(GPTConfig{2, 4, 64, 99, 320});
+  auto model = make_gpt(GPTConfig{2, 4, 64, 99, 320});
   model->init_weights(5);
   Tensor qkvw = model->params().tensor(kQkvW);
   for (int64_t i = 0; i < qkvw.numel(); i++) qkvw.f32()[i] *= 20.0f;
@@ -265,7 +271,7 @@ TEST(PagedKVCache, EightRaggedSequencesDecodedTogetherMatchEachAlone) {
                            {100, 4, 5}, {250, 6, 9}, {33, 10, 12}};
   for (size_t k = 0; k < seqs.size(); k++) seqs[k].tokens = random_tokens(seqs[k].prompt + seqs[k].decode, V, 100 + k);
   // A pool that cannot hold every sequence at once: blocks must be reused.
-  PagedKVCache cache(*model, 40, kBlock, 8);
+  auto cache = make_kv_cache(*model, 40, kBlock, 8);
   std::vector<int> freed_blocks;
   bool reused = false;
   for (int step = 0; step < 200; step++) {
@@ -277,11 +283,11 @@ TEST(PagedKVCache, EightRaggedSequencesDecodedTogetherMatchEachAlone) {
       const int total = s.prompt + s.decode - 1;  // positions fed (the last decoded token is never fed)
       // Admission: wait until the pool has room for the whole sequence.
       if (s.id < 0) {
-        if (cache.free_blocks() < cache.blocks_needed(total)) continue;
-        s.id = cache.add_sequence().value();
+        if (cache->free_blocks() < cache->blocks_needed(total)) continue;
+        s.id = cache->add_sequence().value();
       }
       const int n = s.fed < s.prompt ? std::min(kChunk, s.prompt - s.fed) : 1;
-      ASSERT_TRUE(cache.extend(s.id, n).ok());
+      ASSERT_TRUE(cache->extend(s.id, n).ok());
       for (int i = 0; i < n; i++) {
         tok.push_back(s.tokens[s.fed + i]);
         sid.push_back(s.id);
@@ -298,17 +304,17 @@ TEST(PagedKVCache, EightRaggedSequencesDecodedTogetherMatchEachAlone) {
       continue;
     }
     std::vector<float> logits(out_rows.size() * static_cast<size_t>(Vp));
-    Status st = model->forward_tokens(TokenBatch{tok, sid, pos}, cache, out_rows, logits.data());
+    Status st = model->forward_tokens(TokenBatch{tok, sid, pos}, *cache, out_rows, logits.data());
     ASSERT_TRUE(st.ok()) << st.message();
     for (size_t r = 0; r < out_rows.size(); r++) {
       Seq& s = seqs[owner[r]];
       s.logits.emplace_back(logits.begin() + r * Vp, logits.begin() + (r + 1) * Vp);
       if (s.fed == s.prompt + s.decode - 1) {
-        for (int b : cache.blocks(s.id)) {
+        for (int b : cache->blocks(s.id)) {
           if (std::find(freed_blocks.begin(), freed_blocks.end(), b) != freed_blocks.end()) reused = true;
         }
-        s.blocks_seen = cache.blocks(s.id);
-        cache.release(s.id);
+        s.blocks_seen = cache->blocks(s.id);
+        cache->release(s.id);
         freed_blocks.insert(freed_blocks.end(), s.blocks_seen.begin(), s.blocks_seen.end());
         s.done = true;
       }
@@ -316,23 +322,23 @@ TEST(PagedKVCache, EightRaggedSequencesDecodedTogetherMatchEachAlone) {
     // Blocks of sequences that ended are also checked when reused later.
     for (Seq& s : seqs) {
       if (s.id >= 0 && !s.done) {
-        for (int b : cache.blocks(s.id))
+        for (int b : cache->blocks(s.id))
           if (std::find(freed_blocks.begin(), freed_blocks.end(), b) != freed_blocks.end()) reused = true;
       }
     }
   }
   EXPECT_TRUE(reused) << "no sequence ran on blocks another one had freed";
-  EXPECT_EQ(cache.free_blocks(), cache.num_blocks());
-  EXPECT_EQ(cache.live_sequences(), 0);
+  EXPECT_EQ(cache->free_blocks(), cache->num_blocks());
+  EXPECT_EQ(cache->live_sequences(), 0);
   for (size_t k = 0; k < seqs.size(); k++) {
     const Seq& s = seqs[k];
     ASSERT_TRUE(s.done) << "sequence " << k;
     ASSERT_EQ(static_cast<int>(s.logits.size()), s.decode) << "sequence " << k;
     const int T = s.prompt + s.decode - 1;
-    model->forward(s.tokens.data(), nullptr, 1, T);
+    forward_or_die(*model, s.tokens.data(), nullptr, 1, T);
     for (int j = 0; j < s.decode; j++) {
       const int p = s.prompt - 1 + j;
-      EXPECT_LT(normalised_error(s.logits[j].data(), model->logits() + int64_t{p} * Vp, Vp), kTol)
+      EXPECT_LT(normalised_error(s.logits[j].data(), logits_or_die(*model) + int64_t{p} * Vp, Vp), kTol)
           << "sequence " << k << " (prompt " << s.prompt << ") position " << p;
     }
   }
@@ -396,65 +402,65 @@ namespace {
 // token), a mismatch anywhere in the chain stops the match, blocks are
 // shared read-only, and eviction takes the least recently released first.
 TEST(PrefixCache, CommitMatchReleaseEvict) {
-  GPT model(GPTConfig{1, 2, 16, 50, 64}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  PagedKVCache cache(model, 6, 4);
+  auto model = make_gpt(GPTConfig{1, 2, 16, 50, 64}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  auto cache = make_kv_cache(*model, 6, 4);
   std::vector<int> a(11);
   for (int i = 0; i < 11; i++) a[i] = i + 1;
-  const int s = cache.add_sequence().value();
-  EXPECT_EQ(cache.match_prefix(s, a), 0);  // nothing cached yet
-  ASSERT_TRUE(cache.extend(s, 11).ok());
-  cache.commit(s, a, 11);  // blocks 0-3 and 4-7 are full; 8-10 is not
-  EXPECT_EQ(cache.cached_blocks(), 2);
-  const std::vector<int> blocks = cache.blocks(s);
-  cache.release(s);
-  EXPECT_EQ(cache.used_blocks(), 0);
-  EXPECT_EQ(cache.free_blocks(), 6);  // the cached ones count as available
-  EXPECT_EQ(cache.cached_blocks(), 2);
+  const int s = cache->add_sequence().value();
+  EXPECT_EQ(cache->match_prefix(s, a), 0);  // nothing cached yet
+  ASSERT_TRUE(cache->extend(s, 11).ok());
+  cache->commit(s, a, 11);  // blocks 0-3 and 4-7 are full; 8-10 is not
+  EXPECT_EQ(cache->cached_blocks(), 2);
+  const std::vector<int> blocks = cache->blocks(s);
+  cache->release(s);
+  EXPECT_EQ(cache->used_blocks(), 0);
+  EXPECT_EQ(cache->free_blocks(), 6);  // the cached ones count as available
+  EXPECT_EQ(cache->cached_blocks(), 2);
 
   // The same prompt: both full blocks again, the rest to compute.
-  const int t = cache.add_sequence().value();
-  EXPECT_EQ(cache.match_prefix(t, a), 8);
-  EXPECT_EQ(cache.length(t), 8);
-  EXPECT_EQ(cache.blocks(t)[0], blocks[0]);
-  EXPECT_EQ(cache.blocks(t)[1], blocks[1]);
+  const int t = cache->add_sequence().value();
+  EXPECT_EQ(cache->match_prefix(t, a), 8);
+  EXPECT_EQ(cache->length(t), 8);
+  EXPECT_EQ(cache->blocks(t)[0], blocks[0]);
+  EXPECT_EQ(cache->blocks(t)[1], blocks[1]);
   // A second sequence shares them while the first holds them.
-  const int u = cache.add_sequence().value();
+  const int u = cache->add_sequence().value();
   std::vector<int> b = a;
   b[5] = 99;  // differs in the second block: only the first matches
-  EXPECT_EQ(cache.match_prefix(u, b), 4);
-  EXPECT_EQ(cache.blocks(u)[0], blocks[0]);
-  EXPECT_EQ(cache.used_blocks(), 2);
+  EXPECT_EQ(cache->match_prefix(u, b), 4);
+  EXPECT_EQ(cache->blocks(u)[0], blocks[0]);
+  EXPECT_EQ(cache->used_blocks(), 2);
   // An 8-token prompt gets one block: its last token must be computed.
-  const int w = cache.add_sequence().value();
-  EXPECT_EQ(cache.match_prefix(w, std::span<const int>(a.data(), 8)), 4);
-  cache.release(w);
-  cache.release(u);
-  cache.release(t);
-  EXPECT_EQ(cache.used_blocks(), 0);
+  const int w = cache->add_sequence().value();
+  EXPECT_EQ(cache->match_prefix(w, std::span<const int>(a.data(), 8)), 4);
+  cache->release(w);
+  cache->release(u);
+  cache->release(t);
+  EXPECT_EQ(cache->used_blocks(), 0);
 
   // A different first block matches nothing.
   std::vector<int> c = a;
   c[0] = 42;
-  const int x = cache.add_sequence().value();
-  EXPECT_EQ(cache.match_prefix(x, c), 0);
+  const int x = cache->add_sequence().value();
+  EXPECT_EQ(cache->match_prefix(x, c), 0);
   // Filling the pool evicts the cached blocks, least recently released first.
-  ASSERT_TRUE(cache.extend(x, 4 * 5).ok());  // 5 blocks: 4 free + 1 evicted
-  EXPECT_EQ(cache.cached_blocks(), 1);
-  ASSERT_TRUE(cache.extend(x, 4).ok());  // the 6th: the other cached block
-  EXPECT_EQ(cache.cached_blocks(), 0);
-  EXPECT_EQ(cache.free_blocks(), 0);
-  cache.release(x);
-  EXPECT_EQ(cache.free_blocks(), 6);
-  const int y = cache.add_sequence().value();
-  EXPECT_EQ(cache.match_prefix(y, a), 0);  // evicted: nothing to reuse
+  ASSERT_TRUE(cache->extend(x, 4 * 5).ok());  // 5 blocks: 4 free + 1 evicted
+  EXPECT_EQ(cache->cached_blocks(), 1);
+  ASSERT_TRUE(cache->extend(x, 4).ok());  // the 6th: the other cached block
+  EXPECT_EQ(cache->cached_blocks(), 0);
+  EXPECT_EQ(cache->free_blocks(), 0);
+  cache->release(x);
+  EXPECT_EQ(cache->free_blocks(), 6);
+  const int y = cache->add_sequence().value();
+  EXPECT_EQ(cache->match_prefix(y, a), 0);  // evicted: nothing to reuse
 }
 
 // The forward through cached blocks gives the logits of computing them.
 TEST(PrefixCache, CachedPrefixGivesTheSameLogits) {
-  GPT model(GPTConfig{2, 4, 32, 50, 64}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-  model.init_weights(5);
-  const int Vp = model.config().padded_vocab();
-  PagedKVCache cache(model, 16, 4);
+  auto model = make_gpt(GPTConfig{2, 4, 32, 50, 64}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  model->init_weights(5);
+  const int Vp = model->config().padded_vocab();
+  auto cache = make_kv_cache(*model, 16, 4);
   std::vector<int> prompt(23);
   for (int i = 0; i < 23; i++) prompt[i] = (i * 7) % 50;
   auto run = [&](int seq, int from) {
@@ -464,20 +470,20 @@ TEST(PrefixCache, CachedPrefixGivesTheSameLogits) {
     const int last = n - 1;
     std::vector<float> logits(Vp);
     EXPECT_TRUE(model
-                    .forward_tokens(TokenBatch{{prompt.data() + from, static_cast<size_t>(n)}, ids, pos}, cache,
-                                    std::span<const int>(&last, 1), logits.data())
+                    ->forward_tokens(TokenBatch{{prompt.data() + from, static_cast<size_t>(n)}, ids, pos}, *cache,
+                                     std::span<const int>(&last, 1), logits.data())
                     .ok());
     return logits;
   };
-  const int s = cache.add_sequence().value();
-  ASSERT_TRUE(cache.extend(s, 23).ok());
+  const int s = cache->add_sequence().value();
+  ASSERT_TRUE(cache->extend(s, 23).ok());
   const std::vector<float> want = run(s, 0);
-  cache.commit(s, prompt, 23);
-  cache.release(s);
-  const int t = cache.add_sequence().value();
-  const int cached = cache.match_prefix(t, prompt);
+  cache->commit(s, prompt, 23);
+  cache->release(s);
+  const int t = cache->add_sequence().value();
+  const int cached = cache->match_prefix(t, prompt);
   EXPECT_EQ(cached, 20);
-  ASSERT_TRUE(cache.extend(t, 3).ok());
+  ASSERT_TRUE(cache->extend(t, 3).ok());
   const std::vector<float> got = run(t, cached);
   // The same keys and values; the 3-row matmuls may round differently from
   // the 23-row ones.

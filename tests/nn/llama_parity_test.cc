@@ -26,9 +26,16 @@
 #include "optim/optimizer.h"
 #include "parallel/data_parallel.h"
 #include "tensor/dtype.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
+
+using testing_util::backward_or_die;
+using testing_util::forward_or_die;
+using testing_util::logits_or_die;
+using testing_util::make_adamw;
+using testing_util::step_or_die;
 
 namespace fs = std::filesystem;
 const std::string kRef = std::string(TESSERA_TEST_DATA_DIR) + "/reference/";
@@ -94,18 +101,18 @@ TEST_P(LlamaParity, LogitsLossAndEveryGradient) {
   ASSERT_TRUE(expected.ok()) << expected.status().message();
   const double ref_loss = reference(c.model)["loss"];
 
-  const float loss = model->forward(b.inputs.data(), b.targets.data(), b.B, b.T);
+  const float loss = forward_or_die(*model, b.inputs.data(), b.targets.data(), b.B, b.T);
   EXPECT_NEAR(loss, ref_loss, c.tol * ref_loss);
   const int V = model->config().vocab, Vp = model->config().padded_vocab();
   std::vector<float> want(b.B * b.T * V), ours(want.size());
   ASSERT_TRUE(expected->read_f32("logits", want).ok());
-  const float* logits = model->logits();
+  const float* logits = logits_or_die(*model);
   for (int i = 0; i < b.B * b.T; i++)
     for (int j = 0; j < V; j++) ours[i * V + j] = logits[i * Vp + j];
   EXPECT_LE(normalised_error(ours.data(), want.data(), ours.size()), c.tol);
 
   model->zero_grad();
-  model->backward();
+  backward_or_die(*model);
   int checked = 0;
   for (const HfTensor& g : value_or_abort(to_hf_tensors(*model, model->grads()))) {
     SCOPED_TRACE(g.name);
@@ -136,13 +143,13 @@ TEST_P(LlamaParity, TenAdamWStepsMatchTorch) {
   oc.beta2 = tj["beta2"];
   oc.eps = tj["eps"];
   oc.grad_clip = tj["grad_clip"];
-  AdamW opt(gpt_param_space(*model), gpt_adamw_kernel(*model));
+  AdamW opt = make_adamw(gpt_param_space(*model), gpt_adamw_kernel(*model));
   for (int step = 0; step < oc.steps; step++) {
     SCOPED_TRACE(step);
-    const float loss = model->forward(b.inputs.data(), b.targets.data(), b.B, b.T);
+    const float loss = forward_or_die(*model, b.inputs.data(), b.targets.data(), b.B, b.T);
     model->zero_grad();
-    model->backward();
-    const float norm = opt.step(oc, lr_at(oc, step));
+    backward_or_die(*model);
+    const float norm = step_or_die(opt, oc, lr_at(oc, step));
     const double ref_loss = tj["losses"][step], ref_norm = tj["grad_norms"][step];
     EXPECT_NEAR(loss, ref_loss, 5 * c.tol * ref_loss);
     EXPECT_NEAR(norm, ref_norm, 5 * c.tol * ref_norm);
@@ -323,8 +330,8 @@ TEST(LlamaDecode, PagedCacheMatchesDenseForward) {
     ASSERT_TRUE(model);
     const Batch b = batch();
     const int T = b.T, Vp = model->config().padded_vocab();
-    model->forward(b.inputs.data(), nullptr, 1, T);
-    std::vector<float> dense(model->logits(), model->logits() + int64_t{T} * Vp);
+    forward_or_die(*model, b.inputs.data(), nullptr, 1, T);
+    std::vector<float> dense(logits_or_die(*model), logits_or_die(*model) + int64_t{T} * Vp);
     auto cache = PagedKVCache::create(*model, 8, 4);
     ASSERT_TRUE(cache.ok()) << cache.status().message();
     EXPECT_EQ(PagedKVCache::bytes_per_block(*model, 4),

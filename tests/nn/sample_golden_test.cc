@@ -10,14 +10,17 @@
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/sampler.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
 
+using testing_util::make_gpt;
+
 // A random model with sharp attention (as kv_cache_test.cc's) and a context
 // long enough for several KV blocks.
 std::unique_ptr<GPT> sharp_model() {
-  auto m = std::make_unique<GPT>(GPTConfig{3, 4, 64, 256, 160});
+  auto m = make_gpt(GPTConfig{3, 4, 64, 256, 160});
   m->init_weights(11);
   Tensor qkvw = m->params().tensor(kQkvW);
   for (int64_t i = 0; i < qkvw.numel(); i++) qkvw.f32()[i] *= 20.0f;

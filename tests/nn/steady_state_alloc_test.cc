@@ -18,6 +18,7 @@
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
 #include "parallel/data_parallel.h"
+#include "aborting.h"
 
 namespace {
 std::atomic<bool> g_counting{false};
@@ -46,31 +47,37 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 namespace tessera {
 namespace {
 
+using testing_util::backward_or_die;
+using testing_util::forward_or_die;
+using testing_util::make_adamw;
+using testing_util::make_gpt;
+using testing_util::step_or_die;
+
 void step(GPT& model, AdamW& opt, const OptimizerConfig& oc, const std::vector<int>& in, const std::vector<int>& tg,
           int B, int T) {
-  model.forward(in.data(), tg.data(), B, T);
+  forward_or_die(model, in.data(), tg.data(), B, T);
   model.zero_grad();
-  model.backward();
-  opt.step(oc, 1e-3f);
+  backward_or_die(model);
+  step_or_die(opt, oc, 1e-3f);
 }
 
 TEST(SteadyState, TrainingStepAllocatesNothingAfterWarmup) {
   for (MatmulPrecision prec : {MatmulPrecision::kF32, MatmulPrecision::kBF16}) {
-    GPT model(GPTConfig{2, 4, 64, 300, 32});
-    model.set_precision(prec);
-    model.init_weights(1);
-    AdamW opt(gpt_param_space(model), gpt_adamw_kernel(model));
+    auto model = make_gpt(GPTConfig{2, 4, 64, 300, 32});
+    model->set_precision(prec);
+    model->init_weights(1);
+    AdamW opt = make_adamw(gpt_param_space(*model), gpt_adamw_kernel(*model));
     OptimizerConfig oc;
     const int B = 4, T = 32;
     std::vector<int> in(B * T), tg(B * T);
     std::mt19937 rng(3);
     for (int i = 0; i < B * T; i++) in[i] = rng() % 300, tg[i] = rng() % 300;
-    step(model, opt, oc, in, tg, B, T);  // builds primitives, lays out activations, grows scratch
-    step(model, opt, oc, in, tg, B, T);
+    step(*model, opt, oc, in, tg, B, T);  // builds primitives, lays out activations, grows scratch
+    step(*model, opt, oc, in, tg, B, T);
     g_allocations = 0;
     g_onednn_allocations = 0;
     g_counting = true;
-    step(model, opt, oc, in, tg, B, T);
+    step(*model, opt, oc, in, tg, B, T);
     g_counting = false;
     EXPECT_EQ(g_allocations.load(), 0) << (prec == MatmulPrecision::kF32 ? "fp32" : "bf16");
     // Bookkeeping inside oneDNN's execute: bounded by a handful per matmul call.

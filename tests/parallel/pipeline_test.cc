@@ -13,9 +13,15 @@
 #include "nn/gpt.h"
 #include "parallel/model_parallel.h"
 #include "tensor/slice.h"
+#include "aborting.h"
 
 namespace tessera {
 namespace {
+
+using testing_util::backward_or_die;
+using testing_util::forward_or_die;
+using testing_util::make_gpt;
+using testing_util::reserve_activations_or_die;
 
 std::string ops_str(const std::vector<PipeOp>& ops) {
   std::string s;
@@ -162,14 +168,14 @@ TEST(ModelShard, CopyFromWholeKeepsTheWholeRowsWhenTpPadsTheVocabularyMore) {
   const GPTConfig c{1, 3, 24, 100, 8};
   ASSERT_EQ(c.padded_vocab(1), 128);
   ASSERT_EQ(c.padded_vocab(3), 384);
-  GPT whole(c, Backend::kRef);
-  whole.init_weights(5);
+  auto whole = make_gpt(c, Backend::kRef);
+  whole->init_weights(5);
   auto comm = comm::self_communicator();  // never used: no forward here
-  const float* w = whole.params().tensor(kWte).f32();
+  const float* w = whole->params().tensor(kWte).f32();
   for (int r = 0; r < 3; r++) {
-    GPT shard(c, Backend::kRef, ModelShard{3, r}, comm.get());
-    copy_from_whole(whole, shard);
-    const float* s = shard.params().tensor(kWte).f32();
+    auto shard = make_gpt(c, Backend::kRef, ModelShard{3, r}, comm.get());
+    copy_from_whole(*whole, *shard);
+    const float* s = shard->params().tensor(kWte).f32();
     for (int64_t row = 0; row < 128; row++) {
       const int64_t global = r * 128 + row;
       for (int i = 0; i < c.channels; i++)
@@ -185,16 +191,16 @@ TEST(ModelShard, CopyFromWholeKeepsTheWholeRowsWhenTpPadsTheVocabularyMore) {
 TEST(PipelineStages, TwoStagesByHandMatchTheWholeModel) {
   const GPTConfig c{4, 2, 32, 70, 16};
   const int B = 2, T = 8;
-  GPT whole(c, Backend::kRef);
-  whole.init_weights(7);
-  GPT s0(c, Backend::kRef, ModelShard{1, 0, 0, 3});
-  GPT s1(c, Backend::kRef, ModelShard{1, 0, 3, 4});
+  auto whole = make_gpt(c, Backend::kRef);
+  whole->init_weights(7);
+  auto s0 = make_gpt(c, Backend::kRef, ModelShard{1, 0, 0, 3});
+  auto s1 = make_gpt(c, Backend::kRef, ModelShard{1, 0, 3, 4});
   // Sharded init draws the same sequence as the whole model's.
-  GPT s0_init(c, Backend::kRef, ModelShard{1, 0, 0, 3});
-  s0_init.init_weights(7);
-  copy_from_whole(whole, s0);
-  copy_from_whole(whole, s1);
-  ASSERT_EQ(0, std::memcmp(s0.params().base(), s0_init.params().base(), s0.params().bytes()));
+  auto s0_init = make_gpt(c, Backend::kRef, ModelShard{1, 0, 0, 3});
+  s0_init->init_weights(7);
+  copy_from_whole(*whole, *s0);
+  copy_from_whole(*whole, *s1);
+  ASSERT_EQ(0, std::memcmp(s0->params().base(), s0_init->params().base(), s0->params().bytes()));
 
   std::mt19937 rng(3);
   std::vector<int> in(B * T), tg(B * T);
@@ -202,30 +208,30 @@ TEST(PipelineStages, TwoStagesByHandMatchTheWholeModel) {
     in[i] = static_cast<int>(rng() % c.vocab);
     tg[i] = static_cast<int>(rng() % c.vocab);
   }
-  const float want = whole.forward(in.data(), tg.data(), B, T);
-  whole.backward(0.5f);
+  const float want = forward_or_die(*whole, in.data(), tg.data(), B, T);
+  backward_or_die(*whole, 0.5f);
 
-  s0.reserve_activations(B, T, 1);
-  s1.reserve_activations(B, T, 1);
+  reserve_activations_or_die(*s0, B, T, 1);
+  reserve_activations_or_die(*s1, B, T, 1);
   float loss0 = -1.0f, loss1 = -1.0f;
-  ASSERT_TRUE(s0.forward_stage(0, in.data(), nullptr, B, T, &loss0).ok());
-  std::memcpy(s1.stage_input(0), s0.stage_output(0), sizeof(float) * B * T * c.channels);
-  ASSERT_TRUE(s1.forward_stage(0, nullptr, tg.data(), B, T, &loss1).ok());
+  ASSERT_TRUE(s0->forward_stage(0, in.data(), nullptr, B, T, &loss0).ok());
+  std::memcpy(s1->stage_input(0), s0->stage_output(0), sizeof(float) * B * T * c.channels);
+  ASSERT_TRUE(s1->forward_stage(0, nullptr, tg.data(), B, T, &loss1).ok());
   EXPECT_EQ(loss1, want);
-  ASSERT_TRUE(s1.backward_stage(0, 0.5f).ok());
-  std::memcpy(s0.stage_output_grad(), s1.stage_input_grad(0), sizeof(float) * B * T * c.channels);
-  ASSERT_TRUE(s0.backward_stage(0, 0.5f).ok());
+  ASSERT_TRUE(s1->backward_stage(0, 0.5f).ok());
+  std::memcpy(s0->stage_output_grad(), s1->stage_input_grad(0), sizeof(float) * B * T * c.channels);
+  ASSERT_TRUE(s0->backward_stage(0, 0.5f).ok());
 
   for (int id = 0; id < kNumParams; id++) {
-    std::vector<float> got(whole.params().tensor(id).numel(), 0.0f);
-    for (GPT* s : {&s0, &s1}) {
+    std::vector<float> got(whole->params().tensor(id).numel(), 0.0f);
+    for (GPT* s : {s0.get(), s1.get()}) {
       TensorSlice t = param_slice(c, s->shard(), id);
       if (t.block_numel() == 0) continue;
       std::vector<float> part(got.size(), 0.0f);
       scatter_block(s->grads().tensor(id).f32(), t, part.data());
       for (size_t i = 0; i < got.size(); i++) got[i] += part[i];
     }
-    const float* ref = whole.grads().tensor(id).f32();
+    const float* ref = whole->grads().tensor(id).f32();
     for (size_t i = 0; i < got.size(); i++) {
       if (id == kWte) {
         ASSERT_NEAR(got[i], ref[i], 1e-6f) << "wte " << i;

@@ -21,16 +21,19 @@
 #include "nn/sampler.h"
 #include "obs/metrics.h"
 #include "serve/engine.h"
+#include "aborting.h"
 
 namespace tessera::serve {
 namespace {
+
+using testing_util::make_gpt;
 
 const GPTConfig kConfig{2, 4, 64, 99, 128};
 
 // The same random model every call (so the engine's copy and the oracle's
 // are equal), with sharpened attention as in tests/nn/kv_cache_test.cc.
 std::unique_ptr<GPT> make_model() {
-  auto m = std::make_unique<GPT>(kConfig, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+  auto m = make_gpt(kConfig, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
   m->init_weights(11);
   Tensor qkvw = m->params().tensor(kQkvW);
   for (int64_t i = 0; i < qkvw.numel(); i++) qkvw.f32()[i] *= 20.0f;
@@ -161,7 +164,7 @@ TEST(ServeEngine, LlamaFoldersDecodeAsPyTorchAndConcurrentlyAsAlone) {
 TEST(ServeEngine, PrefixCacheGivesTheSameTokensAndReusesTheSharedPrompt) {
   const GPTConfig c{2, 4, 64, 99, 1100};
   auto model = [&] {
-    auto m = std::make_unique<GPT>(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+    auto m = make_gpt(c, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
     m->init_weights(21);
     return m;
   };

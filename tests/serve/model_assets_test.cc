@@ -3,6 +3,7 @@
 // memory check, and the tokenizer and end ids of a model folder. The commands
 // end to end are in tests/cli/serve_api.sh, serve_llama.sh and gguf.sh.
 #include "serve/model_assets.h"
+#include "aborting.h"
 
 #include <unistd.h>
 
@@ -16,10 +17,11 @@
 namespace tessera::serve {
 namespace {
 
+using testing_util::make_gpt;
 namespace fs = std::filesystem;
 
 std::unique_ptr<GPT> tiny_model() {
-  auto m = std::make_unique<GPT>(GPTConfig{1, 2, 64, 256, 32}, Backend::kCPU, ModelShard{}, nullptr,
+  auto m = make_gpt(GPTConfig{1, 2, 64, 256, 32}, Backend::kCPU, ModelShard{}, nullptr,
                                  ModelUse::kInference);
   m->init_weights(5);
   return m;

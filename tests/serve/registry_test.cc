@@ -26,10 +26,12 @@
 #include "serve/registry.h"
 #include "serve/registry_catalog.h"
 #include "serve/server.h"
+#include "aborting.h"
 
 namespace tessera::serve {
 namespace {
 
+using testing_util::make_gpt;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -50,9 +52,9 @@ class ModelRegistryTest : public ::testing::Test {
   int add(const std::string& name, int seed = 1) {
     auto staged = reg_->stage(name);
     EXPECT_TRUE(staged.ok()) << staged.status().message();
-    GPT model(GPTConfig{1, 2, 32, 256, 32}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
-    model.init_weights(seed);
-    EXPECT_TRUE(save_hf(model, staged->dir() + "/" + kRegistryFp32File).ok());
+    auto model = make_gpt(GPTConfig{1, 2, 32, 256, 32}, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+    model->init_weights(seed);
+    EXPECT_TRUE(save_hf(*model, staged->dir() + "/" + kRegistryFp32File).ok());
     VersionManifest m;
     m.source = "test";
     m.dtypes = {"fp32"};
@@ -234,7 +236,7 @@ class WriteVersionTest : public ModelRegistryTest {
     ModelRegistryTest::TearDown();
   }
   static std::unique_ptr<GPT> tiny_model() {
-    auto m = std::make_unique<GPT>(GPTConfig{1, 2, 64, 256, 32}, Backend::kCPU, ModelShard{}, nullptr,
+    auto m = make_gpt(GPTConfig{1, 2, 64, 256, 32}, Backend::kCPU, ModelShard{}, nullptr,
                                    ModelUse::kInference);
     m->init_weights(3);
     return m;

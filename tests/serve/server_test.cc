@@ -16,10 +16,12 @@
 #include "obs/metrics.h"
 #include "serve/engine.h"
 #include "serve/server.h"
+#include "aborting.h"
 
 namespace tessera::serve {
 namespace {
 
+using testing_util::make_gpt;
 using json = nlohmann::json;
 
 TEST(ServeServer, LoadingThenServingThenDraining) {
@@ -43,7 +45,7 @@ TEST(ServeServer, LoadingThenServingThenDraining) {
   EXPECT_EQ(early->status, 503);
   EXPECT_TRUE(json::parse(early->body)["error"]["message"].is_string());
 
-  auto model = std::make_unique<GPT>(GPTConfig{2, 4, 64, 256, 64}, Backend::kCPU, ModelShard{}, nullptr,
+  auto model = make_gpt(GPTConfig{2, 4, 64, 256, 64}, Backend::kCPU, ModelShard{}, nullptr,
                                      ModelUse::kInference);
   model->init_weights(1);
   auto engine = Engine::create(std::move(model), EngineOptions{}, reg);

@@ -16,7 +16,7 @@ TEST(Arena, EveryTensorIs64ByteAlignedAndZeroed) {
   a.reserve("odd", DType::kF32, {3});
   a.reserve("bf", DType::kBF16, {5, 7});
   a.reserve("big", DType::kF32, {100, 3});
-  a.allocate();
+  ASSERT_TRUE(a.try_allocate().ok());
   for (int i = 0; i < a.count(); i++) {
     Tensor t = a.tensor(i);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % Arena::kAlign, 0u) << a.name(i);
@@ -30,9 +30,11 @@ TEST(Arena, CloneLayoutHasTheSameOffsets) {
   Arena a;
   a.reserve("x", DType::kF32, {10});
   a.reserve("y", DType::kF32, {33});
-  a.allocate();
+  ASSERT_TRUE(a.try_allocate().ok());
   a.tensor(1).f32()[0] = 5.0f;
-  Arena b = a.clone_layout();
+  Result<Arena> cloned = a.try_clone_layout(a.device());
+  ASSERT_TRUE(cloned.ok()) << cloned.status().message();
+  const Arena& b = *cloned;
   ASSERT_EQ(b.count(), 2);
   EXPECT_EQ(b.bytes(), a.bytes());
   EXPECT_EQ(b.offset(1), a.offset(1));

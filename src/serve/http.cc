@@ -1,5 +1,6 @@
 #include "serve/http.h"
 
+#include <chrono>
 #include <exception>
 
 #include <fmt/format.h>
@@ -34,6 +35,31 @@ void write_error(httplib::Response& res, const ApiError& e) {
   res.status = e.http;
   if (e.http == 429 || e.http == 503) res.set_header("Retry-After", "1");
   res.set_content(e.body().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+}
+
+std::shared_ptr<void> InFlight::enter(int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (limit > 0 && count_ >= limit) return nullptr;
+  count_++;
+  if (on_change_) on_change_(count_);
+  return std::shared_ptr<void>(this, [](InFlight* f) { f->leave(); });
+}
+
+void InFlight::leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  count_--;
+  if (on_change_) on_change_(count_);
+  if (count_ == 0) idle_.notify_all();
+}
+
+int InFlight::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return count_;
+}
+
+bool InFlight::wait_idle(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return count_ == 0; });
 }
 
 void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,

@@ -4,7 +4,10 @@
 // OpenAI-shaped errors for what cpp-httplib answers itself.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -62,6 +65,28 @@ using ErrorSender = std::function<void(httplib::Response&, const ApiError&)>;
 // `pre_route` (may be empty) runs after the refusals for every request.
 void configure_http(httplib::Server& s, const HttpOptions& opts, const ErrorSender& send_error,
                     std::function<void(const std::string& path)> pre_route = {});
+
+// Work in flight at a front end (requests, streams still being written) and
+// the wait for it to end that a drain at shutdown makes; what `tessera serve`
+// and `tessera route` both count. Thread safe.
+class InFlight {
+ public:
+  // One more, unless `limit` (> 0) are in flight already: then null. The
+  // token counts it until its last copy is destroyed.
+  std::shared_ptr<void> enter(int limit = 0);
+  int count() const;
+  // Waits up to timeout_s for none to be in flight; whether none are.
+  bool wait_idle(double timeout_s);
+  // Called (under the lock) with the new count on every change: a gauge.
+  void on_change(std::function<void(int)> f) { on_change_ = std::move(f); }
+
+ private:
+  void leave();
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  int count_ = 0;
+  std::function<void(int)> on_change_;
+};
 
 // Server-sent events as bytes arrive: calls on_data with each "data:" line's
 // payload (without "data:" and one leading space). Works on lines, so "\n"

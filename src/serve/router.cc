@@ -191,12 +191,9 @@ struct Router::State {
   route::WorkerPool pool;
   route::OwnedThreads relays;  // one per streamed request, joined at shutdown
 
-  std::mutex mu;
-  int inflight = 0;
-  std::condition_variable idle;
+  InFlight inflight;  // requests; --max-inflight bounds it, shutdown drains it
   std::atomic<bool> draining{false};
 
-  obs::Gauge* inflight_gauge = nullptr;
   std::vector<obs::Histogram*> latency;
 
   State(const RouterOptions& o, obs::Registry& r) : opts(o), reg(r), pool(o.tiers, pool_options(o), r) {}
@@ -411,7 +408,8 @@ Router::Router(const RouterOptions& opts, obs::Registry& registry)
     s.latency.push_back(&registry.histogram("tessera_route_request_duration_seconds",
                                             "Request latency at the router, by the tier that answered",
                                             obs::exponential_buckets(0.01, 2, 14), {{"tier", tier.name}}));
-  s.inflight_gauge = &registry.gauge("tessera_route_requests_running", "Requests in flight at the router");
+  obs::Gauge* running = &registry.gauge("tessera_route_requests_running", "Requests in flight at the router");
+  s.inflight.on_change([running](int n) { running->set(n); });
   for (int code : {200, 429, 503}) s.requests(code);
 }
 
@@ -464,11 +462,7 @@ Status Router::start() {
       }
       tiers.push_back({{"name", pool.tier_names()[t]}, {"active", static_cast<int>(t) == active}, {"workers", ws}});
     }
-    int inflight;
-    {
-      std::lock_guard<std::mutex> lock(st->mu);
-      inflight = st->inflight;
-    }
+    const int inflight = st->inflight.count();
     const bool draining = st->draining;
     const bool ok = active >= 0 && !draining;
     json j = {{"status", draining ? "draining" : ok ? "ok" : "unavailable"},
@@ -529,23 +523,12 @@ Status Router::start() {
       s.send_error(res, api_error(400, "'resume' is for the router's own use", "invalid_request_error", "resume"));
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      if (s.inflight >= s.opts.max_inflight) {
-        s.send_error(res, api_error(429, fmt::format("{} requests are in flight (--max-inflight)", s.inflight),
-                                    "rate_limit_error", "", "queue_full"));
-        return;
-      }
-      s.inflight++;
-      s.inflight_gauge->set(s.inflight);
+    std::shared_ptr<void> counted = s.inflight.enter(s.opts.max_inflight);
+    if (!counted) {
+      s.send_error(res, api_error(429, fmt::format("{} requests are in flight (--max-inflight)", s.inflight.count()),
+                                  "rate_limit_error", "", "queue_full"));
+      return;
     }
-    std::shared_ptr<bool> counted = std::shared_ptr<bool>(new bool(true), [st](bool* b) {
-      delete b;
-      std::lock_guard<std::mutex> lock(st->mu);
-      st->inflight--;
-      st->inflight_gauge->set(st->inflight);
-      st->idle.notify_all();
-    });
     const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
     const bool stream = flag_at(body, "stream");
     if (!stream) {
@@ -609,11 +592,7 @@ Status Router::start() {
 bool Router::shutdown() {
   State& s = *state_;
   s.draining = true;
-  bool drained;
-  {
-    std::unique_lock<std::mutex> lock(s.mu);
-    drained = s.idle.wait_for(lock, std::chrono::duration<double>(opts_.drain_timeout_s), [&] { return s.inflight == 0; });
-  }
+  const bool drained = s.inflight.wait_idle(opts_.drain_timeout_s);
   if (http_) http_->stop();
   return drained;
 }

@@ -105,8 +105,7 @@ struct Server::Handlers {
   std::time_t started = std::time(nullptr);
 
   std::mutex mu;
-  std::condition_variable streams_done;
-  int streams = 0;  // streamed responses still being written
+  InFlight streams;  // streamed responses still being written
   std::mt19937_64 seeds{std::random_device{}()};
   uint64_t next_id = 1;
   std::string id_prefix;
@@ -124,11 +123,6 @@ struct Server::Handlers {
     id_prefix = fmt::format("{:08x}", static_cast<uint32_t>(seeds()));
     // Series that exist before the first request, so dashboards see zeros.
     for (const char* reason : {"stop", "length"}) successes(reason);
-  }
-
-  void stream_ended() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (--streams == 0) streams_done.notify_all();
   }
 
   void send_error(httplib::Response& res, const ApiError& e) {
@@ -311,17 +305,7 @@ struct Server::Handlers {
 
     // A stream counts as in flight from before it is queued until its
     // response is written (the releaser), so shutdown() waits for it.
-    struct StreamCount {
-      Handlers* h = nullptr;
-      ~StreamCount() {
-        if (h) h->stream_ended();
-      }
-    } stream_count;
-    if (r.stream) {
-      std::lock_guard<std::mutex> lock(mu);
-      streams++;
-      stream_count.h = this;
-    }
+    std::shared_ptr<void> stream_token = r.stream ? streams.enter() : nullptr;
     auto call = std::make_shared<Call>(r.stop);
     const data::Tokenizer* t = &tok;
     if (r.resume) {
@@ -380,8 +364,8 @@ struct Server::Handlers {
       }
     }
     if (r.stream) {
-      stream_count.h = nullptr;  // the releaser ends it now
-      stream(res, r, call, served, engine_id, id, created, std::move(prompt_ids));
+      // The releaser ends the count now.
+      stream(res, r, call, served, engine_id, id, created, std::move(prompt_ids), std::move(stream_token));
       return;
     }
     std::unique_lock<std::mutex> lock(call->mu);
@@ -466,7 +450,7 @@ struct Server::Handlers {
 
   void stream(httplib::Response& res, const CompletionRequest& r, std::shared_ptr<Call> call,
               std::shared_ptr<ServedModel> served, uint64_t engine_id, const std::string& id, int64_t created,
-              std::vector<int> prompt_ids) {
+              std::vector<int> prompt_ids, std::shared_ptr<void> counted) {
     const bool chat = r.chat;
     const bool token_ids = r.return_token_ids;
     const bool want_logprobs = r.sampling.logprobs >= 0;
@@ -606,11 +590,12 @@ struct Server::Handlers {
           if (done) sink.done();
           return true;
         },
-        [this, call, served, engine_id](bool success) {
+        [call, served, engine_id,
+         counted = std::make_shared<std::shared_ptr<void>>(std::move(counted))](bool success) {
           // Called once the stream ended, written or not: a client that went
           // away frees its sequence at the engine's next step.
           if (!success) served->engine->cancel(engine_id);
-          stream_ended();
+          counted->reset();
         });
   }
 };
@@ -676,8 +661,7 @@ bool Server::shutdown() {
   if (was_ready) {
     drained = h.catalog->drain(opts_.drain_timeout_s);
     // The engine is idle; let the streams write their last chunks.
-    std::unique_lock<std::mutex> lock(h.mu);
-    drained = h.streams_done.wait_for(lock, std::chrono::seconds(10), [&] { return h.streams == 0; }) && drained;
+    drained = h.streams.wait_idle(10) && drained;
   }
   if (http_) http_->stop();
   return drained;

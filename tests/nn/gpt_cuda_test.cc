@@ -2,7 +2,7 @@
 // model: the same initial weights bit for bit, then logits, loss, every
 // gradient, AdamW steps and a two-stage pipeline split. The CUDA model runs
 // flash attention (cuda::set_attention_preference, the default) and the chunked
-// output layer; the small batches here fit in one head chunk, so logits()
+// output layer; the small batches here fit in one head chunk, so try_logits()
 // stays available, and FlashAttentionAndChunkedHeadMatchTheCpu splits the
 // head into several chunks. (Parity with the PyTorch reference is in
 // gpt_parity_test.cc, whose table has CUDA rows, one head chunk too.)

@@ -411,6 +411,44 @@ void attention_gqa_backward(float* dinp, float* dpreatt, float* datt, const floa
   d_datt.copy_to(datt);
 }
 
+void interaction_forward(float* out, const float* feat, int B, int Fn, int D) {
+  const size_t n_feat = static_cast<size_t>(B) * Fn * D, n_out = static_cast<size_t>(B) * (D + Fn * (Fn - 1) / 2);
+  F d_out(out, n_out), d_feat(feat, n_feat);
+  cuda::interaction_forward(d_out.get(), d_feat.get(), B, Fn, D);
+  d_out.copy_to(out);
+}
+
+void interaction_backward(float* dfeat, const float* dout, const float* feat, int B, int Fn, int D) {
+  const size_t n_feat = static_cast<size_t>(B) * Fn * D, n_out = static_cast<size_t>(B) * (D + Fn * (Fn - 1) / 2);
+  F d_dfeat(dfeat, n_feat), d_dout(dout, n_out), d_feat(feat, n_feat);
+  cuda::interaction_backward(d_dfeat.get(), d_dout.get(), d_feat.get(), B, Fn, D);
+  d_dfeat.copy_to(dfeat);
+}
+
+void relu_forward(float* out, const float* inp, int64_t n) {
+  F d_out(out, n), d_inp(inp, n);
+  cuda::relu_forward(d_out.get(), d_inp.get(), n);
+  d_out.copy_to(out);
+}
+
+void relu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  F d_dinp(dinp, n), d_inp(inp, n), d_dout(dout, n);
+  cuda::relu_backward(d_dinp.get(), d_inp.get(), d_dout.get(), n);
+  d_dinp.copy_to(dinp);
+}
+
+void bce_logits_forward(float* losses, const float* logits, const float* labels, int N) {
+  F d_losses(losses, N), d_logits(logits, N), d_labels(labels, N);
+  cuda::bce_logits_forward(d_losses.get(), d_logits.get(), d_labels.get(), N);
+  d_losses.copy_to(losses);
+}
+
+void bce_logits_backward(float* dlogits, const float* logits, const float* labels, float dloss, int N) {
+  F d_dlogits(dlogits, N), d_logits(logits, N), d_labels(labels, N);
+  cuda::bce_logits_backward(d_dlogits.get(), d_logits.get(), d_labels.get(), dloss, N);
+  d_dlogits.copy_to(dlogits);
+}
+
 }  // namespace on_device
 
 // ---- the table (op_table.h) ---------------------------------------------------
@@ -449,6 +487,8 @@ Backend cuda_backend() {
   b.tolerance[static_cast<int>(Tol::kAttention)] = kMatmulTolerance;
   b.tolerance[static_cast<int>(Tol::kBF16)] = kBF16Tolerance;
   b.tolerance[static_cast<int>(Tol::kReduction)] = kMatmulTolerance;
+  b.tolerance[static_cast<int>(Tol::kExact)] = 0.0;
+  b.tolerance[static_cast<int>(Tol::kTight)] = 1e-6;  // CUDA's exp/log1p: far below
   return b;
 }
 

@@ -240,75 +240,8 @@ INSTANTIATE_TEST_SUITE_P(Pooling, CudaDlrmEmbeddingBag, ::testing::Values(Poolin
 // fp32 sums in another order or CUDA's exp/log1p: far below this.
 constexpr double kTolerance = 1e-5;
 
-TEST(CudaDlrm, InteractionMatchesRef) {
-  SKIP_WITHOUT_DEVICE();
-  std::mt19937 rng(5);
-  // F*D*4 bytes of the last shape exceed the 48 KiB staged in shared memory.
-  for (auto [B, F, D] : {std::tuple{1, 1, 1}, std::tuple{3, 2, 5}, std::tuple{17, 9, 13}, std::tuple{64, 27, 16},
-                         std::tuple{300, 27, 64}, std::tuple{5, 27, 512}}) {
-    SCOPED_TRACE("B=" + std::to_string(B) + " F=" + std::to_string(F) + " D=" + std::to_string(D));
-    const int P = F * (F - 1) / 2;
-    const std::vector<float> feat = randn(static_cast<size_t>(B) * F * D, rng);
-    std::vector<float> out_ref(static_cast<size_t>(B) * (D + P));
-    ref::interaction_forward(out_ref.data(), feat.data(), B, F, D);
-    DeviceVector<float> d_feat(feat), d_out(std::vector<float>(out_ref.size(), -1.0f));
-    cuda::interaction_forward(d_out.get(), d_feat.get(), B, F, D);
-    EXPECT_LE(err(d_out.to_host(), out_ref), kTolerance) << "forward";
-
-    const std::vector<float> dout = randn(out_ref.size(), rng);
-    std::vector<float> dfeat_ref = randn(feat.size(), rng);  // accumulated into
-    DeviceVector<float> d_dout(dout), d_dfeat(dfeat_ref);
-    ref::interaction_backward(dfeat_ref.data(), dout.data(), feat.data(), B, F, D);
-    cuda::interaction_backward(d_dfeat.get(), d_dout.get(), d_feat.get(), B, F, D);
-    EXPECT_LE(err(d_dfeat.to_host(), dfeat_ref), kTolerance) << "backward";
-  }
-}
-
-TEST(CudaDlrm, ReluMatchesRef) {
-  SKIP_WITHOUT_DEVICE();
-  std::mt19937 rng(9);
-  for (const int n : {1, 1001, 1 << 20}) {
-    std::vector<float> x = randn(n, rng);
-    x[0] = 0.0f;  // the kink: no gradient, as the reference
-    std::vector<float> y_ref(n);
-    ref::relu_forward(y_ref.data(), x.data(), n);
-    DeviceVector<float> d_x(x), d_y(std::vector<float>(n, -1.0f));
-    cuda::relu_forward(d_y.get(), d_x.get(), n);
-    EXPECT_EQ(d_y.to_host(), y_ref);
-    const std::vector<float> dout = randn(n, rng);
-    std::vector<float> dx_ref = randn(n, rng);
-    DeviceVector<float> d_dout(dout), d_dx(dx_ref);
-    ref::relu_backward(dx_ref.data(), x.data(), dout.data(), n);
-    cuda::relu_backward(d_dx.get(), d_x.get(), d_dout.get(), n);
-    EXPECT_EQ(d_dx.to_host(), dx_ref);
-  }
-}
-
-TEST(CudaDlrm, BceWithLogitsMatchesRef) {
-  SKIP_WITHOUT_DEVICE();
-  std::mt19937 rng(13);
-  const int N = 4099;
-  std::vector<float> x = randn(N, rng, 3.0f), y(N);
-  x[0] = 80.0f;  // large logits stay finite
-  x[1] = -80.0f;
-  x[2] = 0.0f;
-  for (int i = 0; i < N; i++) y[i] = static_cast<float>(i % 2);
-  y[3] = 0.25f;  // soft labels are in the contract
-  std::vector<float> loss_ref(N);
-  ref::bce_logits_forward(loss_ref.data(), x.data(), y.data(), N);
-  DeviceVector<float> d_x(x), d_y(y), d_loss(std::vector<float>(N, -1.0f));
-  cuda::bce_logits_forward(d_loss.get(), d_x.get(), d_y.get(), N);
-  const std::vector<float> loss = d_loss.to_host();
-  EXPECT_LE(err(loss, loss_ref), 1e-6);
-  EXPECT_NEAR(loss[0], 80.0f, 1e-4f);  // label 0, logit 80
-  EXPECT_NEAR(loss[1], 80.0f, 1e-4f);  // label 1, logit -80
-  const float dloss = 1.0f / N;
-  std::vector<float> dx_ref = randn(N, rng, 1e-3f);  // accumulated into
-  DeviceVector<float> d_dx(dx_ref);
-  ref::bce_logits_backward(dx_ref.data(), x.data(), y.data(), dloss, N);
-  cuda::bce_logits_backward(d_dx.get(), d_x.get(), d_y.get(), dloss, N);
-  EXPECT_LE(err(d_dx.to_host(), dx_ref), 1e-6);
-}
+// The interaction, ReLU and BCE kernels against the oracle are rows of the
+// shared op table (op_table.h, AllOps/CudaMatchesRef).
 
 // A table, its Adagrad state and a sparse gradient of distinct rows in no
 // particular order (the contract asks only distinct), with rows 0 and E-1.

@@ -155,23 +155,9 @@ TEST(DlrmInteraction, LayoutIsDenseThenLowerTrianglePairs) {
   EXPECT_EQ(out, (std::vector<float>{1, 2, 11, 17, 39}));
 }
 
-TEST(DlrmInteraction, CpuMatchesRefOnOddShapes) {
-  std::mt19937 rng(3);
-  for (auto [B, F, D] : {std::tuple{1, 1, 1}, std::tuple{3, 2, 5}, std::tuple{17, 9, 13}, std::tuple{64, 27, 16},
-                            std::tuple{2, 1, 16}, std::tuple{5, 27, 64}, std::tuple{3, 17, 96}, std::tuple{4, 33, 32}}) {
-    const int P = F * (F - 1) / 2;
-    const std::vector<float> feat = randn(static_cast<size_t>(B) * F * D, rng);
-    std::vector<float> out_ref(static_cast<size_t>(B) * (D + P)), out_cpu(out_ref.size());
-    ref::interaction_forward(out_ref.data(), feat.data(), B, F, D);
-    cpu::interaction_forward(out_cpu.data(), feat.data(), B, F, D);
-    expect_close(out_cpu, out_ref, 1e-5f, "forward");
-    const std::vector<float> dout = randn(out_ref.size(), rng);
-    std::vector<float> d_ref(feat.size(), 0.5f), d_cpu(feat.size(), 0.5f);  // accumulates
-    ref::interaction_backward(d_ref.data(), dout.data(), feat.data(), B, F, D);
-    cpu::interaction_backward(d_cpu.data(), dout.data(), feat.data(), B, F, D);
-    expect_close(d_cpu, d_ref, 1e-5f, "backward");
-  }
-}
+// The cpu kernels against the oracle (interaction, ReLU, BCE) are rows of
+// the shared op table (op_table.h, AllOps/CpuMatchesRef); here, the
+// reference's own gradients against finite differences.
 
 TEST(DlrmInteraction, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(5);
@@ -186,18 +172,12 @@ TEST(DlrmInteraction, BackwardMatchesFiniteDifferences) {
   });
 }
 
-TEST(DlrmRelu, CpuMatchesRefAndFiniteDifferences) {
+TEST(DlrmRelu, BackwardMatchesFiniteDifferences) {
   std::mt19937 rng(9);
   std::vector<float> x = randn(1001, rng);
-  std::vector<float> a(x.size()), b(x.size());
-  ref::relu_forward(a.data(), x.data(), x.size());
-  cpu::relu_forward(b.data(), x.data(), x.size());
-  expect_close(b, a, 0.0f, "forward");
+  std::vector<float> a(x.size());
   const std::vector<float> r = randn(x.size(), rng);
-  std::vector<float> da(x.size(), 0.25f), db(x.size(), 0.25f);
-  ref::relu_backward(da.data(), x.data(), r.data(), x.size());
-  cpu::relu_backward(db.data(), x.data(), r.data(), x.size());
-  expect_close(db, da, 0.0f, "backward");
+  std::vector<float> da(x.size(), 0.25f);
   for (float& v : x)
     if (std::fabs(v) < 0.05f) v = 0.5f;  // keep the kink away from the step
   std::fill(da.begin(), da.end(), 0.0f);
@@ -208,7 +188,7 @@ TEST(DlrmRelu, CpuMatchesRefAndFiniteDifferences) {
   });
 }
 
-TEST(DlrmBce, CpuMatchesRefStableAndFiniteDifferences) {
+TEST(DlrmBce, StableAndBackwardMatchesFiniteDifferences) {
   std::mt19937 rng(13);
   std::vector<float> x = randn(257, rng, 3.0f);
   x[0] = 80.0f;  // large logits stay finite
@@ -218,14 +198,13 @@ TEST(DlrmBce, CpuMatchesRefStableAndFiniteDifferences) {
   std::vector<float> la(x.size()), lb(x.size());
   ref::bce_logits_forward(la.data(), x.data(), y.data(), x.size());
   cpu::bce_logits_forward(lb.data(), x.data(), y.data(), x.size());
-  expect_close(lb, la, 1e-6f, "forward");
   EXPECT_NEAR(la[0], 80.0f, 1e-4f);  // label 0, logit 80
   EXPECT_NEAR(la[1], 80.0f, 1e-4f);  // label 1, logit -80
+  EXPECT_NEAR(lb[0], 80.0f, 1e-4f);
+  EXPECT_NEAR(lb[1], 80.0f, 1e-4f);
   const float dloss = 1.0f / x.size();
-  std::vector<float> da(x.size(), 0.0f), db(x.size(), 0.0f);
+  std::vector<float> da(x.size(), 0.0f);
   ref::bce_logits_backward(da.data(), x.data(), y.data(), dloss, x.size());
-  cpu::bce_logits_backward(db.data(), x.data(), y.data(), dloss, x.size());
-  expect_close(db, da, 1e-6f, "backward");
   expect_gradient("dlogits", x, da, [&] {
     ref::bce_logits_forward(la.data(), x.data(), y.data(), x.size());
     double s = 0;

@@ -41,6 +41,8 @@ Backend cpu_backend() {
   b.tolerance[static_cast<int>(Tol::kBF16)] =
       cpu_features().has_bf16_matmul() ? kBF16Tolerance : kBF16FallbackTolerance;
   b.tolerance[static_cast<int>(Tol::kReduction)] = 1e-4;  // a sum over N rows in another order
+  b.tolerance[static_cast<int>(Tol::kExact)] = 0.0;
+  b.tolerance[static_cast<int>(Tol::kTight)] = 1e-6;
   b.writes_preatt = false;  // the cpu attention may leave preatt unwritten
   return b;
 }

@@ -47,6 +47,8 @@ enum class Tol {
   kAttention,  // softmax attention: sums over T and the head size
   kBF16,       // bf16 matmuls
   kReduction,  // a weight gradient summed over many rows in another order
+  kExact,      // no arithmetic to reorder (ReLU): bit for bit
+  kTight,      // one transcendental per element (BCE with logits)
   kCount
 };
 
@@ -84,6 +86,12 @@ struct Backend {
   decltype(&ref::attention_gqa_backward) attention_gqa_backward;
   decltype(&ref::kv_cache_write_gqa) kv_cache_write_gqa;
   decltype(&ref::paged_attention_gqa_forward) paged_attention_gqa_forward;
+  decltype(&ref::interaction_forward) interaction_forward;
+  decltype(&ref::interaction_backward) interaction_backward;
+  decltype(&ref::relu_forward) relu_forward;
+  decltype(&ref::relu_backward) relu_backward;
+  decltype(&ref::bce_logits_forward) bce_logits_forward;
+  decltype(&ref::bce_logits_backward) bce_logits_backward;
   // Set after the operators.
   double tolerance[static_cast<int>(Tol::kCount)] = {};
   bool writes_preatt = true;  // attention's preatt output (the cpu backend may leave it unwritten)
@@ -98,7 +106,8 @@ struct Backend {
         ns::encoder_forward_positions, ns::kv_cache_write, ns::paged_attention_forward, ns::rmsnorm_forward,      \
         ns::rmsnorm_backward, ns::rope_forward, ns::rope_backward, ns::swiglu_forward, ns::swiglu_backward,       \
         ns::attention_gqa_forward, ns::attention_gqa_backward, ns::kv_cache_write_gqa,                           \
-        ns::paged_attention_gqa_forward                                                                           \
+        ns::paged_attention_gqa_forward, ns::interaction_forward, ns::interaction_backward, ns::relu_forward,     \
+        ns::relu_backward, ns::bce_logits_forward, ns::bce_logits_backward                                        \
   }
 
 inline const Backend& ref_backend() {
@@ -521,6 +530,78 @@ inline void add_llama_cases(std::vector<OpCase>& cases) {
   }
 }
 
+// The DLRM's dense ops (ops.inc: the dot interaction, ReLU, BCE with
+// logits). The embedding bag has its own tests (its sparse gradient's
+// contract differs per backend: dlrm_kernels_test.cc, dlrm_cuda_test.cc).
+inline void add_dlrm_cases(std::vector<OpCase>& cases) {
+  // F*D*4 bytes of the last shapes exceed the 48 KiB the CUDA kernel stages
+  // in shared memory.
+  for (auto [B, F, D] : {std::tuple{1, 1, 1}, std::tuple{3, 2, 5}, std::tuple{17, 9, 13}, std::tuple{64, 27, 16},
+                         std::tuple{2, 1, 16}, std::tuple{5, 27, 64}, std::tuple{3, 17, 96}, std::tuple{4, 33, 32},
+                         std::tuple{300, 27, 64}, std::tuple{5, 27, 512}}) {
+    const std::string shape = "B=" + std::to_string(B) + " F=" + std::to_string(F) + " D=" + std::to_string(D);
+    const size_t n_feat = static_cast<size_t>(B) * F * D, n_out = static_cast<size_t>(B) * (D + F * (F - 1) / 2);
+    cases.push_back({"interaction_forward", shape, Tol::kF32, [=](const Backend& be) {
+                       const Vec feat = uniform(n_feat, 130, -2.0f, 2.0f);
+                       Vec out = uniform(n_out, 131);
+                       be.interaction_forward(out.data(), feat.data(), B, F, D);
+                       return std::vector<Output>{{"out", out}};
+                     }});
+    cases.push_back({"interaction_backward", shape, Tol::kF32, [=](const Backend& be) {
+                       const Vec feat = uniform(n_feat, 132, -2.0f, 2.0f), dout = uniform(n_out, 133);
+                       Vec dfeat = uniform(n_feat, 134);  // accumulates
+                       be.interaction_backward(dfeat.data(), dout.data(), feat.data(), B, F, D);
+                       return std::vector<Output>{{"dfeat", dfeat}};
+                     }});
+  }
+  for (const int64_t n : {int64_t{1}, int64_t{1001}, int64_t{1} << 20}) {
+    const std::string shape = "n=" + std::to_string(n);
+    const size_t sz = static_cast<size_t>(n);
+    cases.push_back({"relu_forward", shape, Tol::kExact, [=](const Backend& be) {
+                       Vec x = uniform(sz, 140);
+                       x[0] = 0.0f;  // the kink
+                       Vec out = uniform(sz, 141);
+                       be.relu_forward(out.data(), x.data(), n);
+                       return std::vector<Output>{{"out", out}};
+                     }});
+    cases.push_back({"relu_backward", shape, Tol::kExact, [=](const Backend& be) {
+                       Vec x = uniform(sz, 142);
+                       x[0] = 0.0f;  // the kink: no gradient, as the reference
+                       const Vec dout = uniform(sz, 143);
+                       Vec dinp = uniform(sz, 144);  // accumulates
+                       be.relu_backward(dinp.data(), x.data(), dout.data(), n);
+                       return std::vector<Output>{{"dinp", dinp}};
+                     }});
+  }
+  for (const int N : {1, 257, 4099}) {
+    const std::string shape = "N=" + std::to_string(N);
+    // Large logits stay finite; soft labels are in the contract.
+    auto inputs = [N](Vec* x, Vec* y) {
+      *x = uniform(static_cast<size_t>(N), 150, -9.0f, 9.0f);
+      y->assign(static_cast<size_t>(N), 0.0f);
+      for (int i = 0; i < N; i++) (*y)[i] = static_cast<float>(i % 2);
+      if (N > 3) {
+        (*x)[0] = 80.0f, (*x)[1] = -80.0f, (*x)[2] = 0.0f;
+        (*y)[3] = 0.25f;
+      }
+    };
+    cases.push_back({"bce_logits_forward", shape, Tol::kTight, [=](const Backend& be) {
+                       Vec x, y;
+                       inputs(&x, &y);
+                       Vec losses = uniform(static_cast<size_t>(N), 151);
+                       be.bce_logits_forward(losses.data(), x.data(), y.data(), N);
+                       return std::vector<Output>{{"losses", losses}};
+                     }});
+    cases.push_back({"bce_logits_backward", shape, Tol::kTight, [=](const Backend& be) {
+                       Vec x, y;
+                       inputs(&x, &y);
+                       Vec dlogits = uniform(static_cast<size_t>(N), 152, -1e-3f, 1e-3f);  // accumulates
+                       be.bce_logits_backward(dlogits.data(), x.data(), y.data(), 1.0f / N, N);
+                       return std::vector<Output>{{"dlogits", dlogits}};
+                     }});
+  }
+}
+
 inline std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   add_encoder_cases(cases);
@@ -532,6 +613,7 @@ inline std::vector<OpCase> all_cases() {
   add_adamw_cases(cases);
   add_paged_cases(cases);
   add_llama_cases(cases);
+  add_dlrm_cases(cases);
   return cases;
 }
 

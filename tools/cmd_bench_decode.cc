@@ -29,6 +29,7 @@
 #include "nn/kv_cache.h"
 #include "perf/cpu_checks.h"
 #include "plan/model.h"
+#include "serve/model_assets.h"
 #include "tools/commands.h"
 
 namespace tessera::tools {
@@ -116,7 +117,7 @@ int run_decode_bench(const DecodeArgs& args) {
     if (Status st = model.release_fp32_matmul_weights().status(); !st.ok()) return fail(st);
     std::fprintf(stderr, "int8 matmul: %s\n", cpu::int8_kernel_info().summary.c_str());
   }
-  if (Status st = apply_int4_dtype(model, a.dtype, "bench decode", true); !st.ok()) return fail(st);
+  if (Status st = serve::apply_int4_dtype(model, a.dtype, "bench decode", true); !st.ok()) return fail(st);
   const int64_t rss_model = rss_bytes();
   // Bytes a decode step reads: the matmul weights (int8 when quantized) and
   // the norms; an untied model reads only B rows of its embedding table.

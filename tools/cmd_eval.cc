@@ -4,6 +4,7 @@
 
 #include "data/shard.h"
 #include "nn/gpt2_weights.h"
+#include "serve/model_assets.h"
 #include "tools/commands.h"
 #include "train/evaluate.h"
 
@@ -27,7 +28,7 @@ int run_eval(const EvalArgs& a) {
   if (a.dtype == "int8") {
     if (Status st = m.quantize_int8(); !st.ok()) return fail(st);
   }
-  if (Status st = apply_int4_dtype(m, a.dtype, "eval", false); !st.ok()) return fail(st);
+  if (Status st = serve::apply_int4_dtype(m, a.dtype, "eval", false); !st.ok()) return fail(st);
   auto tokens = data::read_shard(a.tokens);
   if (!tokens.ok()) return fail(tokens.status());
   // Every id against the vocabulary, named by its place in the file.

@@ -40,11 +40,6 @@ sigset_t block_stop_signals();
 // benchmarks and the self-check's tests. apply_int8_kernel sets it.
 void add_int8_kernel_option(CLI::App* cmd, std::string* name);
 Status apply_int8_kernel(const std::string& name);
-// --dtype int4 / int4k on a loaded fp32 model (the int4 tiers,
-// kernels/q4.h): quantizes it, gives the fp32 matmul weights back when
-// `release`, and logs what was made ("WHO: int4 q4_0: 25 matrices, 70.2 MB;
-// kernels ..."). Nothing for any other dtype.
-Status apply_int4_dtype(GPT& model, const std::string& dtype, const std::string& who, bool release);
 
 // The HTTP front end's limits on `serve` and `route` (serve/http.h):
 // --header-timeout, --idle-timeout, --max-connections,

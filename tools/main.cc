@@ -58,21 +58,6 @@ Status apply_int8_kernel(const std::string& name) {
   return cpu::set_int8_kernel(k).With("--int8-kernel");
 }
 
-Status apply_int4_dtype(GPT& model, const std::string& dtype, const std::string& who, bool release) {
-  q4::Type t;
-  if (model.int4()) {  // a 4-bit file (GGUF) is int4 as it is, whatever --dtype says
-    std::fprintf(stderr, "%s: int4 from the file's blocks, %.1f MB; %s\n", who.c_str(), model.q4_bytes() / 1e6,
-                 cpu::q4_kernel_summary().c_str());
-    return Status::OK();
-  }
-  if (!q4::dtype_type(dtype, &t)) return Status::OK();
-  ASSIGN_OR_RETURN(std::string made, model.quantize_q4(t));
-  std::fprintf(stderr, "%s: %s %s, %.1f MB; %s\n", who.c_str(), dtype.c_str(), made.c_str(), model.q4_bytes() / 1e6,
-               cpu::q4_kernel_summary().c_str());
-  if (release) RETURN_IF_ERROR(model.release_fp32_matmul_weights().status());
-  return Status::OK();
-}
-
 int fail(const Status& st) {
   std::fprintf(stderr, "tessera: error: %s\n", st.message().c_str());
   return kExitError;

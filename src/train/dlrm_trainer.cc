@@ -25,6 +25,7 @@
 #include "parallel/dlrm_parallel.h"
 #include "core/fault_plan.h"
 #include "train/loop.h"
+#include "train/memory_check.h"
 #include "train/monitoring.h"
 #include "train/plan_check.h"
 #include "train/saves.h"
@@ -564,21 +565,11 @@ Status DlrmTrainer::check_memory_fits(const DlrmConfig& mc) {
   const double staging = c_.checkpoint_every > 0 ? tables : 0.0;
   const double mlp = static_cast<double>(spec.mlp_parameters()) * 4 * sizeof(float);
   const double least = tables + staging + mlp;
-  Result<comm::LocalRank> local = comm::local_rank();
-  const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
-  const obs::MemoryLimit limit = obs::host_memory_limit();
-  Status mine;
-  if (limit.bytes > 0 && least * ranks_here > limit.bytes) {
-    const std::string who =
-        ranks_here > 1 ? fmt::format("{} ranks on host {}, each", ranks_here, host_name()) : "this rank";
-    mine = Status::InvalidArgument(fmt::format(
-        "the job needs at least {:.1f} GB ({} at least {:.1f} GB: tables {:.1f} GB, checkpoint staging {:.1f} GB, "
-        "MLPs {:.1f} GB) but {} has {:.1f} GB ({}); make the tables smaller (data.hash_size) or spread them over more "
-        "ranks",
-        least * ranks_here / 1e9, who, least / 1e9, tables / 1e9, staging / 1e9, mlp / 1e9, host_name(),
-        limit.bytes / 1e9, limit.source));
-  }
-  return comm::agree(world_, mine);
+  return check_host_memory(
+      world_, least,
+      fmt::format("tables {:.1f} GB, checkpoint staging {:.1f} GB, MLPs {:.1f} GB", tables / 1e9, staging / 1e9,
+                  mlp / 1e9),
+      "make the tables smaller (data.hash_size) or spread them over more ranks");
 }
 
 // The planner's step time, memory and all-to-all share for this job under

@@ -46,6 +46,7 @@
 #include "train/stop.h"
 #include "train/evaluate.h"
 #include "train/loop.h"
+#include "train/memory_check.h"
 #include "train/saves.h"
 #include "perf/flops.h"
 #include "train/memory_plan.h"
@@ -358,19 +359,8 @@ Status Trainer::check_memory_fits(const ModelShard& shard) {
   // The host's ranks need at least as many times the smallest rank's plan.
   double least = plan.total();
   RETURN_IF_ERROR(world_.all_reduce(&least, &least, 1, comm::ElemType::kF64, comm::ReduceOp::kMin));
-  Result<comm::LocalRank> local = comm::local_rank();
-  const int ranks_here = local.ok() && local->size > 0 ? local->size : 1;
-  const obs::MemoryLimit limit = obs::host_memory_limit();
-  Status mine;
-  if (limit.bytes > 0 && least * ranks_here > limit.bytes) {
-    const std::string who =
-        ranks_here > 1 ? fmt::format("{} ranks on host {}, each", ranks_here, host_name()) : "this rank";
-    mine = Status::InvalidArgument(fmt::format(
-        "the job needs at least {:.1f} GB ({} at least {:.1f} GB: {}) but {} has {:.1f} GB ({}); make the model, "
-        "train.micro_batch or train.seq smaller, or spread it over more hosts",
-        least * ranks_here / 1e9, who, least / 1e9, plan.str(), host_name(), limit.bytes / 1e9, limit.source));
-  }
-  return comm::agree(world_, mine);
+  return check_host_memory(world_, least, plan.str(),
+                           "make the model, train.micro_batch or train.seq smaller, or spread it over more hosts");
 }
 
 // This rank's model (whole's weights, or initialised), its data parallelism

@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint.h"
 #include "comm/local/self_communicator.h"
 #include "elastic/rendezvous.h"
+#include "train/tiny_train.h"
 #include "train/trainer.h"
 
 namespace tessera {
@@ -107,16 +108,8 @@ TEST(FaultPlan, TheOldVariablesAloneChangeNothing) {
                                                   {"TESSERA_TEST_STOP_AT_START", "0"},
                                                   {"TESSERA_TRACE_PING", "1"}};
   for (const auto& [k, v] : old) setenv(k.c_str(), v.c_str(), 1);
-  const std::string dir = ::testing::TempDir() + "/fault_plan_test";
-  std::filesystem::remove_all(dir);
-  TrainConfig c;
-  c.model = GPTConfig{1, 2, 16, 50257, 16};
-  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
-  c.micro_batch = 2;
-  c.seq = 8;
-  c.steps = 3;
-  c.eval_every = 0;
-  c.checkpoint_dir = dir;
+  TrainConfig c = testing_util::tiny_train_config("fault_plan_test", 3);
+  const std::string dir = c.checkpoint_dir;
   c.checkpoint_every = 1;
   auto world = comm::self_communicator();
   // No plan: no exit at step 1 (the process would be gone), no failing
@@ -133,16 +126,8 @@ TEST(FaultPlan, TheOldVariablesAloneChangeNothing) {
 }
 
 TEST(FaultPlan, APlanGivenToTheTrainerIsHonoured) {
-  const std::string dir = ::testing::TempDir() + "/fault_plan_given";
-  std::filesystem::remove_all(dir);
-  TrainConfig c;
-  c.model = GPTConfig{1, 2, 16, 50257, 16};
-  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
-  c.micro_batch = 2;
-  c.seq = 8;
-  c.steps = 3;
-  c.eval_every = 0;
-  c.checkpoint_dir = dir;
+  TrainConfig c = testing_util::tiny_train_config("fault_plan_given", 3);
+  const std::string dir = c.checkpoint_dir;
   FaultPlan plan;
   plan.step_fault = FaultPlan::StepFault::kExit;
   plan.step_rank = 0;

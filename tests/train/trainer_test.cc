@@ -15,21 +15,14 @@
 #include "ckpt/checkpoint.h"
 #include "comm/local/self_communicator.h"
 #include "train/stop.h"
+#include "train/tiny_train.h"
 
 namespace tessera {
 namespace {
 
 TEST(Trainer, RecordsStepsIntoTheGivenRegistryAndKeepsTheJsonlKeys) {
-  const std::string dir = ::testing::TempDir() + "/trainer_test";
-  std::filesystem::remove_all(dir);
-  TrainConfig c;
-  c.model = GPTConfig{1, 2, 16, 50257, 16};
-  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
-  c.micro_batch = 2;
-  c.seq = 8;
-  c.steps = 3;
-  c.eval_every = 0;
-  c.checkpoint_dir = dir;
+  TrainConfig c = testing_util::tiny_train_config("trainer_test", 3);
+  const std::string dir = c.checkpoint_dir;
   c.metrics = dir + "/metrics.jsonl";
   auto world = comm::self_communicator();
   obs::Registry registry;
@@ -87,16 +80,8 @@ TEST(Trainer, RecordsStepsIntoTheGivenRegistryAndKeepsTheJsonlKeys) {
 // 124M). With checkpoints it is a figure of its own: this rank's parameters
 // and both AdamW moments, one copy.
 TEST(Trainer, MemoryFiguresCountTheCheckpointStagingBuffer) {
-  const std::string dir = ::testing::TempDir() + "/trainer_test_staging";
-  std::filesystem::remove_all(dir);
-  TrainConfig c;
-  c.model = GPTConfig{1, 2, 16, 50257, 16};
-  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
-  c.micro_batch = 2;
-  c.seq = 8;
-  c.steps = 2;
-  c.eval_every = 0;
-  c.checkpoint_dir = dir;
+  TrainConfig c = testing_util::tiny_train_config("trainer_test_staging", 2);
+  const std::string dir = c.checkpoint_dir;
   auto gauge = [](obs::Registry& r, const char* kind) {
     return r.gauge("tessera_train_memory_bytes", "", {{"kind", kind}}).value();
   };
@@ -125,15 +110,8 @@ TEST(Trainer, MemoryFiguresCountTheCheckpointStagingBuffer) {
 // step's checkpoint published and verified, and no final weights; resumed,
 // the run's losses are the uninterrupted run's, bit for bit.
 TEST(Trainer, AStopSignalSavesAVerifiedCheckpointAndTheResumedRunMatches) {
-  const std::string dir = ::testing::TempDir() + "/trainer_test_stop";
-  std::filesystem::remove_all(dir);
-  TrainConfig c;
-  c.model = GPTConfig{1, 2, 16, 50257, 16};
-  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
-  c.micro_batch = 2;
-  c.seq = 8;
-  c.steps = 4;
-  c.eval_every = 0;
+  TrainConfig c = testing_util::tiny_train_config("trainer_test_stop", 4);
+  const std::string dir = c.checkpoint_dir;
   c.checkpoint_every = 3;  // the stop is not on a periodic save
   auto losses = [](const std::string& path) {
     std::ifstream in(path);
@@ -190,16 +168,8 @@ TEST(Trainer, AStopSignalSavesAVerifiedCheckpointAndTheResumedRunMatches) {
 // prediction at start-up and the measured figures beside it at the end, and
 // logs both to the metrics file; without one it says there is none.
 TEST(Trainer, ARunWithAProfileChecksThePlannersPrediction) {
-  const std::string dir = ::testing::TempDir() + "/trainer_test_plan";
-  std::filesystem::remove_all(dir);
-  TrainConfig c;
-  c.model = GPTConfig{1, 2, 16, 50257, 16};
-  c.train_data = std::string(TESSERA_TEST_DATA_DIR) + "/reference/tokens.bin";
-  c.micro_batch = 2;
-  c.seq = 8;
-  c.steps = 4;
-  c.eval_every = 0;
-  c.checkpoint_dir = dir;
+  TrainConfig c = testing_util::tiny_train_config("trainer_test_plan", 4);
+  const std::string dir = c.checkpoint_dir;
   c.metrics = dir + "/metrics.jsonl";
   c.profile = std::string(TESSERA_TEST_DATA_DIR) + "/../docs/profiles/tessera-dev-epyc-2core.json";
   auto world = comm::self_communicator();

@@ -58,7 +58,7 @@ class FakeWorker {
           res.set_content(R"({"error":{"message":"'max_tokens' must be positive"}})", "application/json");
           return;
         case Behaviour::kHang:
-          for (int i = 0; i < 100 && !stopping_; i++) std::this_thread::sleep_for(10ms);
+          for (int i = 0; i < 500 && !stopping_; i++) std::this_thread::sleep_for(10ms);  // 5 s
           res.set_content("{}", "application/json");
           return;
         case Behaviour::kCutStream:
@@ -254,7 +254,7 @@ TEST(RoutePolicy, AHangPastTheStallDeadlineTakesTheWorkerOut) {
   EXPECT_EQ(r.by->url, ok.url());
   EXPECT_FALSE(is_up(*pool, hung.url()));
   EXPECT_EQ(pool->view()[0].reason.rfind("silent for", 0), 0u) << pool->view()[0].reason;
-  EXPECT_LT(took, 0.9);  // the stall deadline (0.3 s), not the worker's 1 s
+  EXPECT_LT(took, 3.0);  // the stall deadline (0.3 s), not the worker's 5 s
 }
 
 TEST(RoutePolicy, AFullWorkerIsSkippedNotTakenOut) {

@@ -1,4 +1,5 @@
 #include "comm/communicator.h"
+#include "comm/done_work.h"
 
 #include <cstring>
 
@@ -83,16 +84,6 @@ Status check_all_to_all_v_args(int size, int rank, const void* send, const std::
 
 namespace {
 
-class FailedWork final : public Work {
- public:
-  explicit FailedWork(Status st) : status_(std::move(st)) {}
-  bool test() override { return true; }
-  Status wait() override { return status_; }
-
- private:
-  Status status_;
-};
-
 // The default all-to-all: one receive from and one send to every other
 // rank, all posted at once; complete when every part is. wait() waits on the
 // parts in posting order, each under the backend's deadline, and returns the
@@ -131,7 +122,7 @@ std::unique_ptr<Work> Communicator::all_to_all_v_async(const void* send, const s
   const std::string what = fmt::format("all_to_all_v on communicator '{}' (rank {} of {})", name(), me, n);
   if (Status st = check_all_to_all_v_args(n, me, send, send_counts, send_displs, recv, recv_counts, recv_displs);
       !st.ok())
-    return std::make_unique<FailedWork>(st.With(what));
+    return std::make_unique<DoneWork>(st.With(what));
   const int64_t esz = static_cast<int64_t>(elem_size(type));
   const char* src = static_cast<const char*>(send);
   char* dst = static_cast<char*>(recv);

@@ -1,4 +1,5 @@
 #include "comm/gloo/gloo_communicator.h"
+#include "comm/done_work.h"
 
 #include <signal.h>
 
@@ -54,16 +55,6 @@ class PrefixedStore : public gloo::rendezvous::Store {
   comm::Store& c_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
-};
-
-class DoneWork : public Work {
- public:
-  explicit DoneWork(Status s) : s_(std::move(s)) {}
-  bool test() override { return true; }
-  Status wait() override { return s_; }
-
- private:
-  Status s_;
 };
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);

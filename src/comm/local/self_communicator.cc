@@ -1,4 +1,5 @@
 #include "comm/local/self_communicator.h"
+#include "comm/done_work.h"
 
 #include <cstring>
 #include <deque>
@@ -10,16 +11,6 @@
 
 namespace tessera::comm {
 namespace {
-
-class DoneWork final : public Work {
- public:
-  explicit DoneWork(Status st = Status::OK()) : status_(std::move(st)) {}
-  bool test() override { return true; }
-  Status wait() override { return status_; }
-
- private:
-  Status status_;
-};
 
 // A recv to self posted before its send: completed by that send.
 struct SelfRecv {

@@ -1,4 +1,5 @@
 #include "comm/local/thread_communicator.h"
+#include "comm/done_work.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,16 +9,6 @@
 
 namespace tessera::comm {
 namespace {
-
-class DoneWork final : public Work {
- public:
-  explicit DoneWork(Status st) : st_(std::move(st)) {}
-  bool test() override { return true; }
-  Status wait() override { return st_; }
-
- private:
-  Status st_;
-};
 
 std::unique_ptr<Work> done(Status st) { return std::make_unique<DoneWork>(std::move(st)); }
 

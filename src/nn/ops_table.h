@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/libraries.h"
 #include "runtime/cuda_device.h"
 #include "kernels/ref/ops.h"
 #include "obs/op_timer.h"
@@ -31,7 +32,8 @@ inline Device device_of(Backend b) { return b == Backend::kCUDA ? Device::kCUDA 
 
 // Whether backend b can run in this process, as one line: always for the
 // CPU backends; kCUDA needs the CUDA backend compiled in and a usable device
-// ("CUDA support not compiled in ...", "cudaGetDeviceCount: ...").
+// and cuBLASLt to open ("CUDA support not compiled in ...", "cudaGetDeviceCount:
+// ...", "cannot load cuBLASLt ...").
 inline Status backend_available(Backend b) {
   if (b != Backend::kCUDA) return Status::OK();
   if (!cuda::compiled())
@@ -39,7 +41,7 @@ inline Status backend_available(Backend b) {
   Result<int> n = cuda::query_device_count();
   if (!n.ok()) return Status::Unavailable("no CUDA device: " + n.status().message());
   if (*n == 0) return Status::Unavailable("no CUDA device: the driver reports 0 devices");
-  return Status::OK();
+  return cuda::cublaslt_available();
 }
 
 // Attention backward as the model calls it: ops.inc's arguments plus the

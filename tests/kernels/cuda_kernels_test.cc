@@ -23,8 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/libraries.h"
 #include "runtime/cuda_device.h"
 #ifdef TESSERA_HAVE_CUDA
+#include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/op_table.h"
 #include "kernels/ref/ops.h"
@@ -57,6 +59,26 @@ TEST(CudaDevice, ReportsNoDeviceCleanly) {
   const Result<void*> p = cuda::device_malloc(16);
   EXPECT_FALSE(p.ok());
   EXPECT_TRUE(cuda::device_free(nullptr).ok());
+}
+
+// cuBLASLt is opened at run time, not linked (cublaslt_api.h): the build
+// that compiled the CUDA backend finds the library and every entry point the
+// matmul calls, with or without a device; without the backend the answer is
+// one line saying so.
+TEST(CudaLibraries, CublasLtOpensWithEveryEntryPoint) {
+  const Status st = cuda::cublaslt_available();
+#ifdef TESSERA_HAVE_CUDA
+  ASSERT_TRUE(st.ok()) << st.message();
+  Result<const cuda::CublasLtApi*> api = cuda::cublaslt();
+  ASSERT_TRUE(api.ok());
+  EXPECT_NE((*api)->Create, nullptr);
+  EXPECT_NE((*api)->Matmul, nullptr);
+  EXPECT_NE((*api)->MatmulAlgoGetHeuristic, nullptr);
+  EXPECT_NE((*api)->MatmulPreferenceSetAttribute, nullptr);
+#else
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("not compiled in"), std::string::npos) << st.message();
+#endif
 }
 
 #ifdef TESSERA_HAVE_CUDA

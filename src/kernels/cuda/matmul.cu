@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/ops.h"
 
 namespace tessera::cuda {
@@ -25,6 +26,18 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLAS recommends for Hopper
 constexpr int kScratchSlots = 2;               // a matmul has two inputs
+
+// cuBLASLt's entry points (opened at run time). backend_available(kCUDA)
+// has opened it before a CUDA model exists; a matmul called without that
+// check ends here with the reason.
+const CublasLtApi& lt() {
+  static const CublasLtApi* api = [] {
+    Result<const CublasLtApi*> r = cublaslt();
+    CHECK_OK(r.status());
+    return *r;
+  }();
+  return *api;
+}
 
 // One cuBLASLt handle, workspace and bf16 scratch per device, created on
 // first use and never destroyed: tearing CUDA objects down from static
@@ -59,7 +72,7 @@ LtContext& context_for_current_device() {
   if (static_cast<int>(contexts.size()) <= device) contexts.resize(device + 1, nullptr);
   if (contexts[device] == nullptr) {
     auto ctx = std::make_unique<LtContext>();
-    CHECK_CUBLAS(cublasLtCreate(&ctx->handle));
+    CHECK_CUBLAS(lt().Create(&ctx->handle));
     CHECK_CUDA(cudaMalloc(&ctx->workspace, kWorkspaceBytes));
     contexts[device] = ctx.release();
   }
@@ -69,11 +82,11 @@ LtContext& context_for_current_device() {
 // RAII for the cuBLASLt descriptors of one call.
 struct MatmulDesc {
   cublasLtMatmulDesc_t desc = nullptr;
-  MatmulDesc() { CHECK_CUBLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
+  MatmulDesc() { CHECK_CUBLAS(lt().MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
+  ~MatmulDesc() { lt().MatmulDescDestroy(desc); }
   template <typename T>
   void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
-    CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+    CHECK_CUBLAS(lt().MatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
   }
 };
 
@@ -81,20 +94,20 @@ struct Layout {
   cublasLtMatrixLayout_t layout = nullptr;
   // Column-major rows x cols with leading dimension ld.
   Layout(cudaDataType type, int64_t rows, int64_t cols, int64_t ld) {
-    CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, rows, cols, ld));
+    CHECK_CUBLAS(lt().MatrixLayoutCreate(&layout, type, rows, cols, ld));
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(layout); }
+  ~Layout() { lt().MatrixLayoutDestroy(layout); }
 };
 
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
-  Preference() { CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref)); }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
+  Preference() { CHECK_CUBLAS(lt().MatmulPreferenceCreate(&pref)); }
+  ~Preference() { lt().MatmulPreferenceDestroy(pref); }
   void set(cublasLtMatmulPreferenceAttributes_t attr, uint32_t value) {
-    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+    CHECK_CUBLAS(lt().MatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
   }
   void set64(cublasLtMatmulPreferenceAttributes_t attr, uint64_t value) {
-    CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+    CHECK_CUBLAS(lt().MatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
   }
 };
 
@@ -207,7 +220,7 @@ bool try_lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const
   }
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, desc.desc, la.layout, lb.layout, ld.layout,
+  const cublasStatus_t st = lt().MatmulAlgoGetHeuristic(ctx.handle, desc.desc, la.layout, lb.layout, ld.layout,
                                                            ld.layout, pref.pref, 1, &heuristic, &found);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     if (epilogue == Epilogue::kNone) {
@@ -219,7 +232,7 @@ bool try_lt_gemm(LtContext& ctx, float* d, const Operand& a, bool trans_a, const
     return false;
   }
   const float alpha = 1.0f;
-  CHECK_CUBLAS(cublasLtMatmul(ctx.handle, desc.desc, &alpha, a.ptr, la.layout, b.ptr, lb.layout, &beta, d, ld.layout,
+  CHECK_CUBLAS(lt().Matmul(ctx.handle, desc.desc, &alpha, a.ptr, la.layout, b.ptr, lb.layout, &beta, d, ld.layout,
                               d, ld.layout, &heuristic.algo, ctx.workspace, kWorkspaceBytes, 0));
   return true;
 }

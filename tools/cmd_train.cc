@@ -50,6 +50,13 @@ int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world, c
 }
 
 int run_train(const TrainArgs& a) {
+  // SIGUSR1 (a batch system's warning before the time limit) and SIGTERM
+  // (preemption, scancel) stop at the next step with a verified checkpoint.
+  // Installed first: Slurm may send --signal's warning up to a minute early,
+  // and before the handler its default action ends the rank (what is left
+  // of that window, the process's own start, the job scripts requeue: exit
+  // status 138).
+  const StopFlag& stop = install_stop_signals();
   if (a.print_keys) {  // the table in docs/config.md
     std::printf("| key | type | default | meaning |\n|---|---|---|---|\n");
     for (const ConfigKeyDoc& d : config_key_docs())
@@ -76,11 +83,6 @@ int run_train(const TrainArgs& a) {
     if (!r.ok()) return fail(r.status());
     return kExitOk;
   }
-  // SIGUSR1 (a batch system's warning before the time limit) and SIGTERM
-  // (preemption, scancel) stop at the next step with a verified checkpoint.
-  // Installed before the ranks meet: Slurm may send --signal's warning up to
-  // a minute early, and during start-up its default action would end the rank.
-  const StopFlag& stop = install_stop_signals();
   comm::CommOptions opts;
   opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(c->timeout_s * 1000.0));
   stop_at_start_if_asked(*faults);

@@ -84,6 +84,12 @@ Result<std::string> sbatch_script(const SbatchRequest& r, const ModelSpec& m, co
   s += "  scontrol requeue \"$SLURM_JOB_ID\"\n";
   s += "  exit 0\n";
   s += "fi\n";
+  s += "if [ $rc -eq 138 ]; then  # 128 + SIGUSR1: the warning came while a task was still starting\n";
+  s += "  echo \"attempt $attempt: SIGUSR1 ended a task before it could stop cleanly (during start-up): requeueing job "
+       "$SLURM_JOB_ID\"\n";
+  s += "  scontrol requeue \"$SLURM_JOB_ID\"\n";
+  s += "  exit 0\n";
+  s += "fi\n";
   s += "exit $rc\n";
   return s;
 }

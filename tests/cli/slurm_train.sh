@@ -8,7 +8,8 @@
 #     attempt saves a verified checkpoint, exits 75 and requeues; the next
 #     resumes from `latest`; every step's loss equals an uninterrupted job's.
 #  3. A time limit: --time=1 with --signal=USR1@55; the job checkpoints
-#     before the limit, is requeued and finishes with the same losses.
+#     before the limit, is requeued and finishes with the same losses. A
+#     warning that ends every task before its handler (exit 138) requeues.
 #  4. Bad input, one line each before a model is built: more tasks than
 #     the layout, a layout that does not divide the allocation, no PMI
 #     (srun --mpi=none).
@@ -49,7 +50,7 @@ S() { bash "$slurm" run --prefix $p "$@"; }
 submit() {
   local name=$1; shift
   local sb=() ; while [ $# -gt 0 ] && [ "$1" != -- ]; do sb+=("$1"); shift; done; [ $# -gt 0 ] && shift
-  S env TESSERA="$tessera" CONFIG="$tmp/cfg.toml" LOG_DIR="$tmp/$name" GLOBAL_BATCH=12 MICRO_BATCH=2 \
+  S env TESSERA="${TESSERA_BIN:-$tessera}" CONFIG="$tmp/cfg.toml" LOG_DIR="$tmp/$name" GLOBAL_BATCH=12 MICRO_BATCH=2 \
     ${PP:+PP=$PP} ${TP:+TP=$TP} sbatch --parsable -o "$tmp/$name.out" "${sb[@]}" "$job_script" \
     --set "checkpoint.dir=$tmp/$name/ck" --set checkpoint.every=100000 "$@"
 }
@@ -151,6 +152,21 @@ if [ "$(field "$job" JobState)" = COMPLETED ] && [ "$(field "$job" Restarts)" -g
 else
   fail "time limit: job $(field "$job" JobState), $(field "$job" Restarts) restarts, losses $(all_losses limit | wc -l) of $steps"
   grep -E "error|stopped|resumed|CANCELLED|TIME" "$tmp/limit.out" | head -10
+fi
+# The warning before a task has its handler (Slurm may send it up to a
+# minute early): every task of the first attempt ends by SIGUSR1 before
+# `tessera train` starts; srun answers 138, the script requeues, the next
+# attempt trains to the end.
+printf '#!/bin/bash\n[ "${SLURM_RESTART_COUNT:-0}" = 0 ] && kill -USR1 $$\nexec %q "$@"\n' "$tessera" >"$tmp/early.sh"
+chmod +x "$tmp/early.sh"
+job=$(TESSERA_BIN="$tmp/early.sh" submit early -N3 --ntasks-per-node=1 -- --set train.steps=20)
+wait_state "$job" 300 COMPLETED FAILED CANCELLED TIMEOUT || true
+if [ "$(field "$job" JobState)" = COMPLETED ] && [ "$(field "$job" Restarts)" = 1 ] &&
+   grep -q "SIGUSR1 ended a task before it could stop cleanly" "$tmp/early.out" && [ "$(all_losses early | wc -l)" = 20 ]; then
+  echo "ok   SIGUSR1 before the handler: attempt 0 ended by it (srun 138), requeued, attempt 1 trained 20 steps, COMPLETED"
+else
+  fail "SIGUSR1 before the handler: job $(field "$job" JobState), $(field "$job" Restarts) restarts, $(all_losses early | wc -l) losses"
+  tail -5 "$tmp/early.out"
 fi
 fi
 

@@ -188,7 +188,7 @@ TEST(PlanSbatch, TheScriptAsksForTheLayoutAndPassesIt) {
                            "--set parallel.dp=4 --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero=1",
                            "--set train.micro_batch=2 --set train.grad_accum=4", "--set model.layers=4 --set model.heads=4",
                            "--set train.steps=1000", "--set checkpoint.every=50", "[ \"${SLURM_NTASKS:-0}\" = 16 ]",
-                           "if [ $rc -eq 75 ]; then", "scontrol requeue"})
+                           "if [ $rc -eq 75 ]; then", "if [ $rc -eq 138 ]; then", "scontrol requeue"})
     EXPECT_NE(text->find(want), std::string::npos) << want << "\n" << *text;
   EXPECT_EQ(text->find("--cpus-per-task"), std::string::npos);
   e.fits = false;

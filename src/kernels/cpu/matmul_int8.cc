@@ -38,6 +38,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "core/cpu_features.h"
+#include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/onednn_info.h"
 #include "kernels/cpu/ops.h"
@@ -96,14 +97,9 @@ ThreadState& state() {
   return s;
 }
 
-// As kernels/ref: scale max|x|/127 (1 for zeros), codes round(x/scale).
-float quantize_row(int8_t* q, const float* x, int n) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; i++) amax = std::max(amax, std::fabs(x[i]));
-  const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
-  for (int i = 0; i < n; i++) q[i] = static_cast<int8_t>(std::clamp(std::round(x[i] / scale), -127.0f, 127.0f));
-  return scale;
-}
+// As kernels/ref: scale max|x|/127 (1 for zeros), codes round(x/scale); the
+// same bits, vectorised (kernels/cpu/act_quant.h).
+float quantize_row(int8_t* q, const float* x, int n) { return quantize_symmetric(x, n, q); }
 
 // The oracle's dequantization, in a function compiled for plain x86-64 (no
 // FMA to contract into), called from the kernels below.

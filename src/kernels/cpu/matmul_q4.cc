@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu_features.h"
+#include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
@@ -345,6 +346,18 @@ void column_block(Kind kind, q4::Type t, const Operands& p, int i_begin, int i_e
   }
 }
 
+// q4::quantize_activations' codes, scales and sums (the oracle's), with the
+// vector quantizer: one scale per act_block(t) inputs, a sum per 32.
+void quantize_activations(q4::Type t, const float* x, int C, int8_t* codes, float* scales, int32_t* sums) {
+  const int n = q4::act_block(t);
+  for (int b = 0; b < C / n; b++) scales[b] = quantize_symmetric(x + b * n, n, codes + b * n);
+  for (int s = 0; s < C / q4::kSubBlock; s++) {
+    int32_t sum = 0;
+    for (int i = 0; i < q4::kSubBlock; i++) sum += codes[s * q4::kSubBlock + i];
+    sums[s] = sum;
+  }
+}
+
 struct ThreadState {
   std::vector<int8_t> a;
   std::vector<float> xs;
@@ -392,7 +405,7 @@ void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type
   int32_t* sums = st.sums.data();
 #pragma omp parallel for schedule(static) if (N > 1)
   for (int i = 0; i < N; i++)
-    q4::quantize_activations(type, inp + static_cast<int64_t>(i) * C, C, a + static_cast<int64_t>(i) * C,
+    quantize_activations(type, inp + static_cast<int64_t>(i) * C, C, a + static_cast<int64_t>(i) * C,
                              xs + static_cast<int64_t>(i) * na, sums + static_cast<int64_t>(i) * ns);
   const Operands p{a, xs, sums, wq, bias, out, C, OC, q4::row_bytes(type, C)};
   if (type == q4::Type::kQ4_0x16) {

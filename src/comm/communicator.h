@@ -10,7 +10,7 @@
 //
 // Every operation has an asynchronous form returning a Work handle and a
 // blocking form (the async form, waited on). Every wait has a deadline
-// (CommOptions::timeout): on expiry it returns Status::Unavailable naming the
+// (CommOptions::timeout, or an operation's own: OpOptionsScope): on expiry it returns Status::Unavailable naming the
 // operation, its sequence number on this communicator, the communicator and
 // the peers it was waiting on, instead of hanging. A rank that gets such an
 // error should report it and exit non-zero (comm::abort_job).
@@ -52,6 +52,15 @@ Status check_all_to_all_v_args(int size, int rank, const void* send, const std::
 
 struct CommOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// Options of single operations, as Gloo's per-operation options
+// (AllreduceOptions::setTimeout): set for the operations issued while an
+// OpOptionsScope lives (below). Point-to-point operations carry their tag as
+// an argument; collectives are matched by the order they are issued in.
+struct OpOptions {
+  // This operation's deadline instead of CommOptions::timeout; 0: that one.
+  std::chrono::milliseconds timeout{0};
 };
 
 // An operation in flight.
@@ -124,6 +133,15 @@ class Communicator {
   // (MPI_Comm_split semantics). Collective over this communicator.
   virtual Result<std::unique_ptr<Communicator>> split(int color, int key, const std::string& name) = 0;
 
+  // The deadline operations get (CommOptions::timeout).
+  virtual std::chrono::milliseconds timeout() const = 0;
+  // The deadline of an operation issued now: the OpOptionsScope's, else
+  // timeout(). Backends read it when an operation is issued, so a Work keeps
+  // the deadline it was issued with.
+  std::chrono::milliseconds op_timeout() const {
+    return op_options_.timeout.count() > 0 ? op_options_.timeout : timeout();
+  }
+
   // Blocking forms.
   Status all_reduce(const void* send, void* recv, int64_t count, ElemType type, ReduceOp op = ReduceOp::kSum) {
     return all_reduce_async(send, recv, count, type, op)->wait();
@@ -149,6 +167,29 @@ class Communicator {
                       const std::vector<int64_t>& recv_displs, ElemType type) {
     return all_to_all_v_async(send, send_counts, send_displs, recv, recv_counts, recv_displs, type)->wait();
   }
+
+ private:
+  friend class OpOptionsScope;
+  OpOptions op_options_;
+};
+
+// Per-operation options for the operations issued on `c` while this lives
+// (by the thread that issues them), e.g. a long deadline for the one barrier
+// that waits while rank 0 runs a check, the communicator's own deadline for
+// everything else:
+//   { comm::OpOptionsScope wait_long(world, {.timeout = std::chrono::minutes(30)});
+//     st = world.barrier(); }
+// Scopes nest; the previous options come back when one ends.
+class OpOptionsScope {
+ public:
+  OpOptionsScope(Communicator& c, OpOptions o) : c_(c), saved_(c.op_options_) { c.op_options_ = o; }
+  ~OpOptionsScope() { c_.op_options_ = saved_; }
+  OpOptionsScope(const OpOptionsScope&) = delete;
+  OpOptionsScope& operator=(const OpOptionsScope&) = delete;
+
+ private:
+  Communicator& c_;
+  OpOptions saved_;
 };
 
 }  // namespace tessera::comm

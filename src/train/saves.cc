@@ -57,6 +57,7 @@ std::string TrainingSaves::stall_line() const {
 void TrainingSaves::report(const ckpt::PollResult& r) {
   if (r.state == ckpt::SaveState::kPublished) {
     last_published_ = (std::filesystem::path(dir_) / ckpt::step_dir_name(r.step)).string();
+    last_published_bytes_ = r.stats.bytes_total;
     registry_.counter("tessera_train_checkpoints_total", "Checkpoints published").add(1);
     registry_.counter("tessera_train_checkpoint_bytes_total", kCheckpointBytesHelp)
         .add(static_cast<double>(r.stats.bytes_rank));
@@ -139,8 +140,13 @@ Result<std::string> TrainingSaves::save_for_stop(int64_t step, const std::string
   }
   // Rank 0 reads every file of what it published back against its hashes;
   // the others wait for the verdict, so no rank exits before it is known.
+  // That wait is rank 0's reading, not a peer's message: its deadline is the
+  // communicator's plus the checkpoint read at kVerifyReadMBps, so a large
+  // checkpoint under a short parallel.timeout is not taken for a dead rank.
   Status verified;
   if (world_.rank() == 0) verified = verify_stop_checkpoint(dir, step);
+  const auto reading = std::chrono::milliseconds(static_cast<int64_t>(last_published_bytes_ / (kVerifyReadMBps * 1e3)));
+  comm::OpOptionsScope verdict(world_, {.timeout = world_.timeout() + reading});
   RETURN_IF_ERROR(comm::agree(world_, verified));
   return dir;
 }

@@ -89,6 +89,9 @@ class TrainingSaves {
   double stall_s_ = 0.0, train_s_ = 0.0;
   int64_t last_started_ = -1;
   std::string last_published_;
+  uint64_t last_published_bytes_ = 0;  // all ranks' files of it
+  // A stop's check reads the checkpoint back at least this fast (MB/s).
+  static constexpr double kVerifyReadMBps = 50.0;
 };
 
 }  // namespace tessera

@@ -108,6 +108,48 @@ TEST(MpiDeadline, RecvFromALateSenderNamesExactlyThatPeer) {
   EXPECT_TRUE(wait_patiently(*c->barrier_async()).ok());
 }
 
+// A per-operation deadline (OpOptionsScope): the communicator waits 1 s,
+// one receive issued in a scope waits 0.2 s; the next, outside it, 1 s again.
+TEST(MpiDeadline, AScopeSetsOneOperationsDeadline) {
+  auto c = short_deadline_world();
+  ASSERT_TRUE(c != nullptr);
+  const int r = c->rank();
+  int64_t six = 0, seven = 0;
+  std::unique_ptr<Work> w6, w7;
+  if (r == 0) {
+    {
+      OpOptionsScope quick(*c, {.timeout = std::chrono::milliseconds(200)});
+      w6 = c->recv_async(&six, 8, 1, 6);
+    }
+    for (int i = 0; i < 2; i++) {  // the deadline it was issued with, after the scope; re-armed alike
+      const auto t0 = Clock::now();
+      Status st = w6->wait();
+      const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+      ASSERT_EQ(st.code(), StatusCode::kUnavailable) << st.message();
+      EXPECT_LT(waited, 0.8);
+      EXPECT_TRUE(contains(st.message(), "timed out after 0.2 s")) << st.message();
+    }
+    w7 = c->recv_async(&seven, 8, 1, 7);  // outside the scope: the communicator's 1 s
+    const auto t0 = Clock::now();
+    Status st = w7->wait();
+    ASSERT_EQ(st.code(), StatusCode::kUnavailable) << st.message();
+    EXPECT_GE(std::chrono::duration<double>(Clock::now() - t0).count(), 0.9);
+  }
+  // Rank 1 sends both once rank 0 is done waiting; the Works then complete.
+  EXPECT_TRUE(wait_patiently(*c->barrier_async()).ok());
+  if (r == 1) {
+    const int64_t v = 11;
+    ASSERT_TRUE(c->send(&v, 8, 0, 6).ok());
+    ASSERT_TRUE(c->send(&v, 8, 0, 7).ok());
+  } else if (r == 0) {
+    ASSERT_TRUE(wait_patiently(*w6).ok());
+    ASSERT_TRUE(wait_patiently(*w7).ok());
+    EXPECT_EQ(six, 11);
+    EXPECT_EQ(seven, 11);
+  }
+  EXPECT_TRUE(wait_patiently(*c->barrier_async()).ok());
+}
+
 TEST(MpiErrors, TruncatedMessageIsAStatusNotAnAbort) {
   Communicator& c = test_world();
   if (c.rank() == 1) {

@@ -100,6 +100,7 @@ class GlooCommunicator : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   int world_rank_of(int rank) const override { return rank; }
+  std::chrono::milliseconds timeout() const override { return opts_.timeout; }
 
   std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                          ReduceOp op) override {
@@ -230,16 +231,18 @@ class GlooCommunicator : public Communicator {
   template <typename Options>
   void setup(Options& o) {
     o.setTag(static_cast<uint32_t>(seq_));
-    o.setTimeout(opts_.timeout);
+    o.setTimeout(op_timeout());
   }
 
   // Runs one operation; the first failure breaks the communicator (see the
   // header).
   std::unique_ptr<Work> run(const char* what, int64_t count, ElemType type, const std::function<void()>& op) {
     const int64_t seq = ++seq_;
-    return std::make_unique<DoneWork>(guard(what, seq, count, type, op));
+    return std::make_unique<DoneWork>(guard(what, seq, count, type, op_timeout(), op));
   }
-  Status guard(const char* what, int64_t seq, int64_t count, ElemType type, const std::function<void()>& op) {
+  // `timeout`: the operation's deadline, for the message.
+  Status guard(const char* what, int64_t seq, int64_t count, ElemType type, std::chrono::milliseconds timeout,
+               const std::function<void()>& op) {
     if (!broken_.ok())
       return Status::Unavailable(fmt::format("gloo {}: {} #{} not run: the communicator broke earlier: {}", name_,
                                              what, seq, broken_.message()));
@@ -250,7 +253,7 @@ class GlooCommunicator : public Communicator {
       broken_ = Status::Unavailable(fmt::format("gloo {}: {} #{} ({} x {}) failed on {} of {} ({}, deadline {:.1f} s): "
                                                 "{}{}",
                                                 name_, what, seq, elem_name(type), count, who(rank_), size_,
-                                                peer_list(), opts_.timeout.count() / 1e3, e.what(),
+                                                peer_list(), timeout.count() / 1e3, e.what(),
                                                 waited_on(what, e.what())));
       // Closing every connection now wakes the peers waiting on this rank.
       ctx_.reset();
@@ -261,14 +264,15 @@ class GlooCommunicator : public Communicator {
   class P2PWork : public Work {
    public:
     P2PWork(GlooCommunicator* c, std::string what, int64_t seq, int64_t bytes, bool send,
-            std::unique_ptr<gloo::transport::UnboundBuffer> buf)
-        : c_(c), what_(std::move(what)), seq_(seq), bytes_(bytes), send_(send), buf_(std::move(buf)) {}
+            std::chrono::milliseconds timeout, std::unique_ptr<gloo::transport::UnboundBuffer> buf)
+        : c_(c), what_(std::move(what)), seq_(seq), bytes_(bytes), send_(send), timeout_(timeout),
+          buf_(std::move(buf)) {}
     bool test() override { return done_; }
     Status wait() override {
       if (done_) return status_;
       done_ = true;
-      status_ = c_->guard(what_.c_str(), seq_, bytes_, ElemType::kU8, [&] {
-        const bool ok = send_ ? buf_->waitSend(c_->opts_.timeout) : buf_->waitRecv(c_->opts_.timeout);
+      status_ = c_->guard(what_.c_str(), seq_, bytes_, ElemType::kU8, timeout_, [&] {
+        const bool ok = send_ ? buf_->waitSend(timeout_) : buf_->waitRecv(timeout_);
         if (!ok) throw gloo::IoException("aborted");
       });
       buf_.reset();
@@ -280,6 +284,7 @@ class GlooCommunicator : public Communicator {
     std::string what_;
     int64_t seq_, bytes_;
     bool send_, done_ = false;
+    std::chrono::milliseconds timeout_;  // the deadline it was issued with
     Status status_;
     std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
   };
@@ -288,13 +293,14 @@ class GlooCommunicator : public Communicator {
     const int64_t seq = ++seq_;
     const std::string what = fmt::format("{} {} (tag {})", send ? "send to" : "recv from", peer, tag);
     std::unique_ptr<gloo::transport::UnboundBuffer> buf;
-    Status s = guard(what.c_str(), seq, bytes, ElemType::kU8, [&] {
+    const std::chrono::milliseconds timeout = op_timeout();
+    Status s = guard(what.c_str(), seq, bytes, ElemType::kU8, timeout, [&] {
       buf = ctx_->createUnboundBuffer(data, static_cast<size_t>(bytes));
       if (send) buf->send(peer, static_cast<uint64_t>(tag));
       else buf->recv(peer, static_cast<uint64_t>(tag));
     });
     if (!s.ok()) return std::make_unique<DoneWork>(s);
-    return std::make_unique<P2PWork>(this, what, seq, bytes, send, std::move(buf));
+    return std::make_unique<P2PWork>(this, what, seq, bytes, send, timeout, std::move(buf));
   }
 
   static bool is_packed(const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) {

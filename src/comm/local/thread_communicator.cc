@@ -38,7 +38,8 @@ void combine(std::byte* acc, const std::byte* in, int64_t count, ElemType type, 
 
 ThreadHub::ThreadHub(int n, std::chrono::milliseconds timeout) : n_(n), timeout_(timeout), slots_(n) {}
 
-Status ThreadHub::barrier() {
+Status ThreadHub::barrier(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) timeout = timeout_;
   std::unique_lock lock(mu_);
   const int64_t generation = generation_;
   if (++arrived_ == n_) {
@@ -47,22 +48,23 @@ Status ThreadHub::barrier() {
     cv_.notify_all();
     return Status::OK();
   }
-  if (!cv_.wait_for(lock, timeout_, [&] { return generation_ != generation; }))
-    return Status::Unavailable(fmt::format("thread hub: barrier timed out after {} ms", timeout_.count()));
+  if (!cv_.wait_for(lock, timeout, [&] { return generation_ != generation; }))
+    return Status::Unavailable(fmt::format("thread hub: barrier timed out after {} ms", timeout.count()));
   return Status::OK();
 }
 
-Status ThreadHub::exchange(int rank, const void* data, size_t bytes, std::vector<std::vector<std::byte>>* all) {
+Status ThreadHub::exchange(int rank, const void* data, size_t bytes, std::vector<std::vector<std::byte>>* all,
+                          std::chrono::milliseconds timeout) {
   {
     std::lock_guard lock(mu_);
     slots_[rank].assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + bytes);
   }
-  if (Status st = barrier(); !st.ok()) return st;
+  if (Status st = barrier(timeout); !st.ok()) return st;
   {
     std::lock_guard lock(mu_);
     *all = slots_;
   }
-  return barrier();
+  return barrier(timeout);
 }
 
 void ThreadHub::post(int from, int to, int tag, const void* data, size_t bytes) {
@@ -72,12 +74,13 @@ void ThreadHub::post(int from, int to, int tag, const void* data, size_t bytes) 
   cv_.notify_all();
 }
 
-Status ThreadHub::take(int from, int to, int tag, void* data, size_t bytes) {
+Status ThreadHub::take(int from, int to, int tag, void* data, size_t bytes, std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) timeout = timeout_;
   std::unique_lock lock(mu_);
   auto& box = mail_[{from, to, tag}];
-  if (!cv_.wait_for(lock, timeout_, [&] { return !box.empty(); }))
+  if (!cv_.wait_for(lock, timeout, [&] { return !box.empty(); }))
     return Status::Unavailable(
-        fmt::format("thread hub: recv from {} (tag {}) timed out after {} ms", from, tag, timeout_.count()));
+        fmt::format("thread hub: recv from {} (tag {}) timed out after {} ms", from, tag, timeout.count()));
   if (box.front().size() != bytes)
     return Status::InvalidArgument(
         fmt::format("thread hub: a message of {} bytes for a recv of {}", box.front().size(), bytes));
@@ -94,7 +97,7 @@ Status ThreadCommunicator::reduce(const void* send, int64_t count, ElemType type
   if (count < 0) return Status::InvalidArgument("negative count");
   const size_t bytes = static_cast<size_t>(count) * elem_size(type);
   std::vector<std::vector<std::byte>> all;
-  RETURN_IF_ERROR(hub_.exchange(rank_, send, bytes, &all));
+  RETURN_IF_ERROR(hub_.exchange(rank_, send, bytes, &all, op_timeout()));
   for (int r = 0; r < size(); r++)
     if (all[r].size() != bytes)
       return Status::InvalidArgument(fmt::format("rank {} reduced {} bytes, rank {} {}", r, all[r].size(), rank_, bytes));
@@ -125,7 +128,7 @@ std::unique_ptr<Work> ThreadCommunicator::all_gather_async(const void* send, voi
   if (send_count < 0) return done(Status::InvalidArgument("negative count"));
   const size_t bytes = static_cast<size_t>(send_count) * elem_size(type);
   std::vector<std::vector<std::byte>> all;
-  Status st = hub_.exchange(rank_, send, bytes, &all);
+  Status st = hub_.exchange(rank_, send, bytes, &all, op_timeout());
   if (st.ok())
     for (int r = 0; r < size(); r++) {
       if (all[r].size() != bytes) return done(Status::InvalidArgument("all_gather: ranks sent different counts"));
@@ -139,7 +142,7 @@ std::unique_ptr<Work> ThreadCommunicator::broadcast_async(void* data, int64_t co
     return done(Status::InvalidArgument(fmt::format("broadcast of {} elements from root {}", count, root)));
   const size_t bytes = static_cast<size_t>(count) * elem_size(type);
   std::vector<std::vector<std::byte>> all;
-  Status st = hub_.exchange(rank_, data, rank_ == root ? bytes : 0, &all);
+  Status st = hub_.exchange(rank_, data, rank_ == root ? bytes : 0, &all, op_timeout());
   if (st.ok() && all[root].size() != bytes)
     st = Status::InvalidArgument(fmt::format("broadcast: root sent {} bytes, rank {} expects {}", all[root].size(),
                                              rank_, bytes));
@@ -157,10 +160,10 @@ std::unique_ptr<Work> ThreadCommunicator::send_async(const void* data, int64_t b
 std::unique_ptr<Work> ThreadCommunicator::recv_async(void* data, int64_t bytes, int peer, int tag) {
   if (bytes < 0 || peer < 0 || peer >= size())
     return done(Status::InvalidArgument(fmt::format("recv of {} bytes from peer {}", bytes, peer)));
-  return done(hub_.take(peer, rank_, tag, data, static_cast<size_t>(bytes)));
+  return done(hub_.take(peer, rank_, tag, data, static_cast<size_t>(bytes), op_timeout()));
 }
 
-std::unique_ptr<Work> ThreadCommunicator::barrier_async() { return done(hub_.barrier()); }
+std::unique_ptr<Work> ThreadCommunicator::barrier_async() { return done(hub_.barrier(op_timeout())); }
 
 Result<std::unique_ptr<Communicator>> ThreadCommunicator::split(int, int, const std::string& name) {
   return Status::InvalidArgument(fmt::format("split into '{}': a thread communicator cannot split", name));

@@ -33,13 +33,17 @@ class ThreadHub {
  public:
   explicit ThreadHub(int n, std::chrono::milliseconds timeout = std::chrono::seconds(20));
   int size() const { return n_; }
+  // The deadline of a wait when the caller gives none.
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
-  Status barrier();
+  // Each wait ends after `timeout` (the hub's when 0) with Unavailable.
+  Status barrier(std::chrono::milliseconds timeout = {});
   // Every rank deposits bytes; all then see all deposits (until the next
   // exchange, which starts with a barrier).
-  Status exchange(int rank, const void* data, size_t bytes, std::vector<std::vector<std::byte>>* all);
+  Status exchange(int rank, const void* data, size_t bytes, std::vector<std::vector<std::byte>>* all,
+                  std::chrono::milliseconds timeout = {});
   void post(int from, int to, int tag, const void* data, size_t bytes);
-  Status take(int from, int to, int tag, void* data, size_t bytes);
+  Status take(int from, int to, int tag, void* data, size_t bytes, std::chrono::milliseconds timeout = {});
 
  private:
   const int n_;
@@ -60,6 +64,7 @@ class ThreadCommunicator final : public Communicator {
   int size() const override { return hub_.size(); }
   const std::string& name() const override { return name_; }
   int world_rank_of(int rank) const override { return rank; }
+  std::chrono::milliseconds timeout() const override { return hub_.timeout(); }
 
   std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                          ReduceOp op) override;

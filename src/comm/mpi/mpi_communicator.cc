@@ -194,8 +194,8 @@ std::vector<int> unresponsive_peers(const std::vector<int>& peers, std::chrono::
 
 class MpiWork final : public Work {
  public:
-  MpiWork(std::shared_ptr<const CommInfo> comm, const OpDesc& desc, int64_t bytes)
-      : comm_(std::move(comm)), desc_(desc), bytes_(bytes) {}
+  MpiWork(std::shared_ptr<const CommInfo> comm, const OpDesc& desc, int64_t bytes, std::chrono::milliseconds timeout)
+      : comm_(std::move(comm)), desc_(desc), bytes_(bytes), timeout_(timeout) {}
   ~MpiWork() override {
     untrack();
     if (done_ || !mpi_active()) return;
@@ -248,7 +248,7 @@ class MpiWork final : public Work {
 
   Status wait() override {
     Poller poller(bytes_, kMpiSpinGBps);
-    const auto deadline = poller.start() + comm_->timeout;
+    const auto deadline = poller.start() + timeout_;
     while (!test()) {
       const auto now = Clock::now();
       if (now >= deadline) return timed_out(now - poller.start());
@@ -273,7 +273,7 @@ class MpiWork final : public Work {
     std::string verdict;
     if (peers.size() > 1) {
       auto window = std::min(std::chrono::milliseconds(2000),
-                             std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout) / 2);
+                             timeout_ / 2);
       std::vector<int> silent = unresponsive_peers(peers, window);
       if (!silent.empty())
         verdict = fmt::format("; no answer from peers {}{}", format_peer_list(silent), format_peer_hosts(silent));
@@ -293,6 +293,7 @@ class MpiWork final : public Work {
   std::shared_ptr<const CommInfo> comm_;
   OpDesc desc_;
   int64_t bytes_;  // bytes this rank moves, for the spin budget
+  std::chrono::milliseconds timeout_;  // the deadline it was issued with
   int kind_ = -1;  // the OpKind in flight in traffic(); -1: none
   std::vector<MPI_Request> reqs_;
   std::shared_ptr<void> keep_;
@@ -313,6 +314,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return static_cast<int>(info_->world_ranks.size()); }
   const std::string& name() const override { return info_->name; }
   int world_rank_of(int rank) const override { return info_->world_ranks.at(rank); }
+  std::chrono::milliseconds timeout() const override { return info_->timeout; }
 
   std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                          ReduceOp op) override {
@@ -508,7 +510,7 @@ class MpiCommunicator final : public Communicator {
  private:
   std::unique_ptr<MpiWork> begin(OpDesc desc, int64_t bytes) {
     desc.seq = ++seq_;
-    return std::make_unique<MpiWork>(info_, desc, bytes);
+    return std::make_unique<MpiWork>(info_, desc, bytes, op_timeout());
   }
 
   // traffic(): a collective by its algorithm's model, a send or receive exactly.
@@ -688,7 +690,7 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   MPI_Comm comm;
   MPI_Request req;
   TRY_MPI(MPI_Comm_idup, MPI_COMM_WORLD, &comm, &req);
-  MpiWork dup(info, OpDesc{"comm_dup"}, 0);
+  MpiWork dup(info, OpDesc{"comm_dup"}, 0, info->timeout);
   dup.add(req);
   RETURN_IF_ERROR(dup.wait());
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -700,7 +702,7 @@ Result<std::unique_ptr<Communicator>> mpi_world(const CommOptions& options) {
   MPI_Request host_req;
   TRY_MPI(MPI_Iallgather, mine, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, comm, &host_req);
   watchdog.phase("the host exchange");
-  MpiWork hosts(info, OpDesc{"host_exchange"}, 0);
+  MpiWork hosts(info, OpDesc{"host_exchange"}, 0, info->timeout);
   hosts.add(host_req);
   RETURN_IF_ERROR(hosts.wait());
   if (mpi_process().health == MPI_COMM_NULL) {

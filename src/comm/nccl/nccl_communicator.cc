@@ -295,8 +295,9 @@ namespace {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclState> state, const OpDesc& desc, std::shared_ptr<Launch> launch, int64_t bytes)
-      : state_(std::move(state)), desc_(desc), launch_(std::move(launch)), bytes_(bytes) {}
+  NcclWork(std::shared_ptr<NcclState> state, const OpDesc& desc, std::shared_ptr<Launch> launch, int64_t bytes,
+           std::chrono::milliseconds timeout)
+      : state_(std::move(state)), desc_(desc), launch_(std::move(launch)), bytes_(bytes), timeout_(timeout) {}
   ~NcclWork() override { untrack(); }
 
   // Counted in traffic() as in flight until seen complete (or abandoned).
@@ -338,7 +339,7 @@ class NcclWork final : public Work {
 
   Status wait() override {
     Poller poller(bytes_, kNcclSpinGBps);
-    const auto deadline = poller.start() + state_->timeout;
+    const auto deadline = poller.start() + timeout_;
     while (!test()) {
       const auto now = Clock::now();
       if (now >= deadline) {
@@ -379,6 +380,7 @@ class NcclWork final : public Work {
   OpDesc desc_;
   std::shared_ptr<Launch> launch_;
   int64_t bytes_;
+  std::chrono::milliseconds timeout_;  // the deadline it was issued with
   bool finished_ = false;
   int kind_ = -1;  // the OpKind in flight in traffic(); -1: none
 };
@@ -387,11 +389,12 @@ class NcclWork final : public Work {
 // `kind` (-1: not counted, the barrier) and `root` (broadcast) account it
 // in traffic() by its algorithm's model, over `bytes`.
 template <typename Enqueue>
-std::unique_ptr<NcclWork> post(const std::shared_ptr<NcclState>& s, OpDesc desc, int kind, int64_t bytes,
+std::unique_ptr<NcclWork> post(const std::shared_ptr<NcclState>& s, std::chrono::milliseconds timeout, OpDesc desc,
+                           int kind, int64_t bytes,
                            const std::string& invalid, Enqueue enqueue, int root = 0) {
   desc.seq = ++s->seq;
   auto launch = std::make_shared<Launch>();
-  auto work = std::make_unique<NcclWork>(s, desc, launch, bytes);
+  auto work = std::make_unique<NcclWork>(s, desc, launch, bytes, timeout);
   if (!invalid.empty()) {
     launch->issued = true;
     launch->status = Status::InvalidArgument(fmt::format("{}: {}", s->describe_on(desc), invalid));
@@ -423,13 +426,14 @@ int NcclCommunicator::rank() const { return state_->rank; }
 int NcclCommunicator::size() const { return static_cast<int>(state_->world_ranks.size()); }
 const std::string& NcclCommunicator::name() const { return state_->name; }
 int NcclCommunicator::world_rank_of(int rank) const { return state_->world_ranks.at(rank); }
+std::chrono::milliseconds NcclCommunicator::timeout() const { return state_->timeout; }
 cudaStream_t NcclCommunicator::stream() const { return state_->stream; }
 int NcclCommunicator::device() const { return state_->device; }
 
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                                          ReduceOp op) {
   NcclState& s = *state_;
-  return post(state_, {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce), count * elem_size(type),
+  return post(state_, op_timeout(), {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce), count * elem_size(type),
               check_count(count),
               [&](const std::string& what) {
                 if (count == 0) return Status::OK();
@@ -443,7 +447,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const void* send, v
                                                              ElemType type, ReduceOp op) {
   NcclState& s = *state_;
   const size_t esz = elem_size(type);
-  return post(state_, {"reduce_scatter", 0, recv_count, type}, static_cast<int>(OpKind::kReduceScatter),
+  return post(state_, op_timeout(), {"reduce_scatter", 0, recv_count, type}, static_cast<int>(OpKind::kReduceScatter),
               recv_count * size() * esz, check_count(recv_count),
               [&](const std::string& what) {
                 if (recv_count == 0) return Status::OK();
@@ -470,7 +474,7 @@ std::unique_ptr<Work> NcclCommunicator::all_gather_async(const void* send, void*
                                                          ElemType type) {
   NcclState& s = *state_;
   // In place (send == recv + rank * send_count) is NCCL's own in-place form.
-  return post(state_, {"all_gather", 0, send_count, type}, static_cast<int>(OpKind::kAllGather),
+  return post(state_, op_timeout(), {"all_gather", 0, send_count, type}, static_cast<int>(OpKind::kAllGather),
               send_count * size() * elem_size(type),
               check_count(send_count), [&](const std::string& what) {
                 if (send_count == 0) return Status::OK();
@@ -484,7 +488,7 @@ std::unique_ptr<Work> NcclCommunicator::broadcast_async(void* data, int64_t coun
   NcclState& s = *state_;
   std::string invalid = check_count(count);
   if (invalid.empty() && (root < 0 || root >= size())) invalid = fmt::format("root {} out of range", root);
-  return post(state_, {"broadcast", 0, count, type}, static_cast<int>(OpKind::kBroadcast), count * elem_size(type),
+  return post(state_, op_timeout(), {"broadcast", 0, count, type}, static_cast<int>(OpKind::kBroadcast), count * elem_size(type),
               invalid, [&](const std::string& what) {
     if (count == 0) return Status::OK();
     return s.settle(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(type), root, s.comm, s.stream),
@@ -494,11 +498,12 @@ std::unique_ptr<Work> NcclCommunicator::broadcast_async(void* data, int64_t coun
 
 namespace {
 
-std::unique_ptr<Work> queue_p2p(const std::shared_ptr<NcclState>& s, bool is_send, void* data, int64_t bytes,
+std::unique_ptr<Work> queue_p2p(const std::shared_ptr<NcclState>& s, std::chrono::milliseconds timeout, bool is_send,
+                                void* data, int64_t bytes,
                                 int peer, int tag) {
   OpDesc desc{is_send ? "send" : "recv", ++s->seq, bytes, ElemType::kU8, true, peer};
   auto launch = std::make_shared<Launch>();
-  auto work = std::make_unique<NcclWork>(s, desc, launch, bytes);
+  auto work = std::make_unique<NcclWork>(s, desc, launch, bytes, timeout);
   std::string invalid;
   if (bytes < 0) invalid = "negative byte count";
   else if (peer < 0 || peer >= static_cast<int>(s->world_ranks.size())) invalid = fmt::format("peer {} out of range", peer);
@@ -525,16 +530,16 @@ std::unique_ptr<Work> queue_p2p(const std::shared_ptr<NcclState>& s, bool is_sen
 }  // namespace
 
 std::unique_ptr<Work> NcclCommunicator::send_async(const void* data, int64_t bytes, int peer, int tag) {
-  return queue_p2p(state_, true, const_cast<void*>(data), bytes, peer, tag);
+  return queue_p2p(state_, op_timeout(), true, const_cast<void*>(data), bytes, peer, tag);
 }
 
 std::unique_ptr<Work> NcclCommunicator::recv_async(void* data, int64_t bytes, int peer, int tag) {
-  return queue_p2p(state_, false, data, bytes, peer, tag);
+  return queue_p2p(state_, op_timeout(), false, data, bytes, peer, tag);
 }
 
 std::unique_ptr<Work> NcclCommunicator::barrier_async() {
   NcclState& s = *state_;
-  return post(state_, {"barrier"}, -1, 4, "", [&](const std::string& what) {
+  return post(state_, op_timeout(), {"barrier"}, -1, 4, "", [&](const std::string& what) {
     return s.settle(ncclAllReduce(s.scratch, s.scratch, 1, ncclInt32, ncclSum, s.comm, s.stream), "ncclAllReduce",
                     what);
   });
@@ -555,7 +560,7 @@ std::unique_ptr<Work> NcclCommunicator::all_to_all_v_async(const void* send, con
   if (args.ok()) traffic().account_all_to_all(s.rank, s.world_ranks, send_counts, recv_counts, static_cast<int64_t>(esz));
   // The vectors are copied into the enqueue's captures: post() issues now or
   // fails, so references to the arguments are still valid inside it.
-  auto w = post(state_, {"all_to_all_v", 0, moved, type}, -1, moved * static_cast<int64_t>(esz),
+  auto w = post(state_, op_timeout(), {"all_to_all_v", 0, moved, type}, -1, moved * static_cast<int64_t>(esz),
                 args.ok() ? std::string() : args.message(), [&](const std::string& what) {
     ncclResult_t rc = ncclGroupStart();
     const char* call = "ncclGroupStart";

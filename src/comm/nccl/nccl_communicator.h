@@ -74,6 +74,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override;
   const std::string& name() const override;
   int world_rank_of(int rank) const override;
+  std::chrono::milliseconds timeout() const override;
 
   std::unique_ptr<Work> all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                          ReduceOp op) override;

@@ -50,13 +50,17 @@ int run_dlrm(const TrainConfig& c, std::unique_ptr<comm::Communicator>& world, c
 }
 
 int run_train(const TrainArgs& a) {
-  // SIGUSR1 (a batch system's warning before the time limit) and SIGTERM
-  // (preemption, scancel) stop at the next step with a verified checkpoint.
-  // Installed first: Slurm may send --signal's warning up to a minute early,
-  // and before the handler its default action ends the rank (what is left
-  // of that window, the process's own start, the job scripts requeue: exit
-  // status 138).
-  const StopFlag& stop = install_stop_signals();
+  // Started by `tessera elastic` (its environment says so): the agent's
+  // death ends the worker by SIGTERM (PR_SET_PDEATHSIG), so no stop handler.
+  elastic::ElasticOptions eo;
+  const bool elastic = elastic_options_from_env(&eo);
+  // Otherwise SIGUSR1 (a batch system's warning before the time limit) and
+  // SIGTERM (preemption, scancel) stop at the next step with a verified
+  // checkpoint. Installed first: Slurm may send --signal's warning up to a
+  // minute early, and before the handler its default action ends the rank
+  // (what is left of that window, the process's own start, the job scripts
+  // requeue: exit status 138).
+  const StopFlag* stop = elastic ? nullptr : &install_stop_signals();
   if (a.print_keys) {  // the table in docs/config.md
     std::printf("| key | type | default | meaning |\n|---|---|---|---|\n");
     for (const ConfigKeyDoc& d : config_key_docs())
@@ -73,8 +77,6 @@ int run_train(const TrainArgs& a) {
   Result<const FaultPlan*> plan = process_fault_plan();
   if (!plan.ok()) return fail(plan.status());
   const FaultPlan* faults = *plan;
-  elastic::ElasticOptions eo;
-  const bool elastic = elastic_options_from_env(&eo);
   eo.faults = faults;
   if (elastic && c->model_kind == "dlrm")
     return fail(Status::InvalidArgument("model.kind = \"dlrm\" does not train under `tessera elastic` yet"));
@@ -94,8 +96,8 @@ int run_train(const TrainArgs& a) {
     return fail(world.status());
   }
   comm::Communicator& w = *world.value();
-  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value(), &stop, faults);
-  auto r = run_training(c.value(), w, stdout, nullptr, &stop, faults);
+  if (c->model_kind == "dlrm") return run_dlrm(c.value(), world.value(), stop, faults);
+  auto r = run_training(c.value(), w, stdout, nullptr, stop, faults);
   if (!r.ok()) {
     // A user error is the same on every rank: rank 0 reports it, all exit
     // cleanly. Anything else (a peer timed out, I/O) may be this rank's

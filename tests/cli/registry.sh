@@ -153,7 +153,17 @@ for _ in $(seq 1 100); do grep -q '^data: {' "$tmp/stream" 2>/dev/null && break;
 "$tessera" registry promote hot 2 "${R[@]}" >/dev/null
 for i in $(seq 1 100); do grep -q 'hot:2 now serves new requests' "$tmp/srv.log" && break; sleep 0.1; done
 grep -q 'hot:2 now serves new requests' "$tmp/srv.log" || { echo "no swap:"; cat "$tmp/srv.log"; exit 1; }
-sleep 1.5
+# Until every client has had two more answers (the second was asked after
+# the swap), at most 60 s: a loaded machine answers slowly, and a fixed
+# sleep left a client with none after the swap.
+declare -A seen
+for c in 1 2 3 4; do seen[$c]=$(wc -l <"$tmp/c$c.log" 2>/dev/null || echo 0); done
+for _ in $(seq 600); do
+  behind=0
+  for c in 1 2 3 4; do [ "$(wc -l <"$tmp/c$c.log" 2>/dev/null || echo 0)" -ge $((seen[$c] + 2)) ] || behind=1; done
+  [ $behind = 0 ] && break
+  sleep 0.1
+done
 touch "$tmp/stop"
 wait $clients
 wait $stream_pid

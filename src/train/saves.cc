@@ -145,7 +145,8 @@ Result<std::string> TrainingSaves::save_for_stop(int64_t step, const std::string
   // checkpoint under a short parallel.timeout is not taken for a dead rank.
   Status verified;
   if (world_.rank() == 0) verified = verify_stop_checkpoint(dir, step);
-  const auto reading = std::chrono::milliseconds(static_cast<int64_t>(last_published_bytes_ / (kVerifyReadMBps * 1e3)));
+  const auto reading =
+      std::chrono::milliseconds(static_cast<int64_t>(last_published_bytes_ / (kVerifyReadMBps * 1e3)));
   comm::OpOptionsScope verdict(world_, {.timeout = world_.timeout() + reading});
   RETURN_IF_ERROR(comm::agree(world_, verified));
   return dir;

@@ -354,13 +354,16 @@ TEST(ServeEngine, PreemptedRequestsDoNotTimeOut) {
   EngineOptions o;
   o.max_seqs = 6;
   o.kv_blocks = 10;
-  o.queue_timeout_s = 0.05;
+  // 0.3 s: long enough that a loaded machine still admits the six requests
+  // before it (at 0.05 s all six could time out in the queue unserved, and
+  // nothing was preempted), short against a preempted request's wait.
+  o.queue_timeout_s = 0.3;
   auto engine = Engine::create(make_model(), o, reg);
   ASSERT_TRUE(engine.ok());
   std::vector<std::unique_ptr<Outcome>> outs;
   for (int i = 0; i < 6; i++) {
     outs.push_back(std::make_unique<Outcome>());
-    outs.back()->delay_ms = 1;  // steps of ~6 ms: a preempted request waits far past 0.05 s
+    outs.back()->delay_ms = 5;  // steps of ~30 ms: a preempted request waits far past 0.3 s
     ASSERT_TRUE((*engine)->submit(random_prompt(10 + 3 * i, 300 + i), greedy(50), outs.back()->sink()).ok());
   }
   int preempted = 0;

@@ -433,8 +433,8 @@ int NcclCommunicator::device() const { return state_->device; }
 std::unique_ptr<Work> NcclCommunicator::all_reduce_async(const void* send, void* recv, int64_t count, ElemType type,
                                                          ReduceOp op) {
   NcclState& s = *state_;
-  return post(state_, op_timeout(), {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce), count * elem_size(type),
-              check_count(count),
+  return post(state_, op_timeout(), {"all_reduce", 0, count, type}, static_cast<int>(OpKind::kAllReduce),
+              count * elem_size(type), check_count(count),
               [&](const std::string& what) {
                 if (count == 0) return Status::OK();
                 return s.settle(ncclAllReduce(send, recv, static_cast<size_t>(count), nccl_type(type), nccl_op(op),
@@ -488,8 +488,8 @@ std::unique_ptr<Work> NcclCommunicator::broadcast_async(void* data, int64_t coun
   NcclState& s = *state_;
   std::string invalid = check_count(count);
   if (invalid.empty() && (root < 0 || root >= size())) invalid = fmt::format("root {} out of range", root);
-  return post(state_, op_timeout(), {"broadcast", 0, count, type}, static_cast<int>(OpKind::kBroadcast), count * elem_size(type),
-              invalid, [&](const std::string& what) {
+  return post(state_, op_timeout(), {"broadcast", 0, count, type}, static_cast<int>(OpKind::kBroadcast),
+              count * elem_size(type), invalid, [&](const std::string& what) {
     if (count == 0) return Status::OK();
     return s.settle(ncclBroadcast(data, data, static_cast<size_t>(count), nccl_type(type), root, s.comm, s.stream),
                     "ncclBroadcast", what);

@@ -52,7 +52,8 @@ TESSERA_TARGET_AVX2 float quantize_avx2(const float* x, int n, int8_t* codes) {
   // the permute puts the four groups of 8 back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (; i + 32 <= n8; i += 32) {
-    const __m256i a = codes8_avx2(x + i, vs), b = codes8_avx2(x + i + 8, vs), c = codes8_avx2(x + i + 16, vs), d = codes8_avx2(x + i + 24, vs);
+    const __m256i a = codes8_avx2(x + i, vs), b = codes8_avx2(x + i + 8, vs);
+    const __m256i c = codes8_avx2(x + i + 16, vs), d = codes8_avx2(x + i + 24, vs);
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), _mm256_permutevar8x32_epi32(packed, order));
   }

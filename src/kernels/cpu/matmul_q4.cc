@@ -215,90 +215,50 @@ int32_t load32(const int8_t* p) {
 
 #define TESSERA_TARGET_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vnni")))
 
-// R activation rows from i0, the 16 weight rows of group g.
-template <int R>
+// R activation rows from i0, the 16 G weight rows of groups g .. g + G - 1.
+// With G = 2 each broadcast of 4 activation codes feeds two vpdpbusd, half
+// the broadcasts a product of G = 1; every output's sums are the same, in
+// the same order, for any G.
+template <int G, int R>
 TESSERA_TARGET_VNNI512 void x16_vnni(const Operands& p, int i0, int g) {
   const int nb = p.C / 32;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16Bytes;
   const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
-  __m512 acc[R];
-  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+  __m512 acc[G][R];
+  for (int k = 0; k < G; k++)
+    for (int r = 0; r < R; r++) acc[k][r] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
-    const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
-    // Zero-masking forms with full masks throughout: the same instructions,
-    // without the undefined register GCC 12 warns about in the plain ones.
-    const __m512 d = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)));
-    __m512i w[8];
-    for (int q = 0; q < 4; q++) {
-      const __m512i raw = _mm512_loadu_si512(y + 32 + 64 * q);
-      w[q] = _mm512_and_si512(raw, low);
-      w[q + 4] = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, raw, 4), low);
-    }
-    for (int r = 0; r < R; r++) {
-      const int64_t i = i0 + r;
-      const int8_t* a = p.a + i * p.C + b * 32;
-      __m512i sum = _mm512_set1_epi32(-8 * p.sums[i * nb + b]);
-      for (int q = 0; q < 4; q++) sum = _mm512_dpbusd_epi32(sum, w[q], _mm512_set1_epi32(load32(a + 4 * q)));
-      for (int q = 0; q < 4; q++) sum = _mm512_dpbusd_epi32(sum, w[q + 4], _mm512_set1_epi32(load32(a + 16 + 4 * q)));
-      acc[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sum), _mm512_mul_ps(d, _mm512_set1_ps(p.xs[i * nb + b])),
-                               acc[r]);
-    }
-  }
-  const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + g * 16) : _mm512_setzero_ps();
-  for (int r = 0; r < R; r++)
-    _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16, _mm512_add_ps(acc[r], bias));
-}
-
-// R activation rows from i0, the 32 weight rows of groups g and g + 1: each
-// broadcast of 4 activation codes feeds two vpdpbusd (one per group), half
-// the broadcasts a product of x16_vnni; the same sums in the same order, so
-// the same bits.
-template <int R>
-TESSERA_TARGET_VNNI512 void x32_vnni(const Operands& p, int i0, int g) {
-  const int nb = p.C / 32;
-  const uint8_t* base0 = p.wq + static_cast<int64_t>(g) * nb * kX16Bytes;
-  const uint8_t* base1 = base0 + static_cast<int64_t>(nb) * kX16Bytes;
-  const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
-  __m512 acc0[R], acc1[R];
-  for (int r = 0; r < R; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  for (int b = 0; b < nb; b++) {
-    const uint8_t* y0 = base0 + static_cast<int64_t>(b) * kX16Bytes;
-    const uint8_t* y1 = base1 + static_cast<int64_t>(b) * kX16Bytes;
-    const __m512 d0 = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y0)));
-    const __m512 d1 = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y1)));
-    __m512i w0[8], w1[8];
-    for (int q = 0; q < 4; q++) {
-      const __m512i raw0 = _mm512_loadu_si512(y0 + 32 + 64 * q), raw1 = _mm512_loadu_si512(y1 + 32 + 64 * q);
-      w0[q] = _mm512_and_si512(raw0, low);
-      w0[q + 4] = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, raw0, 4), low);
-      w1[q] = _mm512_and_si512(raw1, low);
-      w1[q + 4] = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, raw1, 4), low);
-    }
-    for (int r = 0; r < R; r++) {
-      const int64_t i = i0 + r;
-      const int8_t* a = p.a + i * p.C + b * 32;
-      __m512i s0 = _mm512_set1_epi32(-8 * p.sums[i * nb + b]), s1 = s0;
+    __m512 d[G];
+    __m512i w[G][8];
+    for (int k = 0; k < G; k++) {
+      const uint8_t* y = base + (static_cast<int64_t>(k) * nb + b) * kX16Bytes;
+      // Zero-masking forms with full masks throughout: the same instructions,
+      // without the undefined register GCC 12 warns about in the plain ones.
+      d[k] = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)));
       for (int q = 0; q < 4; q++) {
-        const __m512i av = _mm512_set1_epi32(load32(a + 4 * q));
-        s0 = _mm512_dpbusd_epi32(s0, w0[q], av);
-        s1 = _mm512_dpbusd_epi32(s1, w1[q], av);
+        const __m512i raw = _mm512_loadu_si512(y + 32 + 64 * q);
+        w[k][q] = _mm512_and_si512(raw, low);
+        w[k][q + 4] = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, raw, 4), low);
       }
-      for (int q = 0; q < 4; q++) {
-        const __m512i av = _mm512_set1_epi32(load32(a + 16 + 4 * q));
-        s0 = _mm512_dpbusd_epi32(s0, w0[q + 4], av);
-        s1 = _mm512_dpbusd_epi32(s1, w1[q + 4], av);
+    }
+    for (int r = 0; r < R; r++) {
+      const int64_t i = i0 + r;
+      const int8_t* a = p.a + i * p.C + b * 32;
+      __m512i sum[G];
+      for (int k = 0; k < G; k++) sum[k] = _mm512_set1_epi32(-8 * p.sums[i * nb + b]);
+      for (int q = 0; q < 8; q++) {
+        const __m512i av = _mm512_set1_epi32(load32(a + (q < 4 ? 4 * q : 16 + 4 * (q - 4))));
+        for (int k = 0; k < G; k++) sum[k] = _mm512_dpbusd_epi32(sum[k], w[k][q], av);
       }
       const __m512 xs = _mm512_set1_ps(p.xs[i * nb + b]);
-      acc0[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, s0), _mm512_mul_ps(d0, xs), acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, s1), _mm512_mul_ps(d1, xs), acc1[r]);
+      for (int k = 0; k < G; k++)
+        acc[k][r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sum[k]), _mm512_mul_ps(d[k], xs), acc[k][r]);
     }
   }
-  const __m512 bias0 = p.bias ? _mm512_loadu_ps(p.bias + g * 16) : _mm512_setzero_ps();
-  const __m512 bias1 = p.bias ? _mm512_loadu_ps(p.bias + g * 16 + 16) : _mm512_setzero_ps();
-  for (int r = 0; r < R; r++) {
-    float* o = p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16;
-    _mm512_storeu_ps(o, _mm512_add_ps(acc0[r], bias0));
-    _mm512_storeu_ps(o + 16, _mm512_add_ps(acc1[r], bias1));
+  for (int k = 0; k < G; k++) {
+    const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + (g + k) * 16) : _mm512_setzero_ps();
+    for (int r = 0; r < R; r++)
+      _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + (g + k) * 16, _mm512_add_ps(acc[k][r], bias));
   }
 }
 
@@ -352,9 +312,9 @@ X16Kind pick_x16() {
 void x16_rows(X16Kind kind, const Operands& p, int i_begin, int i_end, int g) {
   int i = i_begin;
   if (kind == X16Kind::kVnni512) {
-    for (; i + 8 <= i_end; i += 8) x16_vnni<8>(p, i, g);
-    for (; i + 4 <= i_end; i += 4) x16_vnni<4>(p, i, g);
-    for (; i < i_end; i++) x16_vnni<1>(p, i, g);
+    for (; i + 8 <= i_end; i += 8) x16_vnni<1, 8>(p, i, g);
+    for (; i + 4 <= i_end; i += 4) x16_vnni<1, 4>(p, i, g);
+    for (; i < i_end; i++) x16_vnni<1, 1>(p, i, g);
   } else {
     for (; i + 4 <= i_end; i += 4) x16_avx2<4>(p, i, g);
     for (; i < i_end; i++) x16_avx2<1>(p, i, g);
@@ -363,10 +323,10 @@ void x16_rows(X16Kind kind, const Operands& p, int i_begin, int i_end, int g) {
 
 // Rows [i_begin, i_end) of groups g and g + 1 (VNNI only), 4 rows a tile:
 // 16 weight registers, 8 accumulators (3 rows were slower, 6 spill).
-void x32_rows(const Operands& p, int i_begin, int i_end, int g) {
+void pair_rows(const Operands& p, int i_begin, int i_end, int g) {
   int i = i_begin;
-  for (; i + 4 <= i_end; i += 4) x32_vnni<4>(p, i, g);
-  for (; i < i_end; i++) x32_vnni<1>(p, i, g);
+  for (; i + 4 <= i_end; i += 4) x16_vnni<2, 4>(p, i, g);
+  for (; i < i_end; i++) x16_vnni<2, 1>(p, i, g);
 }
 
 enum class Kind { kGeneric, kQ4_0Avx2, kQ4_0Vnni, kQ4_KAvx2 };
@@ -472,16 +432,16 @@ void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type
   if (type == q4::Type::kQ4_0x16) {
     const X16Kind kind = pick_x16();
     const int groups = OC / 16, rblocks = (N + kRowBlock - 1) / kRowBlock;
-    // From 4 rows, VNNI takes two groups a tile (x32_vnni): 128 rows x 2304 x
+    // From 4 rows, VNNI takes two groups a tile (x16_vnni<2, R>): 128 rows x 2304 x
     // 768 in 0.54 ms instead of 0.70-0.75, 8 rows of the GPT-2 head in 0.76-0.82
     // ms instead of 0.95-1.14 (BM_MatmulQ4, 2 threads). One row stays on
-    // x16_vnni: it reads the weights once either way, and half the work
+    // one group: it reads the weights once either way, and half the work
     // items balance worse (the head: 0.24 ms against 0.28-0.34).
     if (kind == X16Kind::kVnni512 && N >= 4) {
       const int pairs = groups / 2;
 #pragma omp parallel for collapse(2) schedule(static)
       for (int rb = 0; rb < rblocks; rb++)
-        for (int gp = 0; gp < pairs; gp++) x32_rows(p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), 2 * gp);
+        for (int gp = 0; gp < pairs; gp++) pair_rows(p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), 2 * gp);
       if (groups % 2)
         for (int rb = 0; rb < rblocks; rb++)
           x16_rows(kind, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), groups - 1);

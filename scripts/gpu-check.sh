@@ -6,10 +6,11 @@
 #   configure  cmake, TESSERA_CUDA=ON, into build/gpu (sm_XX of the GPU found)
 #   build      tessera, tessera_tests, tessera_mpi_tests
 #   info       tessera info (devices, NCCL)
-#   cuda-tests tessera_tests --gtest_filter='*Cuda*:*cuda*:-*CudaDlrm*' (device API, kernels vs
-#              the oracle, GPT on CUDA vs the CPU and vs the PyTorch reference)
-#   cuda-dlrm  tessera_tests --gtest_filter='*CudaDlrm*': the DLRM ops on CUDA (embedding bag,
-#              sparse backward, interaction, BCE, ReLU, row-wise Adagrad, sparse SGD) vs the oracle
+#   cuda-tests tessera_tests --gtest_filter='*Cuda*:*cuda*:-*CudaDlrm*' (device API, every kernel
+#              of the op table vs the oracle, the DLRM ops' included; GPT on CUDA vs the CPU and
+#              vs the PyTorch reference)
+#   cuda-dlrm  tessera_tests --gtest_filter='*CudaDlrm*': what only the DLRM kernels on CUDA promise
+#              (a deterministic sparse backward, batches with no ids) and the sparse optimizers
 #   nccl-np1   tessera_mpi_tests --gtest_filter='Nccl*' at -np 1
 #   nccl-npN   the same at -np N, N = min(GPUs, 4), when there are 2 or more
 #   cuda-train tests/cli/cuda_train.sh: train.device = "cuda", bitwise checkpoint

@@ -471,6 +471,30 @@ void bce_logits_backward(float* dlogits, const float* logits, const float* label
   d_dlogits.copy_to(dlogits);
 }
 
+// The table's rows an embedding bag reads: up to the largest id.
+size_t table_rows_of(const int* ids, int L) { return L > 0 ? vocab_rows(ids, L) : 1; }
+
+void embedding_bag_forward(float* out, int64_t ldo, const float* table, const int* ids, const int* offsets, int B,
+                           int D, Pooling pooling) {
+  const int L = offsets[B];
+  F d_out(out, static_cast<size_t>(B) * ldo), d_table(table, table_rows_of(ids, L) * D);
+  I d_ids(ids, L), d_offsets(offsets, static_cast<size_t>(B) + 1);
+  cuda::embedding_bag_forward(d_out.get(), ldo, d_table.get(), d_ids.get(), d_offsets.get(), B, D, pooling);
+  d_out.copy_to(out);
+}
+
+int embedding_bag_backward(int* rows, float* drows, const float* dout, int64_t ldd, const int* ids, const int* offsets,
+                           int B, int D, Pooling pooling) {
+  const int L = offsets[B];
+  I d_rows(rows, L), d_ids(ids, L), d_offsets(offsets, static_cast<size_t>(B) + 1);
+  F d_drows(drows, static_cast<size_t>(L) * D), d_dout(dout, static_cast<size_t>(B) * ldd);
+  const int U = cuda::embedding_bag_backward(d_rows.get(), d_drows.get(), d_dout.get(), ldd, d_ids.get(),
+                                             d_offsets.get(), B, D, pooling);
+  d_rows.copy_to(rows);
+  d_drows.copy_to(drows);
+  return U;
+}
+
 }  // namespace on_device
 
 // ---- the table (op_table.h) ---------------------------------------------------

@@ -5,9 +5,10 @@
 // within a bag and across bags, long runs of one hot id, ids at the table's
 // last row, strided outputs, batches with no ids at all.
 //
-// The embedding bag (forward and sparse backward) and sparse SGD keep the
-// reference's order of float operations, so they must equal it bitwise; the
-// other ops are compared by normalised error (testing_util). Backward cases
+// Sparse SGD keeps the reference's order of float operations, so it must
+// equal it bitwise; the other ops are compared by normalised error
+// (testing_util). The embedding bag against the oracle (bit for bit), the
+// interaction, ReLU and BCE are rows of the shared op table (op_table.h). Backward cases
 // pre-fill accumulated gradients with random values, so a kernel that
 // overwrites instead of accumulating fails.
 //
@@ -19,7 +20,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -173,42 +173,23 @@ SparseGrad cuda_backward(const std::vector<float>& dout, int64_t ld, const std::
 
 class CudaDlrmEmbeddingBag : public ::testing::TestWithParam<Pooling> {};
 
-TEST_P(CudaDlrmEmbeddingBag, MatchesRefBitwiseOnOddShapes) {
+// The embedding bag against the oracle, bit for bit on odd shapes, is a row
+// of the shared op table (op_table.h, AllOps/CudaMatchesRef). Here what only
+// the CUDA kernels promise: the sparse backward has no atomics, so a second
+// run gives the same bits, also with runs of hundreds of one id.
+TEST_P(CudaDlrmEmbeddingBag, BackwardIsDeterministic) {
   SKIP_WITHOUT_DEVICE();
   const Pooling pooling = GetParam();
   std::mt19937 rng(17);
-  // (B, E, D, ids per bag at most, hot share): D = 300 spans more than one
-  // block of the backward's threads; the last shape has runs of hundreds.
-  for (auto [B, E, D, maxlen, hot] :
-       {std::tuple{1, 1, 1, 3, 0.0}, std::tuple{5, 3, 7, 4, 0.0}, std::tuple{37, 101, 13, 9, 0.2},
-        std::tuple{300, 997, 64, 9, 0.1}, std::tuple{9, 50, 300, 6, 0.3}, std::tuple{2048, 100000, 64, 20, 0.25}}) {
+  for (auto [B, E, D, maxlen, hot] : {std::tuple{9, 50, 300, 6, 0.3}, std::tuple{2048, 100000, 64, 20, 0.25}}) {
     SCOPED_TRACE("B=" + std::to_string(B) + " E=" + std::to_string(E) + " D=" + std::to_string(D));
     std::vector<int> ids, offsets;
     make_bags(ids, offsets, B, E, maxlen, hot, rng);
-    const std::vector<float> table = randn(static_cast<size_t>(E) * D, rng);
-    const int64_t ld = D + 3;  // strided rows, as in the model's (B,F,D) buffer
-    std::vector<float> out_ref(static_cast<size_t>(B) * ld, -1.0f);
-    ref::embedding_bag_forward(out_ref.data(), ld, table.data(), ids.data(), offsets.data(), B, D, pooling);
-    DeviceVector<float> d_table(table), d_out(std::vector<float>(out_ref.size(), -1.0f));
-    DeviceVector<int> d_ids(ids), d_offsets(offsets);
-    cuda::embedding_bag_forward(d_out.get(), ld, d_table.get(), d_ids.get(), d_offsets.get(), B, D, pooling);
-    const std::vector<float> out = d_out.to_host();
-    EXPECT_EQ(bit_mismatches(out, out_ref), 0) << "forward, normalised error " << err(out, out_ref);
-    if (B > 1) {
-      for (int d = 0; d < D; d++) ASSERT_EQ(out[1 * ld + d], 0.0f) << "an empty bag pools to zeros";
-    }
-    ASSERT_EQ(out[D], -1.0f) << "the stride's gap is not written";
-
+    const int64_t ld = D + 3;
     const std::vector<float> dout = randn(static_cast<size_t>(B) * ld, rng);
     const SparseGrad want = ref_backward(dout, ld, ids, offsets, B, D, pooling);
     const SparseGrad got = cuda_backward(dout, ld, ids, offsets, B, D, pooling);
-    std::map<int, int> distinct;
-    for (int x : ids) distinct[x]++;
-    ASSERT_EQ(want.U, static_cast<int>(distinct.size()));
-    ASSERT_EQ(got.U, want.U) << "one gradient row per distinct id";
-    ASSERT_EQ(got.rows, want.rows) << "the distinct ids, ascending";
-    EXPECT_EQ(bit_mismatches(got.drows, want.drows), 0) << "backward, normalised error " << err(got.drows, want.drows);
-    // No atomics: a second run gives the same bits.
+    ASSERT_EQ(got.U, want.U);
     const SparseGrad again = cuda_backward(dout, ld, ids, offsets, B, D, pooling);
     EXPECT_EQ(again.rows, got.rows);
     EXPECT_EQ(bit_mismatches(again.drows, got.drows), 0) << "backward is deterministic";
@@ -239,9 +220,6 @@ INSTANTIATE_TEST_SUITE_P(Pooling, CudaDlrmEmbeddingBag, ::testing::Values(Poolin
 
 // fp32 sums in another order or CUDA's exp/log1p: far below this.
 constexpr double kTolerance = 1e-5;
-
-// The interaction, ReLU and BCE kernels against the oracle are rows of the
-// shared op table (op_table.h, AllOps/CudaMatchesRef).
 
 // A table, its Adagrad state and a sparse gradient of distinct rows in no
 // particular order (the contract asks only distinct), with rows 0 and E-1.

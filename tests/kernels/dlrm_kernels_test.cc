@@ -1,6 +1,7 @@
-// The recommendation (DLRM) ops of ops.inc: cpu against ref on odd shapes
-// (empty bags, duplicate ids, strided outputs, mean pooling), and the ref
-// backward kernels against central differences of L = sum(out * R).
+// The recommendation (DLRM) ops of ops.inc: the oracle's contract on odd
+// shapes (empty bags, duplicate ids, strided outputs, mean pooling), and the
+// ref backward kernels against central differences of L = sum(out * R). The
+// cpu and cuda backends against the oracle: the op table (op_table.h).
 // Letters as in ops.inc: B samples, D dimension, E table rows, F features.
 #include <gtest/gtest.h>
 
@@ -43,12 +44,6 @@ void make_bags(std::vector<int>& ids, std::vector<int>& offsets, int B, int E, i
   }
 }
 
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, float tol, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); i++)
-    ASSERT_NEAR(a[i], b[i], tol * std::max(1.0f, std::fabs(b[i]))) << what << " at " << i;
-}
-
 double weighted_sum(const std::vector<float>& out, const std::vector<float>& r) {
   double acc = 0.0;
   for (size_t i = 0; i < out.size(); i++) acc += static_cast<double>(out[i]) * r[i];
@@ -82,7 +77,11 @@ std::vector<float> densify(const std::vector<int>& rows, const std::vector<float
 
 class EmbeddingBagTest : public ::testing::TestWithParam<Pooling> {};
 
-TEST_P(EmbeddingBagTest, CpuMatchesRefOnOddShapesWithStride) {
+// The oracle keeps the contract (ops.inc) on odd shapes with a stride: an
+// empty bag pools to zeros, the stride's gap is not written, one gradient row
+// per distinct id, ascending. Every backend against the oracle: the op table
+// (op_table.h, AllOps/CpuMatchesRef and CudaMatchesRef).
+TEST_P(EmbeddingBagTest, RefKeepsTheContractOnOddShapesWithStride) {
   const Pooling pooling = GetParam();
   std::mt19937 rng(7);
   for (auto [B, E, D] : {std::tuple{1, 1, 1}, std::tuple{5, 3, 7}, std::tuple{37, 101, 13}, std::tuple{300, 997, 64}}) {
@@ -90,10 +89,8 @@ TEST_P(EmbeddingBagTest, CpuMatchesRefOnOddShapesWithStride) {
     make_bags(ids, offsets, B, E, 9, rng);
     const std::vector<float> table = randn(static_cast<size_t>(E) * D, rng);
     const int64_t ld = D + 3;  // strided rows, as in the model's (B,F,D) buffer
-    std::vector<float> out_ref(B * ld, -1.0f), out_cpu(B * ld, -1.0f);
+    std::vector<float> out_ref(B * ld, -1.0f);
     ref::embedding_bag_forward(out_ref.data(), ld, table.data(), ids.data(), offsets.data(), B, D, pooling);
-    cpu::embedding_bag_forward(out_cpu.data(), ld, table.data(), ids.data(), offsets.data(), B, D, pooling);
-    expect_close(out_cpu, out_ref, 0.0f, "forward");
     if (B > 1) {
       for (int d = 0; d < D; d++) EXPECT_EQ(out_ref[1 * ld + d], 0.0f) << "empty bag pools to zeros";
     }
@@ -101,26 +98,14 @@ TEST_P(EmbeddingBagTest, CpuMatchesRefOnOddShapesWithStride) {
 
     const std::vector<float> dout = randn(B * ld, rng);
     const int L = offsets[B];
-    std::vector<int> rows_ref(L), rows_cpu(L);
-    std::vector<float> dr_ref(static_cast<size_t>(L) * D), dr_cpu(static_cast<size_t>(L) * D);
+    std::vector<int> rows_ref(L);
+    std::vector<float> dr_ref(static_cast<size_t>(L) * D);
     const int u_ref = ref::embedding_bag_backward(rows_ref.data(), dr_ref.data(), dout.data(), ld, ids.data(),
                                                   offsets.data(), B, D, pooling);
-    const int u_cpu = cpu::embedding_bag_backward(rows_cpu.data(), dr_cpu.data(), dout.data(), ld, ids.data(),
-                                                  offsets.data(), B, D, pooling);
-    ASSERT_EQ(u_cpu, u_ref);
     std::map<int, int> distinct;
     for (int x : ids) distinct[x]++;
     ASSERT_EQ(u_ref, static_cast<int>(distinct.size())) << "one gradient row per distinct id";
-    for (int u = 0; u < u_ref; u++) {
-      ASSERT_EQ(rows_cpu[u], rows_ref[u]);
-      if (u > 0) {
-        ASSERT_LT(rows_ref[u - 1], rows_ref[u]) << "rows ascending";
-      }
-    }
-    rows_ref.resize(u_ref);
-    dr_ref.resize(static_cast<size_t>(u_ref) * D);
-    dr_cpu.resize(static_cast<size_t>(u_ref) * D);
-    expect_close(dr_cpu, dr_ref, 0.0f, "backward");
+    for (int u = 1; u < u_ref; u++) ASSERT_LT(rows_ref[u - 1], rows_ref[u]) << "rows ascending";
   }
 }
 

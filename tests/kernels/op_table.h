@@ -23,6 +23,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <ostream>
 #include <random>
@@ -47,7 +48,7 @@ enum class Tol {
   kAttention,  // softmax attention: sums over T and the head size
   kBF16,       // bf16 matmuls
   kReduction,  // a weight gradient summed over many rows in another order
-  kExact,      // no arithmetic to reorder (ReLU): bit for bit
+  kExact,      // no arithmetic reordered (ReLU, the embedding bag): bit for bit
   kTight,      // one transcendental per element (BCE with logits)
   kCount
 };
@@ -92,6 +93,8 @@ struct Backend {
   decltype(&ref::relu_backward) relu_backward;
   decltype(&ref::bce_logits_forward) bce_logits_forward;
   decltype(&ref::bce_logits_backward) bce_logits_backward;
+  decltype(&ref::embedding_bag_forward) embedding_bag_forward;
+  decltype(&ref::embedding_bag_backward) embedding_bag_backward;
   // Set after the operators.
   double tolerance[static_cast<int>(Tol::kCount)] = {};
   bool writes_preatt = true;  // attention's preatt output (the cpu backend may leave it unwritten)
@@ -107,7 +110,8 @@ struct Backend {
         ns::rmsnorm_backward, ns::rope_forward, ns::rope_backward, ns::swiglu_forward, ns::swiglu_backward,       \
         ns::attention_gqa_forward, ns::attention_gqa_backward, ns::kv_cache_write_gqa,                           \
         ns::paged_attention_gqa_forward, ns::interaction_forward, ns::interaction_backward, ns::relu_forward,     \
-        ns::relu_backward, ns::bce_logits_forward, ns::bce_logits_backward                                        \
+        ns::relu_backward, ns::bce_logits_forward, ns::bce_logits_backward, ns::embedding_bag_forward,            \
+        ns::embedding_bag_backward                                                                                \
   }
 
 inline const Backend& ref_backend() {
@@ -602,6 +606,75 @@ inline void add_dlrm_cases(std::vector<OpCase>& cases) {
   }
 }
 
+// Bags for B samples over E table rows (ops.inc): sizes 0..maxlen; sample 0
+// repeats an id and holds the last row E-1, samples 1 and 2 are empty (two
+// in a row) and so is the last; a `hot` share of ids comes from rows 0..3,
+// so some ids run long across bags.
+inline void embedding_bags(std::vector<int>* ids, std::vector<int>* offsets, int B, int E, int maxlen, double hot,
+                           uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> len(0, maxlen), id(0, E - 1), hot_id(0, std::min(E, 4) - 1);
+  std::bernoulli_distribution is_hot(hot);
+  offsets->assign(1, 0);
+  ids->clear();
+  for (int b = 0; b < B; b++) {
+    if (b == 0) {
+      const int x = id(rng);
+      ids->insert(ids->end(), {x, E - 1, x});
+    }
+    const bool empty = b == 1 || b == 2 || (b == B - 1 && B > 1);
+    const int n = empty ? 0 : len(rng);
+    for (int k = 0; k < n; k++) ids->push_back(is_hot(rng) ? hot_id(rng) : id(rng));
+    offsets->push_back(static_cast<int>(ids->size()));
+  }
+}
+
+// The embedding bag keeps the oracle's order of float operations on every
+// backend (ops.inc), so its rows are exact. The forward writes rows with a
+// stride (ld = D + 3, as the model's (B,F,D) buffer) into garbage: a backend
+// that writes the gap, or leaves a value unwritten, fails. The backward's
+// outputs are U, the U distinct ids and their U gradient rows.
+inline void add_embedding_bag_cases(std::vector<OpCase>& cases) {
+  struct Shape { int B, E, D, maxlen; double hot; };
+  // D = 300 spans more than one block of the CUDA backward's threads; the
+  // last shape has runs of hundreds of one id and takes the threaded paths.
+  for (const Shape s : {Shape{1, 1, 1, 3, 0.0}, Shape{5, 3, 7, 4, 0.0}, Shape{37, 101, 13, 9, 0.2},
+                        Shape{300, 997, 64, 9, 0.1}, Shape{9, 50, 300, 6, 0.3}, Shape{2048, 20000, 64, 20, 0.25}}) {
+    for (const Pooling pooling : {Pooling::kSum, Pooling::kMean}) {
+      const std::string shape = "B=" + std::to_string(s.B) + " E=" + std::to_string(s.E) + " D=" + std::to_string(s.D) +
+                                (pooling == Pooling::kSum ? " sum" : " mean");
+      const int64_t ld = s.D + 3;
+      cases.push_back({"embedding_bag_forward", shape, Tol::kExact, [=](const Backend& be) {
+                         std::vector<int> ids, offsets;
+                         embedding_bags(&ids, &offsets, s.B, s.E, s.maxlen, s.hot, 160);
+                         const Vec table = uniform(static_cast<size_t>(s.E) * s.D, 161);
+                         Vec out = uniform(static_cast<size_t>(s.B) * ld, 162);  // garbage, the gap included
+                         be.embedding_bag_forward(out.data(), ld, table.data(), ids.data(), offsets.data(), s.B, s.D,
+                                                  pooling);
+                         return std::vector<Output>{{"out", out}};
+                       }});
+      cases.push_back({"embedding_bag_backward", shape, Tol::kExact, [=](const Backend& be) {
+                         std::vector<int> ids, offsets;
+                         embedding_bags(&ids, &offsets, s.B, s.E, s.maxlen, s.hot, 163);
+                         const Vec dout = uniform(static_cast<size_t>(s.B) * ld, 164);
+                         const int L = offsets[s.B];
+                         std::vector<int> rows(L, -1);
+                         Vec drows = uniform(static_cast<size_t>(L) * s.D, 165);  // written, not accumulated
+                         const int U = be.embedding_bag_backward(rows.data(), drows.data(), dout.data(), ld,
+                                                                 ids.data(), offsets.data(), s.B, s.D, pooling);
+                         // A U out of [0, L] fails on the first output; the rest stay whole.
+                         if (U >= 0 && U <= L) {
+                           rows.resize(U);
+                           drows.resize(static_cast<size_t>(U) * s.D);
+                         }
+                         return std::vector<Output>{{"U", {static_cast<float>(U)}},
+                                                    {"rows", Vec(rows.begin(), rows.end())},  // exact below 2^24
+                                                    {"drows", drows}};
+                       }});
+    }
+  }
+}
+
 inline std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   add_encoder_cases(cases);
@@ -614,6 +687,7 @@ inline std::vector<OpCase> all_cases() {
   add_paged_cases(cases);
   add_llama_cases(cases);
   add_dlrm_cases(cases);
+  add_embedding_bag_cases(cases);
   return cases;
 }
 
@@ -641,6 +715,14 @@ inline void expect_matches_ref(const OpCase& c, const Backend& be) {
     ASSERT_EQ(want[i].values.size(), got[i].values.size());
     const double err = normalised_error(got[i].values, want[i].values);
     EXPECT_LE(err, tol) << be.name << " vs ref, " << c.op << " " << c.shape << ": " << want[i].name;
+    if (c.tol == Tol::kExact) {
+      // Bit for bit (== takes -0 for 0).
+      size_t differ = 0;
+      for (size_t k = 0; k < want[i].values.size(); k++)
+        differ += std::memcmp(&want[i].values[k], &got[i].values[k], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << be.name << " vs ref, " << c.op << " " << c.shape << ": " << want[i].name
+                            << ", values whose bits differ";
+    }
   }
 }
 

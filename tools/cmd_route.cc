@@ -33,7 +33,7 @@ int run_route(RouteArgs a) {
       if (seen.name == t->name) return fail(Status::InvalidArgument(fmt::format("--tier {} is given twice", t->name)));
     a.opts.tiers.push_back(std::move(t).value());
   }
-  if (a.opts.health_timeout_s > a.opts.stall_timeout_s)
+  if (a.opts.workers.health_timeout_s > a.opts.workers.stall_timeout_s)
     return fail(Status::InvalidArgument("--health-timeout must not be longer than --stall-timeout"));
 
   const sigset_t stop_signals = block_stop_signals();
@@ -77,30 +77,36 @@ void add_route_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--served-model-name", o.model_name, "the model id clients send (default: the first worker's)");
   cmd->add_option("--api-key", o.api_key, "require 'Authorization: Bearer KEY' on /v1/*");
-  cmd->add_option("--worker-api-key", o.worker_api_key, "the key the workers require");
+  cmd->add_option("--worker-api-key", o.workers.worker_api_key, "the key the workers require");
   cmd->add_option("--tls-cert", o.tls.cert, "serve HTTPS: the router's certificate chain (PEM)");
   cmd->add_option("--tls-key", o.tls.key, "HTTPS: the certificate's private key (PEM)");
   cmd->add_option("--tls-client-ca", o.tls.client_ca, "HTTPS: accept only clients with a certificate from these CAs");
   add_http_limit_options(cmd, &o.door);
-  cmd->add_option("--tls-worker-ca", o.worker_ca, "https:// workers: check their certificates against these CAs (PEM)");
-  cmd->add_option("--tls-worker-cert", o.worker_cert, "https:// workers: the client certificate to show them (PEM)");
-  cmd->add_option("--tls-worker-key", o.worker_key, "https:// workers: that certificate's private key (PEM)");
+  cmd->add_option("--tls-worker-ca", o.workers.worker_ca,
+                  "https:// workers: check their certificates against these CAs (PEM)");
+  cmd->add_option("--tls-worker-cert", o.workers.worker_cert,
+                  "https:// workers: the client certificate to show them (PEM)");
+  cmd->add_option("--tls-worker-key", o.workers.worker_key, "https:// workers: that certificate's private key (PEM)");
   cmd->add_option("--health-interval", o.health_interval_s, "seconds between health checks of a worker")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 3600.0));
-  cmd->add_option("--health-timeout", o.health_timeout_s, "seconds a worker has to answer /health")
+  cmd->add_option("--health-timeout", o.workers.health_timeout_s, "seconds a worker has to answer /health")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 3600.0));
-  cmd->add_option("--health-failures", o.health_failures, "missed health deadlines in a row that take a worker out")
+  cmd->add_option("--health-failures", o.workers.health_failures,
+                  "missed health deadlines in a row that take a worker out")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  cmd->add_option("--hold-down", o.hold_down_s, "seconds a worker must stay healthy before it gets requests again")
+  cmd->add_option("--hold-down", o.workers.hold_down_s,
+                  "seconds a worker must stay healthy before it gets requests again")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
-  cmd->add_option("--stall-timeout", o.stall_timeout_s, "seconds a worker may send nothing before the attempt fails")
+  cmd->add_option("--stall-timeout", o.workers.stall_timeout_s,
+                  "seconds a worker may send nothing before the attempt fails")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 86400.0));
-  cmd->add_option("--wait-for-worker", o.wait_for_worker_s, "seconds a request waits when no worker is up (then 503)")
+  cmd->add_option("--wait-for-worker", o.workers.wait_for_worker_s,
+                  "seconds a request waits when no worker is up (then 503)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("--max-attempts", o.max_attempts, "workers a request is tried on at most")

@@ -45,20 +45,6 @@ std::string string_at(const json& j, const char* key) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-route::PoolOptions pool_options(const RouterOptions& o) {
-  route::PoolOptions p;
-  p.health_timeout_s = o.health_timeout_s;
-  p.health_failures = o.health_failures;
-  p.hold_down_s = o.hold_down_s;
-  p.connect_timeout_s = o.connect_timeout_s;
-  p.stall_timeout_s = o.stall_timeout_s;
-  p.wait_for_worker_s = o.wait_for_worker_s;
-  p.worker_api_key = o.worker_api_key;
-  p.worker_ca = o.worker_ca;
-  p.worker_cert = o.worker_cert;
-  p.worker_key = o.worker_key;
-  return p;
-}
 
 }  // namespace
 
@@ -183,6 +169,218 @@ std::string relay_chunk(json c, const ClientAsk& ask, StreamProgress& p) {
   return "data: " + dump(c) + "\n\n";
 }
 
+// One request's exchange with the workers, in one of the two modes (router.h,
+// "Retries"). The one attempt loop, State::relay, drives it: a worker from the
+// retry policy, the body request() makes for it, the outcome settle() makes
+// of what came back, the policy's judgement of that; then deliver() or
+// pass_through(), or once the attempts are used up finish() (an answer that
+// is whole anyway) or give_up().
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  // The client went away: no more attempts, nothing more to write.
+  virtual bool gone() const { return false; }
+  // The body for worker w (up: the client's request under w's model name);
+  // nullopt when nothing is left to ask of any worker.
+  virtual std::optional<json> request(Worker& w, json up) = 0;
+  // Where a 200's body goes as it arrives; empty: collected in Outcome::body.
+  virtual std::function<bool(const char*, size_t)> receiver() { return nullptr; }
+  // An attempt's outcome as the policy is to judge it: answered 200 only when
+  // the answer is whole.
+  virtual Outcome settle(Outcome o) = 0;
+  virtual void deliver(Worker& w) = 0;
+  virtual void pass_through(const Outcome& o) = 0;
+  // After the attempts: whether the answer is whole anyway, and its end
+  // written then.
+  virtual bool whole() const { return false; }
+  virtual void finish() {}
+  virtual void give_up(const ApiError& e, const std::optional<std::string>& busy_body) = 0;
+};
+
+// Not streamed: the request again, from the start, at the next worker while
+// one fails; the client gets the answer under the router's model id.
+class BufferedExchange final : public Exchange {
+ public:
+  BufferedExchange(std::string model, httplib::Response& res) : model_(std::move(model)), res_(res) {}
+
+  std::optional<json> request(Worker&, json up) override { return up; }
+
+  Outcome settle(Outcome o) override {
+    if (o.kind == Outcome::kAnswered && o.status == 200) {
+      answer_ = json::parse(o.body, nullptr, false);
+      if (!answer_.is_object()) return Outcome{Outcome::kFailed, 200, "", "an answer that is not JSON", "http_5xx"};
+    }
+    return o;
+  }
+
+  void deliver(Worker& w) override {
+    answer_["model"] = model_;
+    res_.set_header("X-Tessera-Tier", w.tier_name);
+    res_.set_content(dump(answer_), "application/json");
+  }
+
+  void pass_through(const Outcome& o) override {
+    res_.status = o.status;
+    res_.set_content(o.body, "application/json");
+  }
+
+  void give_up(const ApiError& e, const std::optional<std::string>& busy_body) override {
+    write_error(res_, e);
+    if (busy_body) res_.set_content(*busy_body, "application/json");  // the worker's own 429
+  }
+
+ private:
+  std::string model_;
+  httplib::Response& res_;
+  json answer_;
+};
+
+// Streamed: the workers' streams relayed as one (router.h). Every worker is
+// asked for a stream with its token ids; the next one continues where the
+// last stopped ("resume"). Runs on a thread of its own (State::relays); the
+// client's HTTP thread writes what it emits.
+class StreamedExchange final : public Exchange {
+ public:
+  StreamedExchange(const json& body, const ClientAsk& ask, std::shared_ptr<Relay> relay)
+      : body_(body), ask_(ask), relay_(std::move(relay)) {}
+
+  bool gone() const override { return relay_->client_gone; }
+
+  std::optional<json> request(Worker& w, json up) override {
+    {
+      std::lock_guard<std::mutex> lock(relay_->mu);
+      relay_->tier = w.tier_name;
+    }
+    up["stream"] = true;
+    up["stream_options"] = {{"include_usage", true}};
+    up["return_token_ids"] = true;
+    error_event_.reset();
+    if (!p_.prompt_ids || p_.generated.empty()) return up;
+    // Continue where the last worker stopped.
+    std::vector<int> ids = *p_.prompt_ids;
+    ids.insert(ids.end(), p_.generated.begin(), p_.generated.end());
+    up["resume"] = {{"token_ids", ids}, {"generated", p_.generated.size()}, {"sent_bytes", p_.sent_bytes}};
+    const char* key = body_.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    std::optional<int64_t> max_tokens;
+    if (auto m = body_.find(key); m != body_.end() && m->is_number_integer()) max_tokens = m->get<int64_t>();
+    if (!max_tokens && !ask_.chat) max_tokens = kCompletionsDefaultMaxTokens;
+    if (max_tokens) {
+      const int64_t left = *max_tokens - static_cast<int64_t>(p_.generated.size());
+      if (left <= 0) {
+        // Every token was generated; only the end was lost (finish() writes it).
+        p_.finish_reason = "length";
+        return std::nullopt;
+      }
+      up[key] = left;
+    }
+    return up;
+  }
+
+  std::function<bool(const char*, size_t)> receiver() override {
+    return [this](const char* d, size_t n) {
+      if (relay_->client_gone) return false;
+      return sse_.feed(d, n, [&](std::string_view payload) {
+        if (payload == "[DONE]") {
+          p_.done = true;
+          return true;
+        }
+        json c = json::parse(payload, nullptr, false);
+        if (!c.is_object()) {
+          error_event_ = "an unparsable chunk";
+          return false;
+        }
+        if (c.contains("error")) {
+          error_event_ = string_at(c["error"], "message");
+          return false;
+        }
+        if (std::string b = relay_chunk(std::move(c), ask_, p_); !b.empty()) relay_->emit(std::move(b));
+        return true;
+      });
+    };
+  }
+
+  Outcome settle(Outcome o) override {
+    sse_ = SseReader();
+    const Outcome whole{Outcome::kAnswered, 200, "", "", ""};
+    if (p_.done) return whole;
+    const bool refused = o.kind == Outcome::kAnswered && o.status != 200;
+    if (!refused && p_.finish_reason) return whole;  // every token arrived; only the stream's end was lost
+    if (o.kind == Outcome::kAnswered && o.status == 200) {
+      // A 200 whose stream broke off: the worker's failure.
+      if (error_event_) {
+        auto [label, reason] = route::failure_of(500, json{{"error", {{"message", *error_event_}}}}.dump());
+        return Outcome{Outcome::kFailed, 200, "", "a stream ended with an error: " + reason, label};
+      }
+      return Outcome{Outcome::kFailed, 200, "", "a stream ended without [DONE]", "http_5xx"};
+    }
+    return o;
+  }
+
+  void deliver(Worker&) override {
+    if (p_.done) {
+      relay_->emit("data: [DONE]\n\n", true);
+      return;
+    }
+    end();
+  }
+
+  void pass_through(const Outcome& o) override {
+    // The client's error (a continuation refused is the router's).
+    if (p_.role_sent || p_.sent_bytes > 0) {
+      relay_->emit("data: " + o.body + "\n\ndata: [DONE]\n\n", true);
+    } else {
+      relay_->answer_with(o.status, o.body);
+    }
+  }
+
+  bool whole() const override { return p_.finish_reason.has_value(); }
+
+  void finish() override {
+    // Everything was generated; the end is written here.
+    json c = {{"id", p_.id},
+              {"created", p_.created},
+              {"object", ask_.chat ? "chat.completion.chunk" : "text_completion"},
+              {"choices", json::array({{{"index", 0}, {"finish_reason", *p_.finish_reason}, {"logprobs", nullptr}}})}};
+    if (ask_.chat) c["choices"][0]["delta"] = json::object();
+    else c["choices"][0]["text"] = "";
+    if (!p_.done) relay_->emit(relay_chunk(c, ask_, p_));
+    end();
+  }
+
+  void give_up(const ApiError& e, const std::optional<std::string>& busy_body) override {
+    std::lock_guard<std::mutex> lock(relay_->mu);
+    if (relay_->phase == Relay::kStreaming) {
+      relay_->out += "data: " + dump(e.body()) + "\n\ndata: [DONE]\n\n";
+      relay_->finished = true;
+    } else {
+      relay_->phase = Relay::kAnswered;
+      relay_->status = e.http;
+      relay_->answer = busy_body ? *busy_body : dump(e.body());
+    }
+    relay_->cv.notify_all();
+  }
+
+ private:
+  // A stream whose end reached us but not its [DONE]: completed here.
+  void end() {
+    if (!p_.usage_sent && ask_.include_usage) {
+      const json c = {{"id", p_.id},
+                      {"object", ask_.chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", p_.created},
+                      {"choices", json::array()}};
+      relay_->emit(relay_chunk(c, ask_, p_));
+    }
+    relay_->emit("data: [DONE]\n\n", true);
+  }
+
+  const json& body_;
+  const ClientAsk ask_;
+  std::shared_ptr<Relay> relay_;
+  StreamProgress p_;
+  SseReader sse_;
+  std::optional<std::string> error_event_;  // the current attempt's error chunk
+};
+
 }  // namespace
 
 struct Router::State {
@@ -196,7 +394,7 @@ struct Router::State {
 
   std::vector<obs::Histogram*> latency;
 
-  State(const RouterOptions& o, obs::Registry& r) : opts(o), reg(r), pool(o.tiers, pool_options(o), r) {}
+  State(const RouterOptions& o, obs::Registry& r) : opts(o), reg(r), pool(o.tiers, o.workers, r) {}
 
   obs::Counter& requests(int code) {
     return reg.counter("tessera_route_requests_total", "Requests answered by the router, by HTTP status",
@@ -214,192 +412,46 @@ struct Router::State {
     return m.empty() ? "model" : m;
   }
 
-  // The request for worker w: its own model name.
-  json for_worker(Worker& w, const json& body) {
-    json up = body;
-    if (const std::string m = pool.served_model(w); !m.empty()) up["model"] = m;
-    return up;
-  }
-
-  void answered(Worker& w, Clock::time_point t0) {
-    requests(200).add(1);
-    latency[w.tier]->observe(seconds_since(t0));
-  }
-
-  // Not streamed: the request again, from the start, at the next worker
-  // while one fails (route_policy.h).
-  void complete(const json& body, const std::string& path, const std::string& model, Clock::time_point t0,
-                httplib::Response& res) {
+  // The one attempt loop of both modes (Exchange). Every answer is counted
+  // before it is written, so a client that has it sees it in /metrics.
+  void relay(const json& body, const std::string& path, Clock::time_point t0, Exchange& x) {
     RetryPolicy policy(pool, opts.max_attempts);
-    while (Worker* w = policy.next()) {
-      Outcome o = pool.send(*w, path, dump(for_worker(*w, body)), nullptr);
-      json j;
-      if (o.kind == Outcome::kAnswered && o.status == 200) {
-        j = json::parse(o.body, nullptr, false);
-        if (!j.is_object()) o = Outcome{Outcome::kFailed, 200, "", "an answer that is not JSON", "http_5xx"};
+    while (!x.gone()) {
+      Worker* w = policy.next();
+      if (!w) break;
+      json up = body;
+      if (const std::string m = pool.served_model(*w); !m.empty()) up["model"] = m;
+      std::optional<json> ask = x.request(*w, std::move(up));
+      if (!ask) {
+        pool.unpick(*w);  // nothing is left to ask
+        break;
       }
+      const Outcome o = x.settle(pool.send(*w, path, dump(*ask), x.receiver()));
+      if (x.gone()) return;
       switch (policy.judge(*w, o)) {
         case RetryPolicy::Action::kRetry: continue;
         case RetryPolicy::Action::kDeliver:
-          j["model"] = model;
-          res.set_header("X-Tessera-Tier", w->tier_name);
-          res.set_content(dump(j), "application/json");
-          answered(*w, t0);
+          requests(200).add(1);
+          latency[w->tier]->observe(seconds_since(t0));
+          x.deliver(*w);
           return;
         case RetryPolicy::Action::kPassThrough:
-          res.status = o.status;
-          res.set_content(o.body, "application/json");
           requests(o.status).add(1);
+          x.pass_through(o);
           return;
       }
     }
+    if (x.gone()) return;
+    if (x.whole()) {
+      requests(200).add(1);
+      x.finish();
+      return;
+    }
     const ApiError e = policy.give_up();
-    if (policy.busy_body()) {
-      write_error(res, e);
-      res.set_content(*policy.busy_body(), "application/json");  // the worker's own 429
-      requests(429).add(1);
-      return;
-    }
-    send_error(res, e);
+    requests(e.http).add(1);
+    x.give_up(e, policy.busy_body());
   }
-
-  void stream(const json& body, const std::string& path, const ClientAsk& ask, Clock::time_point t0,
-              const std::shared_ptr<Relay>& relay);
 };
-
-// Streamed: the workers' streams relayed as one (router.h). Runs on its own
-// thread (State::relays); the client's HTTP thread writes what it emits.
-void Router::State::stream(const json& body, const std::string& path, const ClientAsk& ask, Clock::time_point t0,
-                           const std::shared_ptr<Relay>& relay) {
-  StreamProgress p;
-  RetryPolicy policy(pool, opts.max_attempts);
-  SseReader sse;
-  auto finish_stream = [&](Worker* w) {
-    // A stream whose end reached us but not its [DONE]: completed here.
-    if (!p.usage_sent && ask.include_usage) {
-      const json c = {{"id", p.id},
-                      {"object", ask.chat ? "chat.completion.chunk" : "text_completion"},
-                      {"created", p.created},
-                      {"choices", json::array()}};
-      relay->emit(relay_chunk(c, ask, p));
-    }
-    relay->emit("data: [DONE]\n\n", true);
-    requests(200).add(1);
-    if (w) latency[w->tier]->observe(seconds_since(t0));
-  };
-  while (!relay->client_gone) {
-    Worker* w = policy.next();
-    if (!w) break;
-    json up = for_worker(*w, body);
-    {
-      std::lock_guard<std::mutex> lock(relay->mu);
-      relay->tier = w->tier_name;
-    }
-    up["stream"] = true;
-    up["stream_options"] = {{"include_usage", true}};
-    up["return_token_ids"] = true;
-    if (p.prompt_ids && !p.generated.empty()) {
-      // Continue where the last worker stopped.
-      std::vector<int> ids = *p.prompt_ids;
-      ids.insert(ids.end(), p.generated.begin(), p.generated.end());
-      up["resume"] = {{"token_ids", ids}, {"generated", p.generated.size()}, {"sent_bytes", p.sent_bytes}};
-      const char* key = body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-      std::optional<int64_t> max_tokens;
-      if (auto m = body.find(key); m != body.end() && m->is_number_integer()) max_tokens = m->get<int64_t>();
-      if (!max_tokens && !ask.chat) max_tokens = kCompletionsDefaultMaxTokens;
-      if (max_tokens) {
-        const int64_t left = *max_tokens - static_cast<int64_t>(p.generated.size());
-        if (left <= 0) {
-          // Every token was generated; only the end was lost.
-          pool.unpick(*w);
-          p.finish_reason = "length";
-          break;
-        }
-        up[key] = left;
-      }
-    }
-    std::optional<std::string> error_event;  // an error chunk's message
-    Outcome o = pool.send(*w, path, dump(up), [&](const char* d, size_t n) {
-      if (relay->client_gone) return false;
-      return sse.feed(d, n, [&](std::string_view payload) {
-        if (payload == "[DONE]") {
-          p.done = true;
-          return true;
-        }
-        json c = json::parse(payload, nullptr, false);
-        if (!c.is_object()) {
-          error_event = "an unparsable chunk";
-          return false;
-        }
-        if (c.contains("error")) {
-          error_event = string_at(c["error"], "message");
-          return false;
-        }
-        if (std::string b = relay_chunk(std::move(c), ask, p); !b.empty()) relay->emit(std::move(b));
-        return true;
-      });
-    });
-    sse = SseReader();
-    if (relay->client_gone) break;
-    if (p.done) {
-      policy.judge(*w, Outcome{Outcome::kAnswered, 200, "", "", ""});
-      relay->emit("data: [DONE]\n\n", true);
-      answered(*w, t0);
-      return;
-    }
-    const bool refused = o.kind == Outcome::kAnswered && o.status != 200;
-    if (!refused && p.finish_reason) {
-      // Every token arrived; only the stream's end was lost.
-      finish_stream(w);
-      return;
-    }
-    if (o.kind == Outcome::kAnswered && o.status == 200) {
-      // A 200 whose stream broke off: the worker's failure.
-      if (error_event) {
-        auto [label, reason] = route::failure_of(500, json{{"error", {{"message", *error_event}}}}.dump());
-        o = Outcome{Outcome::kFailed, 200, "", "a stream ended with an error: " + reason, label};
-      } else {
-        o = Outcome{Outcome::kFailed, 200, "", "a stream ended without [DONE]", "http_5xx"};
-      }
-    }
-    switch (policy.judge(*w, o)) {
-      case RetryPolicy::Action::kRetry: continue;
-      case RetryPolicy::Action::kDeliver: continue;  // not reached: a 200 is handled above
-      case RetryPolicy::Action::kPassThrough:
-        // The client's error (a continuation refused is the router's).
-        if (p.role_sent || p.sent_bytes > 0) {
-          relay->emit("data: " + o.body + "\n\ndata: [DONE]\n\n", true);
-        } else {
-          relay->answer_with(o.status, o.body);
-        }
-        requests(o.status).add(1);
-        return;
-    }
-  }
-  if (relay->client_gone) return;
-  if (p.finish_reason) {
-    // Everything was generated; the end is written here.
-    json c = {{"id", p.id}, {"created", p.created}, {"object", ask.chat ? "chat.completion.chunk" : "text_completion"},
-              {"choices", json::array({{{"index", 0}, {"finish_reason", *p.finish_reason}, {"logprobs", nullptr}}})}};
-    if (ask.chat) c["choices"][0]["delta"] = json::object();
-    else c["choices"][0]["text"] = "";
-    if (!p.done) relay->emit(relay_chunk(c, ask, p));
-    finish_stream(nullptr);
-    return;
-  }
-  const ApiError e = policy.give_up();
-  std::lock_guard<std::mutex> lock(relay->mu);
-  if (relay->phase == Relay::kStreaming) {
-    relay->out += "data: " + dump(e.body()) + "\n\ndata: [DONE]\n\n";
-    relay->finished = true;
-  } else {
-    relay->phase = Relay::kAnswered;
-    relay->status = e.http;
-    relay->answer = policy.busy_body() ? *policy.busy_body() : dump(e.body());
-  }
-  requests(e.http).add(1);
-  relay->cv.notify_all();
-}
 
 Router::Router(const RouterOptions& opts, obs::Registry& registry)
     : opts_(opts), registry_(registry), state_(std::make_shared<State>(opts, registry)) {
@@ -429,14 +481,15 @@ Status Router::start() {
   if (s.pool.workers().empty()) return Status::InvalidArgument("no workers: give at least one --tier NAME=URL");
   // The TLS files first: one line before any worker is asked.
   ASSIGN_OR_RETURN(http_, HttpServer::make(opts_.tls));
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-worker-ca", opts_.worker_ca},
-                                   {"--tls-worker-cert", opts_.worker_cert},
-                                   {"--tls-worker-key", opts_.worker_key}}) {
+  const route::PoolOptions& wo = opts_.workers;
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--tls-worker-ca", wo.worker_ca},
+                                   {"--tls-worker-cert", wo.worker_cert},
+                                   {"--tls-worker-key", wo.worker_key}}) {
     if (path.empty()) continue;
     if (Status st = io::check_regular_file(path); !st.ok())
       return Status::InvalidArgument(fmt::format("{} {}", flag, st.message()));
   }
-  if (opts_.worker_cert.empty() != opts_.worker_key.empty())
+  if (wo.worker_cert.empty() != wo.worker_key.empty())
     return Status::InvalidArgument("--tls-worker-cert and --tls-worker-key go together");
   s.pool.start_health(opts_.health_interval_s);
 
@@ -532,7 +585,8 @@ Status Router::start() {
     const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
     const bool stream = flag_at(body, "stream");
     if (!stream) {
-      s.complete(body, path, model, t0, res);
+      BufferedExchange x(model, res);
+      s.relay(body, path, t0, x);
       return;
     }
 
@@ -545,14 +599,14 @@ Status Router::start() {
     if (auto so = body.find("stream_options"); so != body.end() && so->is_object())
       ask.include_usage = flag_at(*so, "include_usage");
     s.relays.spawn([st, relay, ask, body = std::move(body), path, t0, counted] {
-      st->stream(body, path, ask, t0, relay);
+      StreamedExchange x(body, ask, relay);
+      st->relay(body, path, t0, x);
     });
 
     {
       std::unique_lock<std::mutex> lock(relay->mu);
       relay->cv.wait(lock, [&] { return relay->phase != Relay::kPending; });
       if (relay->phase == Relay::kAnswered) {
-        res.status = relay->status;
         res.status = relay->status;
         if (relay->status == 429 || relay->status == 503) res.set_header("Retry-After", "1");
         res.set_content(relay->answer, "application/json");

@@ -33,7 +33,8 @@
 // the other workers and is passed through when all are full.
 //
 // The workers, the pick and the retry policy are route_policy.h; this file
-// is the HTTP front end and the stream relay. The switch is visible: /health names the active tier and why, each switch
+// is the HTTP front end, whose two modes run through one attempt loop.
+// The switch is visible: /health names the active tier and why, each switch
 // writes one log line, and /metrics has tessera_route_tier_active{tier},
 // tessera_route_failovers_total{from,to,reason},
 // tessera_route_retries_total, tessera_route_worker_up{tier,worker} and
@@ -65,24 +66,18 @@ struct RouterOptions {
   std::vector<RouteTier> tiers;     // in order of preference
   std::string model_name;           // the id clients use; empty: the first worker's
   std::string api_key;              // clients must send it; empty: none
-  std::string worker_api_key;       // sent to the workers
+  // The workers: health deadlines, hold-down, connect and stall deadlines,
+  // the key sent to them and, for https:// workers, the CAs their
+  // certificates are checked against (empty: the system's) and the client
+  // certificate shown to them (for workers started with --tls-client-ca).
+  route::PoolOptions workers;
   double health_interval_s = 0.5;
-  double health_timeout_s = 1.0;
-  int health_failures = 2;          // deadlines missed in a row that take a worker out
-  double hold_down_s = 5.0;         // healthy this long before a worker is back
-  double connect_timeout_s = 1.0;
-  double stall_timeout_s = 60.0;    // a worker silent this long fails the attempt
-  double wait_for_worker_s = 10.0;  // with no worker up, a request waits this long
   int max_attempts = 4;
   int max_inflight = 256;           // more get 429
   size_t max_body_bytes = 1 << 20;
   double drain_timeout_s = 30;
   TlsOptions tls;                   // the router's own HTTPS (all empty: plain)
   DoorLimits door;                  // slow and many clients (http.h)
-  // https:// workers: the CAs their certificates are checked against (empty:
-  // the system's), and the client certificate shown to them (for workers
-  // started with --tls-client-ca).
-  std::string worker_ca, worker_cert, worker_key;
 };
 
 class Router {

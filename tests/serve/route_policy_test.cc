@@ -19,6 +19,7 @@
 #include <httplib.h>
 
 #include "obs/metrics.h"
+#include "serve/fake_worker.h"
 
 namespace tessera::serve::route {
 namespace {
@@ -27,79 +28,57 @@ using namespace std::chrono_literals;
 
 enum class Behaviour { kAnswer, kServerError, kDeviceError, kFull, kClientError, kCutStream, kHang, kStream };
 
-// One fake worker on 127.0.0.1: /health always 200 (so the pool takes it in),
-// POST as its behaviour says.
+// One fake worker on 127.0.0.1 (fake_worker.h): /health always 200 (so the
+// pool takes it in), POST as its behaviour says.
 class FakeWorker {
  public:
-  explicit FakeWorker(Behaviour b) : behaviour_(b) {
-    server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok","model":"fake"})", "application/json");
-    });
-    auto post = [this](const httplib::Request&, httplib::Response& res) {
-      posts_++;
-      switch (behaviour_) {
-        case Behaviour::kAnswer:
-          res.set_content(R"({"object":"text_completion","choices":[{"text":"hi"}]})", "application/json");
-          return;
-        case Behaviour::kServerError:
-          res.status = 500;
-          res.set_content(R"({"error":{"message":"the engine failed"}})", "application/json");
-          return;
-        case Behaviour::kDeviceError:
-          res.status = 500;
-          res.set_content(R"({"error":{"message":"device error: Xid 79"}})", "application/json");
-          return;
-        case Behaviour::kFull:
-          res.status = 429;
-          res.set_content(R"({"error":{"message":"full","code":"queue_full"}})", "application/json");
-          return;
-        case Behaviour::kClientError:
-          res.status = 400;
-          res.set_content(R"({"error":{"message":"'max_tokens' must be positive"}})", "application/json");
-          return;
-        case Behaviour::kHang:
-          for (int i = 0; i < 500 && !stopping_; i++) std::this_thread::sleep_for(10ms);  // 5 s
-          res.set_content("{}", "application/json");
-          return;
-        case Behaviour::kCutStream:
-        case Behaviour::kStream: {
-          const bool cut = behaviour_ == Behaviour::kCutStream;
-          res.set_chunked_content_provider("text/event-stream", [cut](size_t offset, httplib::DataSink& sink) {
-            if (offset > 0) {
-              if (cut) return false;  // the connection ends mid-stream
-              const std::string done = "data: [DONE]\n\n";
-              sink.write(done.data(), done.size());
-              sink.done();
-              return true;
-            }
-            const std::string chunk = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
-            sink.write(chunk.data(), chunk.size());
-            return true;
-          });
-          return;
-        }
-      }
-    };
-    server_.Post("/v1/completions", post);
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
-  }
-  ~FakeWorker() {
-    stopping_ = true;
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  explicit FakeWorker(Behaviour b)
+      : behaviour_(b), server_([this](httplib::Server& s) {
+          s.Post("/v1/completions", [this](const httplib::Request&, httplib::Response& res) { post(res); });
+        }) {}
+  ~FakeWorker() { stopping_ = true; }  // a hang ends before the server stops
+  std::string url() const { return server_.url(); }
   int posts() const { return posts_; }
 
  private:
+  void post(httplib::Response& res) {
+    posts_++;
+    switch (behaviour_) {
+      case Behaviour::kAnswer:
+        res.set_content(R"({"object":"text_completion","choices":[{"text":"hi"}]})", "application/json");
+        return;
+      case Behaviour::kServerError: return fake::server_error(res);
+      case Behaviour::kDeviceError: return fake::device_error(res);
+      case Behaviour::kFull: return fake::full(res);
+      case Behaviour::kClientError: return fake::client_error(res);
+      case Behaviour::kHang:
+        for (int i = 0; i < 500 && !stopping_; i++) std::this_thread::sleep_for(10ms);  // 5 s
+        res.set_content("{}", "application/json");
+        return;
+      case Behaviour::kCutStream:
+      case Behaviour::kStream: {
+        const bool cut = behaviour_ == Behaviour::kCutStream;
+        res.set_chunked_content_provider("text/event-stream", [cut](size_t offset, httplib::DataSink& sink) {
+          if (offset > 0) {
+            if (cut) return false;  // the connection ends mid-stream
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+          }
+          const std::string chunk = "data: {\"choices\":[{\"text\":\"a\"}]}\n\n";
+          sink.write(chunk.data(), chunk.size());
+          return true;
+        });
+        return;
+      }
+    }
+  }
+
   Behaviour behaviour_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
   std::atomic<int> posts_{0};
   std::atomic<bool> stopping_{false};
+  fake::LoopbackServer server_;  // last: it stops (and joins) first
 };
 
 // A URL where nothing listens: a port bound and released, never listened on.

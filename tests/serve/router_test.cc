@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "obs/metrics.h"
+#include "serve/fake_worker.h"
 
 namespace tessera::serve {
 namespace {
@@ -38,24 +39,15 @@ enum class Behaviour {
 
 constexpr int kPrompt[] = {1, 2, 3};
 
-// One fake worker on 127.0.0.1. Token k of a sequence is id 10+k, text
-// 'a'+k; a request with "resume" continues at k = resume.generated.
+// One fake worker on 127.0.0.1 (fake_worker.h). Token k of a sequence is id
+// 10+k, text 'a'+k; a request with "resume" continues at k = resume.generated.
 class FakeWorker {
  public:
-  FakeWorker(Behaviour b, std::string id) : behaviour_(b), id_(std::move(id)) {
-    server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok","model":"fake-model"})", "application/json");
-    });
-    server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { post(req, res); });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(1ms);
-  }
-  ~FakeWorker() {
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  FakeWorker(Behaviour b, std::string id)
+      : behaviour_(b), id_(std::move(id)), server_([this](httplib::Server& s) {
+          s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { post(req, res); });
+        }) {}
+  std::string url() const { return server_.url(); }
   int posts() const { return posts_; }
   json last_request() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -71,20 +63,10 @@ class FakeWorker {
       last_ = body;
     }
     switch (behaviour_) {
-      case Behaviour::kServerError:
-        res.status = 500;
-        res.set_content(R"({"error":{"message":"the engine failed"}})", "application/json");
-        return;
-      case Behaviour::kFull:
-        res.status = 429;
-        res.set_content(R"({"error":{"message":"full","code":"queue_full"}})", "application/json");
-        return;
-      case Behaviour::kClientError:
-        res.status = 400;
-        res.set_content(R"({"error":{"message":"'max_tokens' must be positive"}})", "application/json");
-        return;
-      default:
-        break;
+      case Behaviour::kServerError: return fake::server_error(res);
+      case Behaviour::kFull: return fake::full(res);
+      case Behaviour::kClientError: return fake::client_error(res);
+      default: break;
     }
     if (!body.value("stream", false)) {
       res.set_content(json{{"id", id_}, {"object", "text_completion"}, {"model", "fake-model"},
@@ -131,12 +113,10 @@ class FakeWorker {
 
   Behaviour behaviour_;
   std::string id_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
   std::atomic<int> posts_{0};
   std::mutex mu_;
   json last_;
+  fake::LoopbackServer server_;  // last: it stops (and joins) first
 };
 
 // A router on a free loopback port over tiers a, b, ... (one worker each, in

@@ -291,10 +291,12 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     return Status::InvalidArgument(fmt::format("{}: a 4-bit GGUF file is for inference on the CPU, not training", path));
   if (all_q4 && backend != Backend::kCPU)
     return Status::InvalidArgument(fmt::format("{}: a 4-bit GGUF file runs on the CPU (--backend cpu)", path));
-  // The INT8 tier from a file that is not 4-bit: its fp32 model, quantized
-  // whole (the fp32 matmul weights then given back).
+  // The INT8 tier from a file that is not 4-bit: each matmul weight read as
+  // fp32 and quantized per output row right away (GPT::load_int8 below), so
+  // the fp32 matmul weights never exist (a TinyLlama-shaped Q8_0 file peaked
+  // at 5.5 GB resident when they did).
   const bool to_int8 = !all_q4 && use == ModelUse::kInt8Inference;
-  const ModelUse model_use = all_q4 ? ModelUse::kInt8Inference : to_int8 ? ModelUse::kInference : use;
+  const ModelUse model_use = all_q4 || to_int8 ? ModelUse::kInt8Inference : use;
   ASSIGN_OR_RETURN(std::unique_ptr<GPT> model, GPT::create(c, backend, ModelShard{}, nullptr, model_use));
   Arena host_arena;
   const bool on_host = model->device() == Device::kCPU;
@@ -312,6 +314,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     const io::GgufTensorInfo* t = f.find_tensor(e.name);
     if (t == nullptr) continue;
     if (all_q4 && e.matrix >= 0) continue;  // into the int4 matrices below
+    if (to_int8 && e.matrix >= 0 && (e.matrix < 4 * L || !c.gpt2())) continue;  // into the INT8 matrices below
     if (c.gpt2() && e.matrix == 4 * L && t->type != f.find_tensor("token_embd.weight")->type)
       continue;  // the tied head again at the matrices' precision (our writer's F32 wte, Q8_0 head): wte is the head
     RETURN_IF_ERROR(read_f32(f, *t, &buf));
@@ -338,8 +341,51 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   }
   if (!on_host) RETURN_IF_ERROR(model->params().try_copy_from(host_arena).With("uploading the weights"));
   if (to_int8) {
-    RETURN_IF_ERROR(model->quantize_int8().With(path));
-    RETURN_IF_ERROR(model->release_fp32_matmul_weights().status().With(path));
+    // Matrix k from its tensors: each quantized whole (per output row, so
+    // the codes are those of quantizing the assembled matrix), then its rows
+    // moved as above; the head from the tied embeddings, or output.weight
+    // and zero padding rows.
+    std::vector<float> moved;
+    std::vector<int8_t> codes;
+    std::vector<float> scales;
+    Status st = model->load_int8([&](int k, int OC, int K, int8_t* w, float* scale) -> Status {
+      if (k == 4 * L && c.tied_head) {
+        model->quantize_matrix_int8(a.tensor(kWte).f32(), OC, K, w, scale);
+        return Status::OK();
+      }
+      int64_t filled = 0;
+      for (const Entry& e : entries) {
+        if (e.matrix != k) continue;
+        const io::GgufTensorInfo* t = f.find_tensor(e.name);
+        if (t == nullptr) return Status::Internal(fmt::format("tensor '{}' went missing", e.name));
+        RETURN_IF_ERROR(read_f32(f, *t, &buf));
+        const int64_t rows = e.shape[0], cols = e.shape[1];
+        if (e.kind == Entry::kOCols) {
+          moved.resize(buf.size());
+          for (int64_t r = 0; r < rows; r++)
+            for (int64_t col = 0; col < cols; col++) moved[r * cols + piece_col(c, e, col)] = buf[r * cols + col];
+          buf.swap(moved);
+        }
+        codes.resize(buf.size());
+        scales.resize(static_cast<size_t>(rows));
+        model->quantize_matrix_int8(buf.data(), static_cast<int>(rows), static_cast<int>(cols), codes.data(),
+                                    scales.data());
+        for (int64_t r = 0; r < rows; r++) {
+          const int64_t o = e.row0 + piece_row(c, e, r);
+          std::copy_n(codes.data() + r * cols, cols, w + o * K);
+          scale[o] = scales[r];
+        }
+        filled += rows;
+      }
+      if (filled < OC) {
+        // The head's padding rows (Vp - V): zeros, quantized as zeros are.
+        moved.assign(static_cast<size_t>(OC - filled) * K, 0.0f);
+        model->quantize_matrix_int8(moved.data(), static_cast<int>(OC - filled), K, w + filled * K, scale + filled);
+      }
+      return Status::OK();
+    });
+    if (!st.ok()) return st.With(path);
+    return model;
   }
   if (!all_q4) return model;
 

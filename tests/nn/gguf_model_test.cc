@@ -186,6 +186,53 @@ TEST(GgufModel, F16AndQ8_0LoadAsFp32CloseToTheModel) {
   }
 }
 
+// The INT8 tier from a file that is not 4-bit quantizes each matmul weight
+// as it reads it (fp32 matmul weights never allocated): every INT8 matrix
+// and scale bit for bit those of loading the fp32 model and quantizing it
+// whole (the row moves of grouped-query and rotary layouts, the projection's
+// columns, a tied or untied head with its padding rows), and so the logits.
+TEST(GgufModel, Int8TierFromAFileEqualsQuantizingTheFp32Model) {
+  struct Case {
+    std::string name;
+    std::unique_ptr<GPT> model;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"gpt2", tiny_gpt2()});
+  cases.push_back({"llama gqa untied", random_model(llama(8, 2, false), 8)});
+  cases.push_back({"llama tied", random_model(llama(8, 8, true), 9)});
+  for (const Case& k : cases) {
+    for (GgufWeights w : {GgufWeights::kF32, GgufWeights::kQ8_0}) {
+      SCOPED_TRACE(k.name + (w == GgufWeights::kF32 ? " f32" : " q8_0"));
+      const std::string path = temp_path("int8_tier");
+      ASSERT_TRUE(save_gguf(*k.model, path, w).ok());
+      auto tier = load_gguf(path, Backend::kCPU, ModelUse::kInt8Inference);
+      auto whole = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+      std::remove(path.c_str());
+      ASSERT_TRUE(tier.ok()) << tier.status().message();
+      ASSERT_TRUE(whole.ok()) << whole.status().message();
+      ASSERT_TRUE((*whole)->quantize_int8().ok());
+      EXPECT_TRUE((*tier)->int8());
+      EXPECT_TRUE((*tier)->fp32_matmul_weights_released()) << "never held";
+      std::vector<std::vector<int8_t>> codes;
+      std::vector<std::vector<float>> scales;
+      (*whole)->for_each_int8([&](int, int OC, int C, const int8_t* q, const float* s) {
+        codes.emplace_back(q, q + static_cast<size_t>(OC) * C);
+        scales.emplace_back(s, s + OC);
+      });
+      size_t n = 0;
+      (*tier)->for_each_int8([&](int index, int OC, int C, const int8_t* q, const float* s) {
+        ASSERT_LT(n, codes.size());
+        EXPECT_EQ(std::vector<int8_t>(q, q + static_cast<size_t>(OC) * C), codes[n]) << "matrix " << index;
+        EXPECT_EQ(std::vector<float>(s, s + OC), scales[n]) << "matrix " << index;
+        n++;
+      });
+      EXPECT_EQ(n, codes.size());
+      const std::vector<int> t = some_tokens((*tier)->config().vocab, 20);
+      EXPECT_EQ(all_logits(**tier, t), all_logits(**whole, t));
+    }
+  }
+}
+
 // A file whose tensor is of a type Tessera does not read, an architecture
 // it does not build, a missing tensor and a misshapen one: one line each,
 // naming what is wrong.

@@ -178,6 +178,13 @@ class GgufFile {
   const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr if absent
   // The tensor's bytes as stored; valid while this object lives.
   std::span<const uint8_t> tensor_bytes(const GgufTensorInfo& t) const;
+  // Once a tensor's bytes are copied out: gives the whole pages inside them
+  // back (a mapped file: read again from the file if touched later; bytes
+  // given to parse(): nothing).
+  void drop_tensor_pages(const GgufTensorInfo& t) const {
+    const std::span<const uint8_t> b = tensor_bytes(t);
+    drop_range(b.data(), b.size());
+  }
   // Copies tensor `name` into dst (numel floats), converting F32, F16, BF16
   // and Q8_0 (dequantized: each block's 32 int8 codes times its fp16 scale),
   // in ggml's element order (ne[0] fastest), giving back each block of pages

@@ -131,6 +131,7 @@ Status read_f32(const io::GgufFile& f, const io::GgufTensorInfo& t, std::vector<
     RETURN_IF_ERROR(q4::check_row(q4_of(t.type), bytes.data() + r * rb, cols).With(fmt::format("{}: tensor '{}' row {}", f.path(), t.name, r)));
     q4::dequantize_row(q4_of(t.type), out->data() + r * cols, bytes.data() + r * rb, cols);
   }
+  f.drop_tensor_pages(t);
   return Status::OK();
 }
 
@@ -424,6 +425,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
             std::memcpy(out + piece_col(c, e, b * be) / be * bb, in + b * bb, bb);
         }
       }
+      f.drop_tensor_pages(*t);  // copied: the mapping's pages need not stay beside the copy
       filled = true;
     }
     if (filled) return Status::OK();
@@ -434,6 +436,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       m->type = q4_of(embd->type);
       m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
       std::memcpy(m->w.data(), f.tensor_bytes(*embd).data(), f.tensor_bytes(*embd).size());
+      f.drop_tensor_pages(*embd);
       return Status::OK();
     }
     if (!q4::fits(m->type, K)) m->type = q4::Type::kQ4_0;

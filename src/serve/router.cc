@@ -96,10 +96,13 @@ struct Relay {
   std::string out;            // kStreaming: bytes for the client not yet written
   bool finished = false;      // kStreaming: nothing more will be added
   std::atomic<bool> client_gone{false};  // checked at the worker's next chunk
-  std::string tier;                      // of the worker being tried (X-Tessera-Tier)
+  std::string tier;                      // of the worker being tried
+  std::string began_tier;                // of the worker whose chunk came first (X-Tessera-Tier)
 
   void emit(std::string bytes, bool last = false) {
     std::lock_guard<std::mutex> lock(mu);
+    // The client's HTTP thread may wake after later attempts have begun.
+    if (phase != kStreaming) began_tier = tier;
     phase = kStreaming;
     out += bytes;
     if (last) finished = true;
@@ -612,7 +615,7 @@ Status Router::start() {
         res.set_content(relay->answer, "application/json");
         return;
       }
-      res.set_header("X-Tessera-Tier", relay->tier);  // where the stream began
+      res.set_header("X-Tessera-Tier", relay->began_tier);  // where the stream began
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(

@@ -68,8 +68,8 @@ int64_t rss_bytes() {
 
 // The read roof and the STREAM triad, bytes/s (perf/cpu_checks.h), best
 // of 20 (a noisy host). Buffers of 256 and 192 MB: over twice the largest
-// last-level cache of these machines (105 MB), under the smallest model's
-// footprint, so the process's peak memory stays the model's.
+// last-level cache of these machines (105 MB), and measured before the model
+// is loaded (run_decode_bench), so they are not resident beside it.
 double read_bandwidth() { return perf::read_gb_per_s(int64_t{1} << 25, 20) * 1e9; }
 double triad_bandwidth() { return perf::triad_gb_per_s(int64_t{1} << 24) * 1e9; }
 

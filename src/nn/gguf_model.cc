@@ -378,6 +378,8 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
         }
         filled += rows;
       }
+      if (filled != OC && k < 4 * L)
+        return Status::Internal(fmt::format("INT8 matrix {}: {} of its {} rows in the file's tensors", k, filled, OC));
       if (filled < OC) {
         // The head's padding rows (Vp - V): zeros, quantized as zeros are.
         moved.assign(static_cast<size_t>(OC - filled) * K, 0.0f);

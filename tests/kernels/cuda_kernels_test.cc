@@ -305,9 +305,11 @@ void encoder_forward_positions(float* out, const int* inp, const int* pos, const
   d_out.copy_to(out);
 }
 
-// The pool of a paged cache: up to the highest slot the rows write, or the
-// highest block a table names, whichever is larger (slots index rows of C).
-size_t pool_rows(const int* slots, int N) { return N > 0 ? vocab_rows(slots, N) : 1; }
+// Rows an index array of n entries names: up to its largest (at least one,
+// so an empty array still has a buffer). The pool of a paged cache
+// (slots index rows of C), an embedding table (ids index rows of D).
+size_t index_rows(const int* idx, int n) { return n > 0 ? vocab_rows(idx, n) : 1; }
+// The pool rows the blocks of a block table name (bs rows a block).
 size_t table_rows(const int* table, size_t n, int bs) {
   int top = 0;
   for (size_t i = 0; i < n; i++) top = std::max(top, table[i]);
@@ -315,7 +317,7 @@ size_t table_rows(const int* table, size_t n, int bs) {
 }
 
 void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
-  const size_t rows = pool_rows(slots, N);
+  const size_t rows = index_rows(slots, N);
   F d_k(kcache, rows * C), d_v(vcache, rows * C), d_qkv(qkv, static_cast<size_t>(N) * 3 * C);
   I d_slots(slots, N);
   cuda::kv_cache_write(d_k.get(), d_v.get(), d_qkv.get(), d_slots.get(), N, C);
@@ -325,14 +327,13 @@ void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* s
 
 // Rows of the pool the table names for the sequences in use (W blocks each).
 size_t paged_rows(const int* table, const int* seq, int N, int bs, int W) {
-  const size_t S = N > 0 ? vocab_rows(seq, N) : 1;
-  return table_rows(table, S * W, bs);
+  return table_rows(table, index_rows(seq, N) * W, bs);
 }
 
 void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
                              const int* block_table, const int* seq, const int* pos, int N, int C, int NH, int bs,
                              int W) {
-  const size_t S = N > 0 ? vocab_rows(seq, N) : 1, rows = paged_rows(block_table, seq, N, bs, W);
+  const size_t S = index_rows(seq, N), rows = paged_rows(block_table, seq, N, bs, W);
   F d_out(out, static_cast<size_t>(N) * C), d_qkv(qkv, static_cast<size_t>(N) * 3 * C), d_k(kcache, rows * C),
       d_v(vcache, rows * C);
   I d_table(block_table, S * W), d_seq(seq, N), d_pos(pos, N);
@@ -343,7 +344,7 @@ void paged_attention_forward(float* out, const float* qkv, const float* kcache, 
 
 void kv_cache_write_gqa(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int NH, int KV,
                         int hs) {
-  const size_t rows = pool_rows(slots, N), Ck = static_cast<size_t>(KV) * hs;
+  const size_t rows = index_rows(slots, N), Ck = static_cast<size_t>(KV) * hs;
   F d_k(kcache, rows * Ck), d_v(vcache, rows * Ck), d_qkv(qkv, static_cast<size_t>(N) * (NH + 2 * KV) * hs);
   I d_slots(slots, N);
   cuda::kv_cache_write_gqa(d_k.get(), d_v.get(), d_qkv.get(), d_slots.get(), N, NH, KV, hs);
@@ -354,7 +355,7 @@ void kv_cache_write_gqa(float* kcache, float* vcache, const float* qkv, const in
 void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
                                  const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
                                  int hs, int bs, int W) {
-  const size_t S = N > 0 ? vocab_rows(seq, N) : 1, rows = paged_rows(block_table, seq, N, bs, W);
+  const size_t S = index_rows(seq, N), rows = paged_rows(block_table, seq, N, bs, W);
   const size_t Ck = static_cast<size_t>(KV) * hs;
   F d_out(out, static_cast<size_t>(N) * NH * hs), d_qkv(qkv, static_cast<size_t>(N) * (NH + 2 * KV) * hs),
       d_k(kcache, rows * Ck), d_v(vcache, rows * Ck);
@@ -471,13 +472,10 @@ void bce_logits_backward(float* dlogits, const float* logits, const float* label
   d_dlogits.copy_to(dlogits);
 }
 
-// The table's rows an embedding bag reads: up to the largest id.
-size_t table_rows_of(const int* ids, int L) { return L > 0 ? vocab_rows(ids, L) : 1; }
-
 void embedding_bag_forward(float* out, int64_t ldo, const float* table, const int* ids, const int* offsets, int B,
                            int D, Pooling pooling) {
   const int L = offsets[B];
-  F d_out(out, static_cast<size_t>(B) * ldo), d_table(table, table_rows_of(ids, L) * D);
+  F d_out(out, static_cast<size_t>(B) * ldo), d_table(table, index_rows(ids, L) * D);
   I d_ids(ids, L), d_offsets(offsets, static_cast<size_t>(B) + 1);
   cuda::embedding_bag_forward(d_out.get(), ldo, d_table.get(), d_ids.get(), d_offsets.get(), B, D, pooling);
   d_out.copy_to(out);

@@ -262,7 +262,9 @@ TEST(LlamaFolder, Fp32ExportRoundTripsExactly) {
 class LlamaBadFolder : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/tessera_llama_bad";
+    // One folder per test: ctest runs the fixture's tests at once.
+    dir_ = ::testing::TempDir() + "/tessera_llama_bad_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     fs::copy_file(kDir + "llama_gqa/model.safetensors", dir_ + "/model.safetensors");

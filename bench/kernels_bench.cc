@@ -1,6 +1,7 @@
 // Micro-benchmarks of the fast CPU kernels at GPT-2 124M training shapes
 // (B=8, T=256, C=768, NH=12, Vp=50304), with bytes or FLOPs processed so
 // Google Benchmark reports GB/s or FLOP/s. Run: build/release/bench/tessera_bench
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -193,6 +194,42 @@ void BM_AttentionForward(benchmark::State& s) {
       benchmark::Counter(4.0 * kB * kNH * kT * kT * (kC / kNH) * s.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_AttentionForward)->Unit(benchmark::kMillisecond);
+
+// One decode step's attention over a paged KV cache (ops.inc
+// paged_attention_gqa_forward): one row, `keys` positions, every layer of
+// a model in turn, as forward_tokens calls it. Shapes: 0 = GPT-2 124M (12
+// layers, 12 heads of 64), 1 = TinyLlama 1.1B (22 layers, 32 query heads,
+// 4 key/value heads of 64). Each iteration takes the next of several
+// copies of the cache (together over 256 MB), so its blocks come from
+// memory, as in a decode step where the weights' stream has evicted them
+// since the last. KV_B/s: cache bytes read per second.
+void BM_PagedAttentionDecode(benchmark::State& s) {
+  const int keys = static_cast<int>(s.range(0));
+  const bool llama = s.range(1) == 1;
+  const int L = llama ? 22 : 12, NH = llama ? 32 : 12, KV = llama ? 4 : 12, hs = 64, bs = 16;
+  const int blocks = (keys + bs - 1) / bs;
+  const int64_t layer_floats = int64_t{blocks} * bs * KV * hs;
+  const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / (2 * 4 * L * layer_floats) + 1));
+  std::vector<float> kc(static_cast<size_t>(copies) * L * layer_floats), vc(kc.size());
+  for (size_t i = 0; i < kc.size(); i++) kc[i] = vc[i] = static_cast<float>(i % 97) * 0.01f - 0.5f;
+  const auto qkv = random_vec(static_cast<size_t>(NH + 2 * KV) * hs, 1);
+  std::vector<float> out(static_cast<size_t>(NH) * hs);
+  std::vector<int> table(blocks);
+  for (int b = 0; b < blocks; b++) table[b] = b;
+  const int seq = 0, pos = keys - 1;
+  int copy = 0;
+  for (auto _ : s) {
+    for (int l = 0; l < L; l++) {
+      const size_t at = (static_cast<size_t>(copy) * L + l) * layer_floats;
+      cpu::paged_attention_gqa_forward(out.data(), qkv.data(), kc.data() + at, vc.data() + at, table.data(), &seq,
+                                       &pos, 1, NH, KV, hs, bs, blocks);
+    }
+    copy = (copy + 1) % copies;
+  }
+  s.counters["KV_B/s"] =
+      benchmark::Counter(2.0 * 4 * L * keys * KV * hs * s.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PagedAttentionDecode)->ArgsProduct({{16, 160, 512, 2048}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 void BM_AdamW(benchmark::State& s) {
   const int64_t n = 124'000'000 / 8;  // an eighth of GPT-2 124M keeps memory modest

@@ -511,10 +511,17 @@ inline void add_llama_cases(std::vector<OpCase>& cases) {
                      }});
   }
   // The paged cache with fewer key/value heads: rows of KV*hs floats, a
-  // reversed pool order.
-  for (auto [T, NH, KV, hs, bs] : {std::tuple{21, 4, 2, 8, 4}, std::tuple{21, 4, 2, 16, 4}, std::tuple{40, 6, 1, 8, 16}}) {
+  // reversed pool order. T positions written, the last `fed` attending: all
+  // of them (a prefill), or one or two (decode steps, whose heads the CPU
+  // splits between threads: by key/value head, then by the query heads of
+  // one). Head sizes that are not a multiple of 16 or 8 take the vector
+  // kernels' tails.
+  for (auto [T, NH, KV, hs, bs, fed] :
+       {std::tuple{21, 4, 2, 8, 4, 21}, std::tuple{21, 4, 2, 16, 4, 21}, std::tuple{40, 6, 1, 8, 16, 40},
+        std::tuple{37, 8, 4, 16, 16, 1}, std::tuple{37, 6, 1, 24, 8, 1}, std::tuple{50, 4, 4, 20, 16, 2},
+        std::tuple{19, 12, 12, 64, 16, 1}}) {
     const std::string shape = "T=" + std::to_string(T) + " NH=" + std::to_string(NH) + " KV=" + std::to_string(KV) +
-                              " hs=" + std::to_string(hs) + " bs=" + std::to_string(bs);
+                              " hs=" + std::to_string(hs) + " bs=" + std::to_string(bs) + " fed=" + std::to_string(fed);
     const int blocks = (T + bs - 1) / bs;
     std::vector<int> table(blocks), pos(T), seq(T, 0), slots(T);
     for (int b = 0; b < blocks; b++) table[b] = blocks - 1 - b;
@@ -527,8 +534,11 @@ inline void add_llama_cases(std::vector<OpCase>& cases) {
                        const Vec qkv = uniform(static_cast<size_t>(T) * (NH + 2 * KV) * hs, 60, -2.0f, 2.0f);
                        Vec kc = uniform(pool, 61), vc = uniform(pool, 62), out = uniform(static_cast<size_t>(T) * NH * hs, 63);
                        be.kv_cache_write_gqa(kc.data(), vc.data(), qkv.data(), slots.data(), T, NH, KV, hs);
-                       be.paged_attention_gqa_forward(out.data(), qkv.data(), kc.data(), vc.data(), table.data(),
-                                                      seq.data(), pos.data(), T, NH, KV, hs, bs, blocks);
+                       const int first = T - fed;
+                       be.paged_attention_gqa_forward(out.data() + static_cast<size_t>(first) * NH * hs,
+                                                      qkv.data() + static_cast<size_t>(first) * (NH + 2 * KV) * hs,
+                                                      kc.data(), vc.data(), table.data(), seq.data(),
+                                                      pos.data() + first, fed, NH, KV, hs, bs, blocks);
                        return std::vector<Output>{{"kcache", kc}, {"vcache", vc}, {"out", out}};
                      }});
   }

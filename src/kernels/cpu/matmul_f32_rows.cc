@@ -41,46 +41,6 @@ constexpr int kWeightRows = 4;  // weight rows a tile
 #define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
 
-// Shuffles in zero-masking form with a full mask: the same instructions,
-// but the plain forms (and _mm512_reduce_add_ps) start from an undefined
-// register that GCC 12 warns about inside immintrin.h. The order of the
-// sums is hsum512_x16's (inside each 128-bit lane: elements 0+2 and 1+3,
-// then those two; then lanes 0+1 and 2+3, then those two), so an output
-// has the same bits in any tile.
-TESSERA_TARGET_AVX512 inline float hsum512(__m512 v) {
-  const __mmask16 all = 0xFFFF;
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0x4E));        // elements 0+2, 1+3
-  v = _mm512_add_ps(v, _mm512_maskz_permute_ps(all, v, 0xB1));        // then those two
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0xB1));  // lanes 0+1, 2+3
-  v = _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(all, v, v, 0x4E));  // then those two
-  return _mm512_cvtss_f32(v);
-}
-
-// The 16 sums of a 4 x 4 tile's accumulators at once, acc[r * 4 + k] ->
-// lane r * 4 + k of the result: pairs interleaved and added (ps, then pd),
-// then 128-bit lanes folded; 45 instructions instead of 16 x 8.
-TESSERA_TARGET_AVX512 inline __m512 hsum512_x16(const __m512* acc) {
-  const __mmask16 all = 0xFFFF;
-  const __mmask8 all8 = 0xFF;
-  __m512 t[8];
-  for (int j = 0; j < 8; j++)
-    t[j] = _mm512_add_ps(_mm512_maskz_unpacklo_ps(all, acc[2 * j], acc[2 * j + 1]),
-                         _mm512_maskz_unpackhi_ps(all, acc[2 * j], acc[2 * j + 1]));
-  __m512 u[4];
-  for (int j = 0; j < 4; j++) {
-    const __m512d a = _mm512_castps_pd(t[2 * j]), b = _mm512_castps_pd(t[2 * j + 1]);
-    u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_maskz_unpacklo_pd(all8, a, b)),
-                         _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(all8, a, b)));
-  }
-  // u[j], lane L: accumulators 4j..4j+3 summed over lane L's 4 floats.
-  const __m512 v0 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, u[0], u[1], 0x88),
-                                  _mm512_maskz_shuffle_f32x4(all, u[0], u[1], 0xDD));
-  const __m512 v1 = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, u[2], u[3], 0x88),
-                                  _mm512_maskz_shuffle_f32x4(all, u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(all, v0, v1, 0x88),
-                       _mm512_maskz_shuffle_f32x4(all, v0, v1, 0xDD));
-}
-
 template <int R, int K>
 TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
   const int64_t C = a.C;

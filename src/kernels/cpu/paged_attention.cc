@@ -1,11 +1,14 @@
 // The ragged-batch kernels of ops.inc on the CPU: the encoder with explicit
 // positions, the KV-cache write, and attention over a paged cache.
 //
-// Attention: one (row, head) item per OpenMP iteration, dealt round-robin
-// (a row's work grows with its position). Each item walks its sequence's
-// blocks in position order; inside a block the keys are contiguous with
-// stride C. Scores live in a per-thread buffer that grows to the longest
-// sequence seen and is then reused (decode steps allocate nothing).
+// Attention: one item per OpenMP iteration, dealt round-robin (a row's work
+// grows with its position): a row's heads, whole, or in as many pieces as
+// it takes to give every thread one when the rows are fewer than the
+// threads (a decode step). Each item walks its sequence's blocks in
+// position order, reading its heads' slice of each key row at once (a
+// block's rows are contiguous, stride KV * hs). Scores live in a
+// per-thread buffer that grows to the longest sequence seen and is then
+// reused (decode steps allocate nothing).
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -20,43 +24,305 @@ namespace tessera::cpu {
 
 namespace {
 
-// out (hs) = softmax(scale q.k) v over keys 0..n_keys-1 of one head, whose
-// position t sits at pool row blocks[t / bs] * bs + t % bs (head columns at
-// offset 0 of kcache/vcache as passed). scores (n_keys) is scratch.
-TESSERA_CPU_CLONES void attend_paged(float* out, const float* q, const float* kcache, const float* vcache,
-                                     const int* blocks, int n_keys, int bs, int hs, int64_t C, float scale,
-                                     float* scores) {
-  float maxval = -INFINITY;
-  for (int t0 = 0; t0 < n_keys; t0 += bs) {
-    const int n = std::min(bs, n_keys - t0);
-    const float* k = kcache + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
-    for (int j = 0; j < n; j++) {
-      const float* kj = k + j * C;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int d = 0; d < hs; d++) dot += q[d] * kj[d];
-      scores[t0 + j] = dot * scale;
-      maxval = std::max(maxval, scores[t0 + j]);
-    }
+// One item: heads g + r * KV for g in [g0, g1), r in [r0, r1) of one row
+// (q: the row's queries, head h at h * hs; out: its output, the same
+// layout). kcache/vcache rows hold KV * hs floats; position t sits at pool
+// row blocks[t / bs] * bs + t % bs. For each head, out (hs) = softmax(scale
+// q.k) v over keys 0..n_keys-1. scores: (r1 - r0) * (g1 - g0) * n_keys floats
+// of scratch.
+struct Item {
+  float* out;
+  const float* q;
+  const float* kcache;
+  const float* vcache;
+  const int* blocks;
+  int n_keys, bs, hs, KV, g0, g1, r0, r1;
+  float scale;
+  float* scores;
+
+  int64_t row_floats() const { return static_cast<int64_t>(KV) * hs; }
+  int heads() const { return (r1 - r0) * (g1 - g0); }
+  // Head e of the item (e = (r - r0) * (g1 - g0) + g - g0): its scores.
+  float* head_scores(int e) const { return scores + static_cast<int64_t>(e) * n_keys; }
+  const float* keys(int t0) const { return kcache + static_cast<int64_t>(blocks[t0 / bs]) * bs * row_floats(); }
+  const float* values(int t0) const { return vcache + static_cast<int64_t>(blocks[t0 / bs]) * bs * row_floats(); }
+};
+
+// Three passes over the item's blocks, in position order: the scores of
+// every head, block by block (a block's rows are contiguous, and the item's
+// heads read their slice of each row while the block is in cache), the
+// softmax of each head, then the values, block by block. A head's sums do
+// not depend on which other heads share its item, so the result does not
+// depend on the number of threads. Three kernels of the first and last
+// pass: avx512 (16 keys a reduction), avx2 (8), and plain loops.
+
+#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
+
+// The rows of keys [j0, j0 + K) of a block holding n, head slice g: rows
+// past n repeat row n - 1 (their lanes are computed and dropped).
+template <int K>
+void key_rows(const float** rows, const float* block, int64_t C, int64_t g_off, int j0, int n) {
+  for (int k = 0; k < K; k++) rows[k] = block + std::min(j0 + k, n - 1) * C + g_off;
+}
+
+TESSERA_TARGET_AVX512 void scores_avx512(const Item& it) {
+  const int64_t C = it.row_floats();
+  const int hs = it.hs, G = it.g1 - it.g0;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (hs % 16)) - 1);
+  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
+    const int n = std::min(it.bs, it.n_keys - t0);
+    const float* block = it.keys(t0);
+    for (int r = it.r0; r < it.r1; r++)
+      for (int g = it.g0; g < it.g1; g++) {
+        const float* q = it.q + static_cast<int64_t>(g + r * it.KV) * hs;
+        float* s = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
+        for (int j0 = 0; j0 < n; j0 += 16) {
+          const float* rows[16];
+          key_rows<16>(rows, block, C, static_cast<int64_t>(g) * hs, j0, n);
+          __m512 acc[16];
+          for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
+          int d = 0;
+          for (; d + 16 <= hs; d += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + d);
+            for (int k = 0; k < 16; k++) acc[k] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[k] + d), acc[k]);
+          }
+          if (d < hs) {
+            const __m512 qv = _mm512_maskz_loadu_ps(tail, q + d);
+            for (int k = 0; k < 16; k++)
+              acc[k] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, rows[k] + d), acc[k]);
+          }
+          const __mmask16 keep = static_cast<__mmask16>(n - j0 >= 16 ? 0xFFFF : (1u << (n - j0)) - 1);
+          _mm512_mask_storeu_ps(s + j0, keep, _mm512_mul_ps(hsum512_x16(acc), _mm512_set1_ps(it.scale)));
+        }
+      }
   }
-  float sum = 0.0f;
+}
+
+TESSERA_TARGET_AVX2 void scores_avx2(const Item& it) {
+  const int64_t C = it.row_floats();
+  const int hs = it.hs, G = it.g1 - it.g0;
+  alignas(32) int tail_bits[8];
+  for (int k = 0; k < 8; k++) tail_bits[k] = k < hs % 8 ? -1 : 0;
+  const __m256i tail = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail_bits));
+  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
+    const int n = std::min(it.bs, it.n_keys - t0);
+    const float* block = it.keys(t0);
+    for (int r = it.r0; r < it.r1; r++)
+      for (int g = it.g0; g < it.g1; g++) {
+        const float* q = it.q + static_cast<int64_t>(g + r * it.KV) * hs;
+        float* s = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
+        for (int j0 = 0; j0 < n; j0 += 8) {
+          const float* rows[8];
+          key_rows<8>(rows, block, C, static_cast<int64_t>(g) * hs, j0, n);
+          __m256 acc[8];
+          for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+          int d = 0;
+          for (; d + 8 <= hs; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[k] + d), acc[k]);
+          }
+          if (d < hs) {
+            const __m256 qv = _mm256_maskload_ps(q + d, tail);
+            for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(rows[k] + d, tail), acc[k]);
+          }
+          alignas(32) float sums[8];
+          _mm256_store_ps(sums, _mm256_mul_ps(hsum256_x8(acc), _mm256_set1_ps(it.scale)));
+          std::copy_n(sums, std::min(8, n - j0), s + j0);
+        }
+      }
+  }
+}
+
+void scores_generic(const Item& it) {
+  const int64_t C = it.row_floats();
+  const int hs = it.hs, G = it.g1 - it.g0;
+  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
+    const int n = std::min(it.bs, it.n_keys - t0);
+    const float* block = it.keys(t0);
+    for (int r = it.r0; r < it.r1; r++)
+      for (int g = it.g0; g < it.g1; g++) {
+        const float* q = it.q + static_cast<int64_t>(g + r * it.KV) * hs;
+        float* s = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
+        for (int j = 0; j < n; j++) {
+          const float* k = block + j * C + static_cast<int64_t>(g) * hs;
+          float dot = 0.0f;
+          for (int d = 0; d < hs; d++) dot += q[d] * k[d];
+          s[j] = dot * it.scale;
+        }
+      }
+  }
+}
+
+// Each head's scores -> its softmax weights, in place.
+TESSERA_CPU_CLONES void softmax_heads(const Item& it) {
+  for (int e = 0; e < it.heads(); e++) {
+    float* s = it.head_scores(e);
+    float maxval = -INFINITY;
+    for (int t = 0; t < it.n_keys; t++) maxval = std::max(maxval, s[t]);
+    float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int t = 0; t < n_keys; t++) {
-    scores[t] = exp_approx(scores[t] - maxval);
-    sum += scores[t];
-  }
-  const float inv_sum = 1.0f / sum;
-  std::fill(out, out + hs, 0.0f);
-  for (int t0 = 0; t0 < n_keys; t0 += bs) {
-    const int n = std::min(bs, n_keys - t0);
-    const float* v = vcache + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
-    for (int j = 0; j < n; j++) {
-      const float* vj = v + j * C;
-      const float w = scores[t0 + j] * inv_sum;
+    for (int t = 0; t < it.n_keys; t++) {
+      s[t] = exp_approx(s[t] - maxval);
+      sum += s[t];
+    }
+    const float inv_sum = 1.0f / sum;
 #pragma omp simd
-      for (int d = 0; d < hs; d++) out[d] += w * vj[d];
+    for (int t = 0; t < it.n_keys; t++) s[t] *= inv_sum;
+  }
+}
+
+// out (U vectors of a head's output) += sum over a block's n rows of
+// w[j] * v[j], v row j at v + j * C: even and odd rows in two sets of
+// accumulators (two FMA chains), added at the block's end. U is a template
+// argument so that the accumulators stay in registers. The last vector
+// takes the lanes of `last` when kTail (avx512; avx2 has whole vectors
+// only).
+// Vector u of U: the last one masked when kTail.
+template <int U, bool kTail>
+TESSERA_TARGET_AVX512 inline __m512 load_part(const float* p, int u, __mmask16 last) {
+  return kTail && u == U - 1 ? _mm512_maskz_loadu_ps(last, p) : _mm512_loadu_ps(p);
+}
+
+template <int U, bool kTail>
+TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const float* v, int64_t C, int n,
+                                         __mmask16 last) {
+  // Whole vectors load and store unmasked: a masked load of what a masked
+  // store just wrote is not forwarded from the store buffer, and out is
+  // read back at the next block.
+  __m512 even[U], odd[U];
+  for (int u = 0; u < U; u++) even[u] = odd[u] = _mm512_setzero_ps();
+  int j = 0;
+  for (; j + 2 <= n; j += 2) {
+    const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
+    const float* v0 = v + j * C;
+    for (int u = 0; u < U; u++) {
+      even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v0 + 16 * u, u, last), even[u]);
+      odd[u] = _mm512_fmadd_ps(w1, load_part<U, kTail>(v0 + C + 16 * u, u, last), odd[u]);
     }
   }
+  if (j < n) {
+    const __m512 w0 = _mm512_set1_ps(w[j]);
+    for (int u = 0; u < U; u++) even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v + j * C + 16 * u, u, last), even[u]);
+  }
+  for (int u = 0; u < U; u++) {
+    const __m512 sum = _mm512_add_ps(load_part<U, kTail>(out + 16 * u, u, last), _mm512_add_ps(even[u], odd[u]));
+    if (kTail && u == U - 1)
+      _mm512_mask_storeu_ps(out + 16 * u, last, sum);
+    else
+      _mm512_storeu_ps(out + 16 * u, sum);
+  }
+}
+
+template <int U>
+TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const float* v, int64_t C, int n) {
+  __m256 even[U], odd[U];
+  for (int u = 0; u < U; u++) even[u] = odd[u] = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 2 <= n; j += 2) {
+    const __m256 w0 = _mm256_set1_ps(w[j]), w1 = _mm256_set1_ps(w[j + 1]);
+    const float* v0 = v + j * C;
+    for (int u = 0; u < U; u++) {
+      even[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 8 * u), even[u]);
+      odd[u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v0 + C + 8 * u), odd[u]);
+    }
+  }
+  if (j < n) {
+    const __m256 w0 = _mm256_set1_ps(w[j]);
+    for (int u = 0; u < U; u++) even[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + j * C + 8 * u), even[u]);
+  }
+  for (int u = 0; u < U; u++)
+    _mm256_storeu_ps(out + 8 * u, _mm256_add_ps(_mm256_loadu_ps(out + 8 * u), _mm256_add_ps(even[u], odd[u])));
+}
+
+// A head's whole output (hs floats) from one block: 64 columns at a time.
+TESSERA_TARGET_AVX512 void values_block_avx512(float* out, const float* w, const float* v, int64_t C, int n,
+                                               int hs) {
+  for (int d0 = 0; d0 < hs; d0 += 64) {
+    const int width = std::min(64, hs - d0), U = (width + 15) / 16;
+    const __mmask16 last = static_cast<__mmask16>((1u << (width % 16)) - 1);
+    const bool tail = width % 16 != 0;
+    switch (U * 2 + tail) {
+      case 2: values_avx512<1, false>(out + d0, w, v + d0, C, n, last); break;
+      case 3: values_avx512<1, true>(out + d0, w, v + d0, C, n, last); break;
+      case 4: values_avx512<2, false>(out + d0, w, v + d0, C, n, last); break;
+      case 5: values_avx512<2, true>(out + d0, w, v + d0, C, n, last); break;
+      case 6: values_avx512<3, false>(out + d0, w, v + d0, C, n, last); break;
+      case 7: values_avx512<3, true>(out + d0, w, v + d0, C, n, last); break;
+      case 8: values_avx512<4, false>(out + d0, w, v + d0, C, n, last); break;
+      default: values_avx512<4, true>(out + d0, w, v + d0, C, n, last); break;
+    }
+  }
+}
+
+TESSERA_TARGET_AVX2 void values_block_avx2(float* out, const float* w, const float* v, int64_t C, int n, int hs) {
+  const int whole = hs - hs % 8;
+  for (int d0 = 0; d0 < whole; d0 += 32) {
+    switch (std::min(4, (whole - d0) / 8)) {
+      case 1: values_avx2<1>(out + d0, w, v + d0, C, n); break;
+      case 2: values_avx2<2>(out + d0, w, v + d0, C, n); break;
+      case 3: values_avx2<3>(out + d0, w, v + d0, C, n); break;
+      default: values_avx2<4>(out + d0, w, v + d0, C, n); break;
+    }
+  }
+  for (int d = whole; d < hs; d++) {  // past the last whole ymm: the same sums, one column at a time
+    float even = 0.0f, odd = 0.0f;
+    int j = 0;
+    for (; j + 2 <= n; j += 2) {
+      even += w[j] * v[j * C + d];
+      odd += w[j + 1] * v[(j + 1) * C + d];
+    }
+    if (j < n) even += w[j] * v[j * C + d];
+    out[d] += even + odd;
+  }
+}
+
+void values_block_generic(float* out, const float* w, const float* v, int64_t C, int n, int hs) {
+  for (int j = 0; j < n; j++)
+    for (int d = 0; d < hs; d++) out[d] += w[j] * v[j * C + d];
+}
+
+enum class Kind { kGeneric, kAvx2, kAvx512 };
+
+Kind pick() {
+  const CpuFeatures& f = cpu_features();
+  if (!f.avx2 || !f.fma) return Kind::kGeneric;
+  return f.avx512f ? Kind::kAvx512 : Kind::kAvx2;
+}
+
+void attend(Kind kind, const Item& it) {
+  switch (kind) {
+    case Kind::kAvx512: scores_avx512(it); break;
+    case Kind::kAvx2: scores_avx2(it); break;
+    case Kind::kGeneric: scores_generic(it); break;
+  }
+  softmax_heads(it);
+  const int G = it.g1 - it.g0;
+  const int64_t C = it.row_floats();
+  for (int r = it.r0; r < it.r1; r++)
+    for (int g = it.g0; g < it.g1; g++) std::fill_n(it.out + static_cast<int64_t>(g + r * it.KV) * it.hs, it.hs, 0.0f);
+  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
+    const int n = std::min(it.bs, it.n_keys - t0);
+    const float* block = it.values(t0);
+    for (int r = it.r0; r < it.r1; r++)
+      for (int g = it.g0; g < it.g1; g++) {
+        float* out = it.out + static_cast<int64_t>(g + r * it.KV) * it.hs;
+        const float* w = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
+        const float* v = block + static_cast<int64_t>(g) * it.hs;
+        switch (kind) {
+          case Kind::kAvx512: values_block_avx512(out, w, v, C, n, it.hs); break;
+          case Kind::kAvx2: values_block_avx2(out, w, v, C, n, it.hs); break;
+          case Kind::kGeneric: values_block_generic(out, w, v, C, n, it.hs); break;
+        }
+      }
+  }
+}
+
+// [lo, hi) of piece p of n split into parts: the first n % parts get one more.
+void split(int n, int parts, int p, int* lo, int* hi) {
+  const int base = n / parts, extra = n % parts;
+  *lo = p * base + std::min(p, extra);
+  *hi = *lo + base + (p < extra ? 1 : 0);
 }
 
 }  // namespace
@@ -94,21 +360,33 @@ void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* s
 void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
                                  const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
                                  int hs, int bs, int W) {
-  const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Ck = static_cast<int64_t>(KV) * hs;
-  const int64_t Co = static_cast<int64_t>(NH) * hs;
+  const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int items = N * NH;
+  // Items: a row's heads in pieces, enough for every thread when the rows
+  // are few (a decode step): first the key/value heads are split (each
+  // piece reads its own slice of the cache), then, if more pieces are
+  // wanted, the query heads that share one.
+  const int threads = omp_get_max_threads(), reps = NH / KV;
+  const int want = std::min(NH, (threads + N - 1) / N);
+  const int pg = std::min(KV, want), pr = std::min(reps, (want + pg - 1) / pg);
+  const int pieces = pg * pr, items = N * pieces;
+  const int Hmax = ((KV + pg - 1) / pg) * ((reps + pr - 1) / pr);
   int longest = 0;
   for (int i = 0; i < N; i++) longest = std::max(longest, pos[i] + 1);
+  const Kind kind = pick();
 #pragma omp parallel if (items > 1)
   {
     thread_local std::vector<float> scores;
-    if (static_cast<int>(scores.size()) < longest) scores.resize(longest);
+    const size_t need = static_cast<size_t>(Hmax) * longest;
+    if (scores.size() < need) scores.resize(need);
 #pragma omp for schedule(static, 1)
     for (int item = 0; item < items; item++) {
-      const int i = item / NH, h = item % NH, g = h % KV;
-      attend_paged(out + i * Co + h * hs, qkv + i * Wq + h * hs, kcache + g * hs, vcache + g * hs,
-                   block_table + static_cast<int64_t>(seq[i]) * W, pos[i] + 1, bs, hs, Ck, scale, scores.data());
+      const int i = item / pieces, p = item % pieces;
+      Item it{out + i * Co, qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W,
+              pos[i] + 1, bs, hs, KV, 0, 0, 0, 0, scale, scores.data()};
+      split(KV, pg, p % pg, &it.g0, &it.g1);
+      split(reps, pr, p / pg, &it.r0, &it.r1);
+      attend(kind, it);
     }
   }
 }

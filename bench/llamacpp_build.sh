@@ -22,6 +22,12 @@
 # libgomp), git, npm and tar; it fails with a message rather than installing
 # anything.
 #
+# TESSERA_LLAMACPP_ISA=avx2 builds for AVX2 instead (GGML_NATIVE=OFF; AVX,
+# AVX2, FMA, F16C, BMI2 on; every AVX-512 and VNNI variant off), in a folder
+# of its own: the side by side of a machine without AVX-512 (the Zen 3 the
+# issue was measured on) on one that has it, with Tessera capped to match
+# (DNNL_MAX_CPU_ISA=AVX2, bench/llamacpp_vs.sh).
+#
 # Cache: $TESSERA_LLAMACPP_DIR (default /var/tmp/tessera-llamacpp), one
 # folder per pinned version. A second run with the same version, flags,
 # compiler and CPU finds the stamp and the binaries and builds nothing.
@@ -40,9 +46,14 @@ llama_commit=de3ff815ea7d559ee917f063901b8986f038abc6  # HEAD of the bundle in $
 
 cache=${TESSERA_LLAMACPP_DIR:-/var/tmp/tessera-llamacpp}
 jobs=${TESSERA_LLAMACPP_JOBS:-$(nproc)}
+isa=${TESSERA_LLAMACPP_ISA:-native}
 root=$cache/node-llama-cpp-$version
 src=$root/llama.cpp
-build=$root/build
+case $isa in
+  native) build=$root/build ;;
+  avx2) build=$root/build-avx2 ;;
+  *) echo "llamacpp_build: error: TESSERA_LLAMACPP_ISA=$isa (native or avx2)" >&2; exit 2 ;;
+esac
 bins=("$build/bin/llama-bench" "$build/bin/llama-batched-bench" "$build/bin/llama-completion" "$build/bin/llama-tokenize")
 
 log() { echo "llamacpp_build: $*" >&2; }
@@ -67,6 +78,11 @@ flags=(
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
   -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_TOOLS_INSTALL=OFF
 )
+if [ "$isa" = avx2 ]; then
+  flags=("${flags[@]/-DGGML_NATIVE=ON/-DGGML_NATIVE=OFF}"
+    -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF
+    -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF)
+fi
 # -march=native binaries are only valid on the CPU that built them.
 cpu="$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), flags $(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)"
 stamp_text="node-llama-cpp $version
@@ -123,15 +139,15 @@ fi
 
 log "configuring llama.cpp ${llama_commit:0:10} in $build"
 rm -f "$build/tessera.stamp"
-cmake -S "$src" -B "$build" "${generator[@]}" "${flags[@]}" >"$root/configure.log" 2>&1 ||
-  { tail -30 "$root/configure.log" >&2; die "cmake configure failed (log: $root/configure.log)"; }
+cmake -S "$src" -B "$build" "${generator[@]}" "${flags[@]}" >"$root/configure-$isa.log" 2>&1 ||
+  { tail -30 "$root/configure-$isa.log" >&2; die "cmake configure failed (log: $root/configure-$isa.log)"; }
 grep -q '^GGML_OPENMP_ENABLED:INTERNAL=ON' "$build/CMakeCache.txt" ||
   die "OpenMP not found by CMake (Debian: libgomp1 and gcc's omp.h from libgcc-12-dev); not installing it"
 
-log "building llama-bench, llama-batched-bench, llama-completion and llama-tokenize with $jobs jobs (log: $root/build.log)"
+log "building llama-bench, llama-batched-bench, llama-completion and llama-tokenize with $jobs jobs (log: $root/build-$isa.log)"
 start=$(date +%s)
-cmake --build "$build" --target llama-bench llama-batched-bench llama-completion llama-tokenize -j "$jobs" >"$root/build.log" 2>&1 ||
-  { tail -40 "$root/build.log" >&2; die "build failed (log: $root/build.log)"; }
+cmake --build "$build" --target llama-bench llama-batched-bench llama-completion llama-tokenize -j "$jobs" >"$root/build-$isa.log" 2>&1 ||
+  { tail -40 "$root/build-$isa.log" >&2; die "build failed (log: $root/build-$isa.log)"; }
 log "built in $(( $(date +%s) - start )) s"
 for b in "${bins[@]}"; do [ -x "$b" ] || die "$b missing after the build"; done
 echo "$stamp_text" >"$build/tessera.stamp"

@@ -19,6 +19,11 @@
 # Prints one JSON line per run and a Markdown table of medians and ratios.
 # llama.cpp is built by bench/llamacpp_build.sh (from the llama.cpp source
 # that the npm package node-llama-cpp ships; nothing of it is linked).
+#   TESSERA_LLAMACPP_ISA=avx2 bench/llamacpp_vs.sh ...
+# compares the two as on a machine without AVX-512 or VNNI: llama.cpp built
+# for AVX2 (llamacpp_build.sh) and Tessera run with DNNL_MAX_CPU_ISA=AVX2
+# (oneDNN and Tessera's own kernels capped at AVX2); runs in
+# MODEL-avx2-runs.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-gpt2}
@@ -43,7 +48,13 @@ fi
 for t in $types; do
   [ -f "$work/$model-$t.gguf" ] || "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
 done
+isa=${TESSERA_LLAMACPP_ISA:-native}
 out=$work/$model-runs.jsonl
+cap=()
+if [ "$isa" = avx2 ]; then
+  out=$work/$model-avx2-runs.jsonl
+  cap=(env DNNL_MAX_CPU_ISA=AVX2)
+fi
 : > "$out"
 export OMP_NUM_THREADS=2
 for r in $(seq "$reps"); do
@@ -51,7 +62,7 @@ for r in $(seq "$reps"); do
     case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0) d=int4 ;; esac
     f=$work/$model-$t.gguf
     /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
-      "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
+      "${cap[@]}" "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
       2>/dev/null > "$work/t.jsonl"
     peak=$(python3 -c "import json; print(json.load(open('$work/time.json'))['peak_rss_mb'] / 1024)")
     python3 - "$work/t.jsonl" "$t" "$r" "$peak" >> "$out" <<'PY'
@@ -60,7 +71,8 @@ for line in open(sys.argv[1]):
     j = json.loads(line)
     print(json.dumps({"engine": "tessera", "type": sys.argv[2], "rep": int(sys.argv[3]), "batch": j["batch"],
                       "decode": j["decode_tokens_per_s"], "prefill": j["prefill_tokens_per_s"],
-                      "read_gb_s": j["read_gb_s"], "weight_mb": j["weight_mb"], "peak_rss_mb": float(sys.argv[4])}))
+                      "read_gb_s": j["read_gb_s"], "weight_mb": j["weight_mb"], "kv_read_mb": j["kv_read_mb"],
+                      "of_roof": j["of_roof"], "peak_rss_mb": float(sys.argv[4])}))
 PY
     # -npl 1,8,1: batched-bench's logger may drop its last line at exit.
     /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
@@ -108,6 +120,9 @@ for t, (ours, _) in names.items():
     w = [r["weight_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t]
     if w and reads:
         roof = statistics.median(reads) * 1e3 / w[0]
+        kv = [r["kv_read_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t and r["batch"] == 1]
         print(f"{ours}: one-sequence decode at {med('tessera', t, 1, 'decode') / roof:.2f} of the read roof "
-              f"({statistics.median(reads):.1f} GB/s over {w[0]:.1f} MB a token = {roof:.1f} tokens/s)")
+              f"({statistics.median(reads):.1f} GB/s over {w[0]:.1f} MB of weights a token = {roof:.1f} tokens/s); "
+              f"{med('tessera', t, 1, 'of_roof'):.2f} counting the {statistics.median(kv):.1f} MB of keys and values "
+              f"it reads too")
 PY

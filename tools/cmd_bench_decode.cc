@@ -5,7 +5,9 @@
 //
 // Decode reads every weight once per step whatever the batch, so one step
 // takes at least weight_bytes / bandwidth: the limit is batch * bandwidth /
-// weight_bytes tokens/s. Bandwidth is the read roof measured here
+// weight_bytes tokens/s (of_limit: the fraction reached). Each sequence
+// also reads its keys and values: of_roof counts those bytes too (the
+// roofline of the whole step). Bandwidth is the read roof measured here
 // (perf::read_gb_per_s: all threads streaming a 512 MB buffer, reads only,
 // best of 5); the STREAM triad is printed beside it.
 #include <omp.h>
@@ -187,12 +189,23 @@ int run_decode_bench(const DecodeArgs& args) {
     const int timed = std::max(1, a.tokens - 1);
     const double tps = B * timed / decode_s;
     const double limit = B * bandwidth / weight_bytes;
+    // The roof with the KV cache: a step also reads the keys and values of
+    // every position each sequence has (timed step s attends to prompt + s
+    // + 1 of them), as fp32. of_roof: the step time those bytes take at
+    // the read roof over the step time measured.
+    double keys = 0.0;
+    for (int step = 1; step < std::max(2, a.tokens); step++) keys += a.prompt + step + 1;
+    keys /= std::max(1, a.tokens - 1);
+    const double kv_bytes = 2.0 * 4 * a.model.layers * a.model.kv_dim() * keys * B;
+    const double of_roof = (weight_bytes + kv_bytes) / bandwidth / (decode_s / timed);
     std::printf(
         "{\"batch\": %d, \"dtype\": \"%s\", \"prompt\": %d, \"decode_tokens_per_s\": %.1f, \"step_ms\": %.2f, "
-        "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"prefill_tokens_per_s\": %.1f, "
+        "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"kv_read_mb\": %.1f, \"of_roof\": %.3f, "
+        "\"prefill_tokens_per_s\": %.1f, "
         "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
         "\"read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"int8_kernel\": \"%s\"}\n",
-        B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, B * a.prompt / prefill_s,
+        B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, kv_bytes / 1e6, of_roof,
+        B * a.prompt / prefill_s,
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
         rss_bytes() / 1e6, bandwidth / 1e9, triad / 1e9, omp_get_max_threads(),
         a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : model.int4() ? cpu::q4_kernel_summary().c_str() : "");

@@ -44,8 +44,22 @@ struct Item {
   int heads() const { return (r1 - r0) * (g1 - g0); }
   // Head e of the item (e = (r - r0) * (g1 - g0) + g - g0): its scores.
   float* head_scores(int e) const { return scores + static_cast<int64_t>(e) * n_keys; }
-  const float* keys(int t0) const { return kcache + static_cast<int64_t>(blocks[t0 / bs]) * bs * row_floats(); }
-  const float* values(int t0) const { return vcache + static_cast<int64_t>(blocks[t0 / bs]) * bs * row_floats(); }
+
+  // f(h, k, n, s) for every block of the pool (kcache or vcache) in
+  // position order and every head h of the item: k is head h's slice of
+  // the block's first row (row j at k + j * row_floats()), n the rows in
+  // use, s head h's scores from the block's first position.
+  template <class F>
+  void each_block_head(const float* pool, F&& f) const {
+    const int64_t C = row_floats();
+    for (int t0 = 0; t0 < n_keys; t0 += bs) {
+      const float* block = pool + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
+      const int n = std::min(bs, n_keys - t0);
+      for (int r = r0; r < r1; r++)
+        for (int g = g0; g < g1; g++)
+          f(g + r * KV, block + static_cast<int64_t>(g) * hs, n, head_scores((r - r0) * (g1 - g0) + g - g0) + t0);
+    }
+  }
 };
 
 // Three passes over the item's blocks, in position order: the scores of
@@ -59,98 +73,61 @@ struct Item {
 #define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
 
-// The rows of keys [j0, j0 + K) of a block holding n, head slice g: rows
-// past n repeat row n - 1 (their lanes are computed and dropped).
-template <int K>
-void key_rows(const float** rows, const float* block, int64_t C, int64_t g_off, int j0, int n) {
-  for (int k = 0; k < K; k++) rows[k] = block + std::min(j0 + k, n - 1) * C + g_off;
-}
-
-TESSERA_TARGET_AVX512 void scores_avx512(const Item& it) {
-  const int64_t C = it.row_floats();
-  const int hs = it.hs, G = it.g1 - it.g0;
+// s[j] = scale q.k_j for the n rows of a block, k_j at k + j * C (one
+// head's slice). Keys past n in the last group of 16 (8) repeat row n - 1:
+// their lanes are computed and not stored.
+TESSERA_TARGET_AVX512 void scores_block_avx512(float* s, const float* q, const float* k, int64_t C, int n, int hs,
+                                               float scale) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (hs % 16)) - 1);
-  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
-    const int n = std::min(it.bs, it.n_keys - t0);
-    const float* block = it.keys(t0);
-    for (int r = it.r0; r < it.r1; r++)
-      for (int g = it.g0; g < it.g1; g++) {
-        const float* q = it.q + static_cast<int64_t>(g + r * it.KV) * hs;
-        float* s = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
-        for (int j0 = 0; j0 < n; j0 += 16) {
-          const float* rows[16];
-          key_rows<16>(rows, block, C, static_cast<int64_t>(g) * hs, j0, n);
-          __m512 acc[16];
-          for (int k = 0; k < 16; k++) acc[k] = _mm512_setzero_ps();
-          int d = 0;
-          for (; d + 16 <= hs; d += 16) {
-            const __m512 qv = _mm512_loadu_ps(q + d);
-            for (int k = 0; k < 16; k++) acc[k] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[k] + d), acc[k]);
-          }
-          if (d < hs) {
-            const __m512 qv = _mm512_maskz_loadu_ps(tail, q + d);
-            for (int k = 0; k < 16; k++)
-              acc[k] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, rows[k] + d), acc[k]);
-          }
-          const __mmask16 keep = static_cast<__mmask16>(n - j0 >= 16 ? 0xFFFF : (1u << (n - j0)) - 1);
-          _mm512_mask_storeu_ps(s + j0, keep, _mm512_mul_ps(hsum512_x16(acc), _mm512_set1_ps(it.scale)));
-        }
-      }
+  for (int j0 = 0; j0 < n; j0 += 16) {
+    const float* rows[16];
+    for (int j = 0; j < 16; j++) rows[j] = k + std::min(j0 + j, n - 1) * C;
+    __m512 acc[16];
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    int d = 0;
+    for (; d + 16 <= hs; d += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + d);
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[j] + d), acc[j]);
+    }
+    if (d < hs) {
+      const __m512 qv = _mm512_maskz_loadu_ps(tail, q + d);
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, rows[j] + d), acc[j]);
+    }
+    const __mmask16 keep = static_cast<__mmask16>(n - j0 >= 16 ? 0xFFFF : (1u << (n - j0)) - 1);
+    _mm512_mask_storeu_ps(s + j0, keep, _mm512_mul_ps(hsum512_x16(acc), _mm512_set1_ps(scale)));
   }
 }
 
-TESSERA_TARGET_AVX2 void scores_avx2(const Item& it) {
-  const int64_t C = it.row_floats();
-  const int hs = it.hs, G = it.g1 - it.g0;
+TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const float* k, int64_t C, int n, int hs,
+                                           float scale) {
   alignas(32) int tail_bits[8];
-  for (int k = 0; k < 8; k++) tail_bits[k] = k < hs % 8 ? -1 : 0;
+  for (int j = 0; j < 8; j++) tail_bits[j] = j < hs % 8 ? -1 : 0;
   const __m256i tail = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail_bits));
-  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
-    const int n = std::min(it.bs, it.n_keys - t0);
-    const float* block = it.keys(t0);
-    for (int r = it.r0; r < it.r1; r++)
-      for (int g = it.g0; g < it.g1; g++) {
-        const float* q = it.q + static_cast<int64_t>(g + r * it.KV) * hs;
-        float* s = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
-        for (int j0 = 0; j0 < n; j0 += 8) {
-          const float* rows[8];
-          key_rows<8>(rows, block, C, static_cast<int64_t>(g) * hs, j0, n);
-          __m256 acc[8];
-          for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
-          int d = 0;
-          for (; d + 8 <= hs; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + d);
-            for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[k] + d), acc[k]);
-          }
-          if (d < hs) {
-            const __m256 qv = _mm256_maskload_ps(q + d, tail);
-            for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(rows[k] + d, tail), acc[k]);
-          }
-          alignas(32) float sums[8];
-          _mm256_store_ps(sums, _mm256_mul_ps(hsum256_x8(acc), _mm256_set1_ps(it.scale)));
-          std::copy_n(sums, std::min(8, n - j0), s + j0);
-        }
-      }
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const float* rows[8];
+    for (int j = 0; j < 8; j++) rows[j] = k + std::min(j0 + j, n - 1) * C;
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    int d = 0;
+    for (; d + 8 <= hs; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + d), acc[j]);
+    }
+    if (d < hs) {
+      const __m256 qv = _mm256_maskload_ps(q + d, tail);
+      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(rows[j] + d, tail), acc[j]);
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_mul_ps(hsum256_x8(acc), _mm256_set1_ps(scale)));
+    std::copy_n(sums, std::min(8, n - j0), s + j0);
   }
 }
 
-void scores_generic(const Item& it) {
-  const int64_t C = it.row_floats();
-  const int hs = it.hs, G = it.g1 - it.g0;
-  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
-    const int n = std::min(it.bs, it.n_keys - t0);
-    const float* block = it.keys(t0);
-    for (int r = it.r0; r < it.r1; r++)
-      for (int g = it.g0; g < it.g1; g++) {
-        const float* q = it.q + static_cast<int64_t>(g + r * it.KV) * hs;
-        float* s = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
-        for (int j = 0; j < n; j++) {
-          const float* k = block + j * C + static_cast<int64_t>(g) * hs;
-          float dot = 0.0f;
-          for (int d = 0; d < hs; d++) dot += q[d] * k[d];
-          s[j] = dot * it.scale;
-        }
-      }
+void scores_block_generic(float* s, const float* q, const float* k, int64_t C, int n, int hs, float scale) {
+  for (int j = 0; j < n; j++) {
+    float dot = 0.0f;
+    for (int d = 0; d < hs; d++) dot += q[d] * k[j * C + d];
+    s[j] = dot * scale;
   }
 }
 
@@ -291,31 +268,27 @@ Kind pick() {
 }
 
 void attend(Kind kind, const Item& it) {
-  switch (kind) {
-    case Kind::kAvx512: scores_avx512(it); break;
-    case Kind::kAvx2: scores_avx2(it); break;
-    case Kind::kGeneric: scores_generic(it); break;
-  }
-  softmax_heads(it);
-  const int G = it.g1 - it.g0;
   const int64_t C = it.row_floats();
+  const int hs = it.hs;
+  it.each_block_head(it.kcache, [&](int h, const float* k, int n, float* s) {
+    const float* q = it.q + static_cast<int64_t>(h) * hs;
+    switch (kind) {
+      case Kind::kAvx512: scores_block_avx512(s, q, k, C, n, hs, it.scale); break;
+      case Kind::kAvx2: scores_block_avx2(s, q, k, C, n, hs, it.scale); break;
+      case Kind::kGeneric: scores_block_generic(s, q, k, C, n, hs, it.scale); break;
+    }
+  });
+  softmax_heads(it);
   for (int r = it.r0; r < it.r1; r++)
-    for (int g = it.g0; g < it.g1; g++) std::fill_n(it.out + static_cast<int64_t>(g + r * it.KV) * it.hs, it.hs, 0.0f);
-  for (int t0 = 0; t0 < it.n_keys; t0 += it.bs) {
-    const int n = std::min(it.bs, it.n_keys - t0);
-    const float* block = it.values(t0);
-    for (int r = it.r0; r < it.r1; r++)
-      for (int g = it.g0; g < it.g1; g++) {
-        float* out = it.out + static_cast<int64_t>(g + r * it.KV) * it.hs;
-        const float* w = it.head_scores((r - it.r0) * G + g - it.g0) + t0;
-        const float* v = block + static_cast<int64_t>(g) * it.hs;
-        switch (kind) {
-          case Kind::kAvx512: values_block_avx512(out, w, v, C, n, it.hs); break;
-          case Kind::kAvx2: values_block_avx2(out, w, v, C, n, it.hs); break;
-          case Kind::kGeneric: values_block_generic(out, w, v, C, n, it.hs); break;
-        }
-      }
-  }
+    for (int g = it.g0; g < it.g1; g++) std::fill_n(it.out + static_cast<int64_t>(g + r * it.KV) * hs, hs, 0.0f);
+  it.each_block_head(it.vcache, [&](int h, const float* v, int n, const float* w) {
+    float* out = it.out + static_cast<int64_t>(h) * hs;
+    switch (kind) {
+      case Kind::kAvx512: values_block_avx512(out, w, v, C, n, hs); break;
+      case Kind::kAvx2: values_block_avx2(out, w, v, C, n, hs); break;
+      case Kind::kGeneric: values_block_generic(out, w, v, C, n, hs); break;
+    }
+  });
 }
 
 // [lo, hi) of piece p of n split into parts: the first n % parts get one more.

@@ -134,6 +134,8 @@ void BM_MatmulF32Rows(benchmark::State& s) {
 BENCHMARK(BM_MatmulF32Rows)
     ->ArgsProduct({{1, 2, 4, 8, 16, 32, 64}, {768}, {2304, 50304}, {0, 1}})
     ->Args({1, 3072, 768, 0})->Args({1, 3072, 768, 1})
+    // TinyLlama-1.1B's one-row products: gate and up, down, the head.
+    ->Args({1, 2048, 11264, 1})->Args({1, 5632, 2048, 1})->Args({1, 2048, 32000, 1})
     ->Unit(benchmark::kMicrosecond);
 
 // The 4-bit matmul (kernels/q4.h) on the same shapes: type 0 = Q4_0, 1 =
@@ -167,6 +169,7 @@ void BM_MatmulQ4(benchmark::State& s) {
 BENCHMARK(BM_MatmulQ4)
     ->ArgsProduct({{1, 4, 8, 32, 128}, {768}, {2304, 50304}, {0, 1, 2}, {0, 1}})
     ->Args({1, 3072, 768, 0, 0})->Args({1, 3072, 768, 1, 0})
+    ->Args({1, 2048, 11264, 2, 0})->Args({1, 5632, 2048, 2, 0})->Args({1, 2048, 32000, 2, 0})
     ->Unit(benchmark::kMicrosecond);
 
 void BM_Layernorm(benchmark::State& s) {

@@ -143,8 +143,8 @@ inline int32_t dot_tail(const int8_t* x, const int8_t* w, int c0, int C) {
 // |x| (a) and sign(x) * w to acc's eight int32 lanes. While it runs, the
 // next tile's weight rows (the K*C bytes after this tile's, as rows are
 // contiguous) are prefetched, K/2 cache lines per 32-byte step, so that a
-// decode step streams weights at the memory's rate rather than waiting on
-// each tile's first lines.
+// few decode steps together stream weights at the memory's rate rather than
+// waiting on each tile's first lines. One row takes TESSERA_INT8_ROW below.
 #define TESSERA_INT8_TILE(NAME, TARGET, STEP)                                                                    \
   template <int R, int K>                                                                                      \
   TARGET void NAME(const Operands& p, int i0, int o0) {                                                        \
@@ -191,6 +191,46 @@ inline int32_t dot_tail(const int8_t* x, const int8_t* w, int c0, int C) {
 TESSERA_INT8_TILE(tile_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
 TESSERA_INT8_TILE(tile_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
 
+// One row (a decode step) against K weight rows, one weight row after the
+// other: the tile's K * C bytes are read in address order, one stream the
+// hardware prefetcher follows, instead of K streams a row apart. Two
+// accumulators a row (64-byte steps) hide the multiply's latency. int32
+// sums are exact, so the result is the tile's, bit for bit. GPT-2's int8
+// decode of one sequence went 287-328 -> 354-363 tokens/s with it (the
+// tile read the weights at about 40 GB/s; docs/performance.md).
+#define TESSERA_INT8_ROW(NAME, TARGET, STEP)                                                                     \
+  template <int K>                                                                                             \
+  TARGET void NAME(const Operands& p, int i0, int o0) {                                                        \
+    const int C = p.C, C32 = C & ~31;                                                                          \
+    [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);                                                \
+    const int8_t* x0 = p.xq + static_cast<int64_t>(i0) * C;                                                    \
+    const uint8_t* a0 = p.xa + static_cast<int64_t>(i0) * C;                                                   \
+    int32_t acc[K];                                                                                            \
+    for (int k = 0; k < K; k++) {                                                                              \
+      const int8_t* w = p.wq + static_cast<int64_t>(o0 + k) * C;                                               \
+      __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                                        \
+      int c = 0;                                                                                               \
+      for (; c + 64 <= C32; c += 64) {                                                                         \
+        s0 = STEP(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + c)),                            \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + c)),                                \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c)));                                \
+        s1 = STEP(s1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + c + 32)),                       \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + c + 32)),                           \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c + 32)));                           \
+      }                                                                                                        \
+      if (c < C32)                                                                                             \
+        s0 = STEP(s0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0 + c)),                            \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + c)),                                \
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c)));                                \
+      acc[k] = hsum_avx2(_mm256_add_epi32(s0, s1)) + dot_tail(x0, w, C32, C);                                   \
+    }                                                                                                          \
+    dequantize(p.out + static_cast<int64_t>(i0) * p.OC + o0, acc, K, p.xs[i0], p.wscale + o0,                  \
+               p.bias ? p.bias + o0 : nullptr);                                                                \
+  }
+
+TESSERA_INT8_ROW(row_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
+TESSERA_INT8_ROW(row_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
+
 template <int R, int K>
 void tile_generic(const Operands& p, int i0, int o0) {
   for (int r = 0; r < R; r++) {
@@ -209,16 +249,26 @@ struct GenericTile {
 };
 template <int R, int K>
 struct Avx2Tile {
-  static void run(const Operands& p, int i, int o) { tile_avx2<R, K>(p, i, o); }
+  static void run(const Operands& p, int i, int o) {
+    if constexpr (R == 1 && K > 1)
+      row_avx2<K>(p, i, o);
+    else
+      tile_avx2<R, K>(p, i, o);
+  }
 };
 template <int R, int K>
 struct VnniTile {
-  static void run(const Operands& p, int i, int o) { tile_vnni<R, K>(p, i, o); }
+  static void run(const Operands& p, int i, int o) {
+    if constexpr (R == 1 && K > 1)
+      row_vnni<K>(p, i, o);
+    else
+      tile_vnni<R, K>(p, i, o);
+  }
 };
 
 // The tiles one column block is covered with: one row (a decode step) 8
-// columns at a time, so that 8 independent accumulators hide the multiply's
-// latency; two rows 4 columns at a time; then 4-row groups 2 columns at a
+// columns at a time, walked one weight row after the other (the row
+// kernels); two rows 4 columns at a time; then 4-row groups 2 columns at a
 // time (16 vector registers on AVX2), with 3 rows 2 columns and single
 // columns at the edges.
 template <template <int, int> class Tile>

@@ -149,18 +149,18 @@ TESSERA_CPU_CLONES void softmax_heads(const Item& it) {
   }
 }
 
-// out (U vectors of a head's output) += sum over a block's n rows of
-// w[j] * v[j], v row j at v + j * C: even and odd rows in two sets of
-// accumulators (two FMA chains), added at the block's end. U is a template
-// argument so that the accumulators stay in registers. The last vector
-// takes the lanes of `last` when kTail (avx512; avx2 has whole vectors
-// only).
 // Vector u of U: the last one masked when kTail.
 template <int U, bool kTail>
 TESSERA_TARGET_AVX512 inline __m512 load_part(const float* p, int u, __mmask16 last) {
   return kTail && u == U - 1 ? _mm512_maskz_loadu_ps(last, p) : _mm512_loadu_ps(p);
 }
 
+// out (U vectors of a head's output) += sum over a block's n rows of
+// w[j] * v[j], v row j at v + j * C: even and odd rows in two sets of
+// accumulators (two FMA chains), added at the block's end. U is a template
+// argument so that the accumulators stay in registers. The last vector
+// takes the lanes of `last` when kTail (avx512; avx2 has whole vectors
+// only).
 template <int U, bool kTail>
 TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const float* v, int64_t C, int n,
                                          __mmask16 last) {
@@ -180,7 +180,8 @@ TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const float
   }
   if (j < n) {
     const __m512 w0 = _mm512_set1_ps(w[j]);
-    for (int u = 0; u < U; u++) even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v + j * C + 16 * u, u, last), even[u]);
+    for (int u = 0; u < U; u++)
+      even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v + j * C + 16 * u, u, last), even[u]);
   }
   for (int u = 0; u < U; u++) {
     const __m512 sum = _mm512_add_ps(load_part<U, kTail>(out + 16 * u, u, last), _mm512_add_ps(even[u], odd[u]));

@@ -120,9 +120,11 @@ for t, (ours, _) in names.items():
     w = [r["weight_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t]
     if w and reads:
         roof = statistics.median(reads) * 1e3 / w[0]
-        kv = [r["kv_read_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t and r["batch"] == 1]
+        kv = statistics.median(
+            [r["kv_read_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t and r["batch"] == 1])
+        roof_kv = statistics.median(reads) * 1e3 / (w[0] + kv)
         print(f"{ours}: one-sequence decode at {med('tessera', t, 1, 'decode') / roof:.2f} of the read roof "
               f"({statistics.median(reads):.1f} GB/s over {w[0]:.1f} MB of weights a token = {roof:.1f} tokens/s); "
-              f"{med('tessera', t, 1, 'of_roof'):.2f} counting the {statistics.median(kv):.1f} MB of keys and values "
+              f"{med('tessera', t, 1, 'decode') / roof_kv:.2f} counting the {kv:.1f} MB of keys and values "
               f"it reads too")
 PY

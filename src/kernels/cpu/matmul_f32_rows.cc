@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -131,13 +130,7 @@ void tile_generic(const Args& a, int i, int o) {
     }
 }
 
-enum class Kind { kGeneric, kAvx2, kAvx512 };
-
-Kind pick() {
-  const CpuFeatures& f = cpu_features();
-  if (!f.avx2 || !f.fma) return Kind::kGeneric;
-  return f.avx512f ? Kind::kAvx512 : Kind::kAvx2;
-}
+using Kind = Fp32Isa;
 
 template <int R, int K>
 void tile(Kind kind, const Args& a, int i, int o) {
@@ -181,7 +174,7 @@ void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
 
 void matmul_f32_rows(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
   if (N <= 0 || OC <= 0) return;
-  const Kind kind = pick();
+  const Kind kind = fp32_isa();
   const Args a{inp, weight, bias, out, N, C, OC};
   // Contiguous shares of whole blocks, one a thread: each thread's reads are
   // one stream the hardware prefetcher follows.

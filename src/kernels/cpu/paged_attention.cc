@@ -16,7 +16,6 @@
 #include <cstring>
 #include <vector>
 
-#include "core/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -260,13 +259,7 @@ void values_block_generic(float* out, const float* w, const float* v, int64_t C,
     for (int d = 0; d < hs; d++) out[d] += w[j] * v[j * C + d];
 }
 
-enum class Kind { kGeneric, kAvx2, kAvx512 };
-
-Kind pick() {
-  const CpuFeatures& f = cpu_features();
-  if (!f.avx2 || !f.fma) return Kind::kGeneric;
-  return f.avx512f ? Kind::kAvx512 : Kind::kAvx2;
-}
+using Kind = Fp32Isa;
 
 void attend(Kind kind, const Item& it) {
   const int64_t C = it.row_floats();
@@ -347,7 +340,7 @@ void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcac
   const int Hmax = ((KV + pg - 1) / pg) * ((reps + pr - 1) / pr);
   int longest = 0;
   for (int i = 0; i < N; i++) longest = std::max(longest, pos[i] + 1);
-  const Kind kind = pick();
+  const Kind kind = fp32_isa();
 #pragma omp parallel if (items > 1)
   {
     thread_local std::vector<float> scores;

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/cpu_features.h"
+
 #if defined(__GNUC__) && !defined(__clang__)
 #define TESSERA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -15,6 +17,17 @@
 #endif
 
 namespace tessera::cpu {
+
+// The vector ISA of the fp32 kernels with three paths (matmul_f32_rows,
+// paged attention): AVX-512F, AVX2 with FMA, or plain loops. cpu_features()
+// applies the DNNL_MAX_CPU_ISA cap, so AVX2 can be tested on any machine.
+enum class Fp32Isa { kGeneric, kAvx2, kAvx512 };
+
+inline Fp32Isa fp32_isa() {
+  const CpuFeatures& f = cpu_features();
+  if (!f.avx2 || !f.fma) return Fp32Isa::kGeneric;
+  return f.avx512f ? Fp32Isa::kAvx512 : Fp32Isa::kAvx2;
+}
 
 // exp(x) for fp32, within 1.5 ulp on [-87.3, 88.3]; 0 below -87.3 (and for
 // -inf), saturates at exp(88.3) = 2.2e38 above (and for +inf), NaN stays

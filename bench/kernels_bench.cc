@@ -2,6 +2,7 @@
 // (B=8, T=256, C=768, NH=12, Vp=50304), with bytes or FLOPs processed so
 // Google Benchmark reports GB/s or FLOP/s. Run: build/release/bench/tessera_bench
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -170,6 +171,58 @@ BENCHMARK(BM_MatmulQ4)
     ->ArgsProduct({{1, 4, 8, 32, 128}, {768}, {2304, 50304}, {0, 1, 2}, {0, 1}})
     ->Args({1, 3072, 768, 0, 0})->Args({1, 3072, 768, 1, 0})
     ->Args({1, 2048, 11264, 2, 0})->Args({1, 5632, 2048, 2, 0})->Args({1, 2048, 32000, 2, 0})
+    ->Unit(benchmark::kMicrosecond);
+
+// One decode row's matmul with the weights coming from memory, as in a
+// decode step (the rest of the model's weights have evicted them): each
+// iteration takes the next of several copies of the weights (together over
+// 256 MB). dtype 0 = fp32 (cpu::matmul_f32_rows), 1 = INT8 per-channel
+// (matmul_int8_forward), 2 = Q4_0 interleaved by 16 rows (the model's int4
+// layout). weight_B/s: the bytes of one copy read per second, to compare
+// with the machine's read roof (tessera bench decode's read_gb_s).
+void BM_MatmulDecodeCold(benchmark::State& s) {
+  const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
+  const auto w = random_vec(static_cast<size_t>(OC) * C, 2), x = random_vec(C, 1);
+  std::vector<float> out(OC);
+  std::vector<uint8_t> one;  // one copy's bytes
+  std::vector<float> scales(OC);
+  if (dtype == 0) {
+    one.resize(w.size() * 4);
+    std::memcpy(one.data(), w.data(), one.size());
+  } else if (dtype == 1) {
+    one.resize(w.size());
+    cpu::quantize_weights_int8(reinterpret_cast<int8_t*>(one.data()), scales.data(), w.data(), OC, C);
+  } else {
+    std::vector<uint8_t> rows(OC * q4::row_bytes(q4::Type::kQ4_0, C));
+    q4::quantize_rows(q4::Type::kQ4_0, rows.data(), w.data(), OC, C);
+    one.resize(rows.size());
+    q4::pack_q4_0x16(one.data(), rows.data(), OC, C);
+  }
+  const size_t bytes = one.size();
+  const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+  std::vector<uint8_t> all(bytes * copies);
+  for (int c = 0; c < copies; c++) std::memcpy(all.data() + c * bytes, one.data(), bytes);
+  int copy = 0;
+  for (auto _ : s) {
+    const uint8_t* wc = all.data() + copy * bytes;
+    if (dtype == 0) {
+      cpu::matmul_f32_rows(out.data(), x.data(), reinterpret_cast<const float*>(wc), nullptr, 1, C, OC);
+    } else if (dtype == 1) {
+      cpu::matmul_int8_forward(out.data(), x.data(), reinterpret_cast<const int8_t*>(wc), scales.data(), nullptr, 1,
+                               C, OC);
+    } else {
+      cpu::matmul_q4_forward(out.data(), x.data(), wc, q4::Type::kQ4_0x16, nullptr, 1, C, OC);
+    }
+    copy = (copy + 1) % copies;
+  }
+  s.counters["weight_B/s"] = benchmark::Counter(static_cast<double>(bytes) * s.iterations(), benchmark::Counter::kIsRate);
+}
+// GPT-2's qkv, fc, fcproj and head; TinyLlama's gate and up, down and head.
+BENCHMARK(BM_MatmulDecodeCold)
+    ->ArgsProduct({{0, 1, 2}, {768}, {2304, 3072, 50304}})
+    ->Args({0, 3072, 768})->Args({1, 3072, 768})->Args({2, 3072, 768})
+    ->ArgsProduct({{0, 1, 2}, {2048}, {11264, 32000}})
+    ->Args({0, 5632, 2048})->Args({1, 5632, 2048})->Args({2, 5632, 2048})
     ->Unit(benchmark::kMicrosecond);
 
 void BM_Layernorm(benchmark::State& s) {

@@ -29,6 +29,8 @@
 #include "nn/gpt.h"
 #include "nn/gpt2_weights.h"
 #include "nn/kv_cache.h"
+#include "nn/ops_table.h"
+#include "obs/op_timer.h"
 #include "perf/cpu_checks.h"
 #include "plan/model.h"
 #include "serve/model_assets.h"
@@ -51,6 +53,7 @@ struct DecodeArgs {
   int block_size = PagedKVCache::kDefaultBlockSize;
   std::string dtype = "fp32";
   std::string int8_kernel = "auto";
+  bool ops = false;  // --ops: time each kind of op of a decode step
 };
 
 // Resident set size of this process (VmRSS), bytes; 0 if unknown.
@@ -94,10 +97,12 @@ int run_decode_bench(const DecodeArgs& args) {
   const double triad = triad_bandwidth();
   const double bandwidth = read_bandwidth();
   const int64_t rss0 = rss_bytes();
+  // --ops: the CPU kernels through timed thunks (nn/ops_table.h, op_timer.h).
+  const Backend backend = a.ops ? Backend::kCPUProfiled : Backend::kCPU;
   std::unique_ptr<GPT> loaded;
   if (!a.model_dir.empty()) {
     // The folder's weights: int8 quantized tensor by tensor as they are read.
-    auto m = load_gpt2(a.model_dir, nullptr, Backend::kCPU,
+    auto m = load_gpt2(a.model_dir, nullptr, backend,
                        a.dtype == "int8" ? ModelUse::kInt8Inference : ModelUse::kInference);
     if (!m.ok()) return fail(m.status());
     loaded = std::move(m).value();
@@ -110,7 +115,7 @@ int run_decode_bench(const DecodeArgs& args) {
   if (Status st = apply_int8_kernel(a.int8_kernel); !st.ok()) return fail(st);
   if (!loaded) {
     Result<std::unique_ptr<GPT>> made =
-        GPT::create(a.model, Backend::kCPU, ModelShard{}, nullptr, ModelUse::kInference);
+        GPT::create(a.model, backend, ModelShard{}, nullptr, ModelUse::kInference);
     if (!made.ok()) return fail(made.status());
     loaded = std::move(made).value();
     if (Status st = loaded->init_weights(1234); !st.ok()) return fail(st);
@@ -185,6 +190,7 @@ int run_decode_bench(const DecodeArgs& args) {
       if (Status st = model.forward_tokens(TokenBatch{tok, seq, pos}, cache, rows, logits.data()); !st.ok())
         return fail(st);
       if (step > 0) decode_s += std::chrono::duration<double>(Clock::now() - ts).count();
+      if (step == 0) op_times().reset();  // the timed steps' kernels only
     }
     const int timed = std::max(1, a.tokens - 1);
     const double tps = B * timed / decode_s;
@@ -209,6 +215,24 @@ int run_decode_bench(const DecodeArgs& args) {
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
         rss_bytes() / 1e6, bandwidth / 1e9, triad / 1e9, omp_get_max_threads(),
         a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : model.int4() ? cpu::q4_kernel_summary().c_str() : "");
+    if (a.ops) {
+      // One decode step's time by kind of op, and what each streams: the
+      // matmuls read the weights (and the head), attention the keys and
+      // values; untimed is the step less its kernels (the host's bookkeeping,
+      // copies, the tail of the last parallel region).
+      const OpTimes& t = op_times();
+      auto ms = [&](OpKind k) { return t.seconds[static_cast<int>(k)] / timed * 1e3; };
+      const double mm = t.seconds[static_cast<int>(OpKind::kMatmul)] / timed;
+      const double att = t.seconds[static_cast<int>(OpKind::kAttention)] / timed;
+      std::printf(
+          "{\"batch\": %d, \"dtype\": \"%s\", \"step_ms\": %.3f, \"matmul_ms\": %.3f, \"attention_ms\": %.3f, "
+          "\"norm_ms\": %.3f, \"elementwise_ms\": %.3f, \"embedding_ms\": %.3f, \"untimed_ms\": %.3f, "
+          "\"matmul_gb_s\": %.2f, \"matmul_of_read_roof\": %.3f, \"attention_gb_s\": %.2f}\n",
+          B, a.dtype.c_str(), decode_s / timed * 1e3, ms(OpKind::kMatmul), ms(OpKind::kAttention),
+          ms(OpKind::kLayernorm), ms(OpKind::kElementwise), ms(OpKind::kEncoder),
+          (decode_s - t.total()) / timed * 1e3, mm > 0 ? weight_bytes / mm / 1e9 : 0.0,
+          mm > 0 ? weight_bytes / mm / bandwidth : 0.0, att > 0 ? kv_bytes / att / 1e9 : 0.0);
+    }
     std::fflush(stdout);
   }
   return kExitOk;
@@ -238,6 +262,9 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--dtype", d->dtype, "fp32, bf16, int8 (the INT8 tier: matmul weights quantized), int4 or int4k (Q4_0 or Q4_K blocks)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   add_int8_kernel_option(cmd, &d->int8_kernel);
+  cmd->add_flag("--ops", d->ops,
+                "time each kind of op of a decode step (a second JSON line per batch: matmul, attention, norm, "
+                "elementwise and embedding ms, and the GB/s the matmuls and attention stream)");
   cmd->callback([d] { exit_code() = run_decode_bench(*d); });
 }
 

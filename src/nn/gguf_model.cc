@@ -290,7 +290,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' (not part of {})", path, t.name, c.str()));
   if (all_q4 && use == ModelUse::kTraining)
     return Status::InvalidArgument(fmt::format("{}: a 4-bit GGUF file is for inference on the CPU, not training", path));
-  if (all_q4 && backend != Backend::kCPU)
+  if (all_q4 && device_of(backend) != Device::kCPU)
     return Status::InvalidArgument(fmt::format("{}: a 4-bit GGUF file runs on the CPU (--backend cpu)", path));
   // The INT8 tier from a file that is not 4-bit: each matmul weight read as
   // fp32 and quantized per output row right away (GPT::load_int8 below), so

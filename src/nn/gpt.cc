@@ -1178,7 +1178,12 @@ void GPT::linear(float* out, const float* inp, const float* w, int q, const floa
     const Int8Weights::Matrix& m = int8_->m[q];
     ops_.matmul_int8_forward(out, inp, m.w.data(), m.scale.data(), bias, N, C, OC);
   } else if (few_rows_f32(N)) {
-    cpu::matmul_f32_rows(out, inp, w, bias, N, C, OC);  // decode: weight-read bound (kernels/cpu/matmul.h)
+    // decode: weight-read bound (kernels/cpu/matmul.h); timed as a matmul when profiled.
+    if (backend_ == Backend::kCPUProfiled) {
+      Timed<cpu::matmul_f32_rows, OpKind::kMatmul>::call(out, inp, w, bias, N, C, OC);
+    } else {
+      cpu::matmul_f32_rows(out, inp, w, bias, N, C, OC);
+    }
   } else {
     ops_.matmul_forward(out, inp, w, bias, N, C, OC, prec_);
   }

@@ -18,6 +18,24 @@ if "$tessera" bench decode "${tiny[@]}" --batch 1,3 --prompt 40 --tokens 5 >"$tm
   else fail "bench decode rows:"; cat "$tmp/out" "$tmp/err"; fi
 else fail "bench decode exited $?"; cat "$tmp/err"; fi
 
+# --ops: a second line per batch with the step's time by kind of op; the
+# kinds' sum (and the untimed rest) is the step, and int4 (a 4-bit model on
+# the CPU) is profiled as well.
+for d in fp32 int4; do
+  if "$tessera" bench decode "${tiny[@]}" --dtype $d --batch 1 --prompt 40 --tokens 5 --ops >"$tmp/out" 2>"$tmp/err"; then
+    line=$(grep '"matmul_ms"' "$tmp/out")
+    if [ -n "$line" ] && python3 - "$line" <<'PY'
+import json, sys
+j = json.loads(sys.argv[1])
+parts = sum(j[k] for k in ("matmul_ms", "attention_ms", "norm_ms", "elementwise_ms", "embedding_ms", "untimed_ms"))
+ok = j["matmul_ms"] > 0 and j["attention_ms"] > 0 and j["matmul_gb_s"] > 0 and abs(parts - j["step_ms"]) <= 0.01 * j["step_ms"] + 0.002
+sys.exit(0 if ok else 1)
+PY
+    then echo "ok   bench decode --ops ($d): $line"
+    else fail "bench decode --ops ($d):"; cat "$tmp/out" "$tmp/err"; fi
+  else fail "bench decode --ops ($d) exited $?"; cat "$tmp/err"; fi
+done
+
 "$tessera" bench decode "${tiny[@]}" --prompt 90 --tokens 10 >"$tmp/out" 2>"$tmp/err"; rc=$?
 if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "must fit in --context 96" "$tmp/err"; then
   echo "ok   prompt past the context: $(cat "$tmp/err")"

@@ -5,13 +5,15 @@
 # F32 / Q8_0 / Q4_0, plus each process's peak resident memory.
 #   bench/llamacpp_vs.sh [MODEL=gpt2|tinyllama] [REPS=3] [PROMPT=128] [TOKENS=32]
 #   TYPES="f32" bench/llamacpp_vs.sh ...   (a subset of f32 q8_0 q4_0)
+#   KV=fp32 bench/llamacpp_vs.sh ...       (Tessera's KV cache type; default f16,
+#                                           llama.cpp's default cache type)
 #
 # The model: random weights in a Hugging Face folder (tessera synth model:
 # GPT-2 124M with GPT-2's vocabulary, or TinyLlama-1.1B's shape with Llama
 # 2's vocabulary), converted by the project's own converter (tessera
 # quantize --out FILE.gguf) to F32, Q8_0 and Q4_0 GGUF files that both
 # engines load. Per file and repetition, interleaved:
-#   tessera bench decode --model FILE.gguf --batch 1,8 --prompt P --tokens T
+#   tessera bench decode --model FILE.gguf --batch 1,8 --prompt P --tokens T --kv-dtype f16
 #     (fp32 for F32; the INT8 tier, per-channel int8 from the Q8_0 file's
 #     values, for Q8_0; the file's own Q4_0 blocks for Q4_0)
 #   llama-batched-bench -m FILE.gguf -npp P -ntg T -npl 1,8 -t 2
@@ -31,6 +33,7 @@ reps=${2:-3}
 prompt=${3:-128}
 tokens=${4:-32}
 types=${TYPES:-f32 q8_0 q4_0}
+kv=${KV:-f16}
 tessera=$PWD/build/release/tessera
 eval "$(bash bench/llamacpp_build.sh)"
 work=${TESSERA_LLAMACPP_DIR:-/var/tmp/tessera-llamacpp}/models
@@ -63,7 +66,7 @@ for r in $(seq "$reps"); do
     f=$work/$model-$t.gguf
     /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
       "${cap[@]}" "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
-      2>/dev/null > "$work/t.jsonl"
+      --kv-dtype "$kv" 2>/dev/null > "$work/t.jsonl"
     peak=$(python3 -c "import json; print(json.load(open('$work/time.json'))['peak_rss_mb'] / 1024)")
     python3 - "$work/t.jsonl" "$t" "$r" "$peak" >> "$out" <<'PY'
 import json, sys

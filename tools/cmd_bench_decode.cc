@@ -54,6 +54,7 @@ struct DecodeArgs {
   std::string dtype = "fp32";
   std::string int8_kernel = "auto";
   bool ops = false;  // --ops: time each kind of op of a decode step
+  std::string kv_dtype = "fp32";
 };
 
 // Resident set size of this process (VmRSS), bytes; 0 if unknown.
@@ -143,10 +144,12 @@ int run_decode_bench(const DecodeArgs& args) {
                "model %s: weights %.1f MB, resident %.1f MB after loading; read roof %.1f GB/s (triad %.1f GB/s)\n",
                a.model.str().c_str(), weight_bytes / 1e6, (rss_model - rss0) / 1e6, bandwidth / 1e9, triad / 1e9);
 
+  Result<KvDtype> kv_dtype = parse_kv_dtype(a.kv_dtype);
+  if (!kv_dtype.ok()) return fail(kv_dtype.status());
   for (const int B : a.batches) {
     const int per_seq = (a.prompt + a.tokens + a.block_size - 1) / a.block_size;
     Result<std::unique_ptr<PagedKVCache>> made_cache =
-        PagedKVCache::create(model, B * per_seq, a.block_size, std::max(B, 1));
+        PagedKVCache::create(model, B * per_seq, a.block_size, std::max(B, 1), *kv_dtype);
     if (!made_cache.ok()) return fail(made_cache.status());
     PagedKVCache& cache = **made_cache;
     std::mt19937 rng(7);
@@ -197,23 +200,23 @@ int run_decode_bench(const DecodeArgs& args) {
     const double limit = B * bandwidth / weight_bytes;
     // The roof with the KV cache: a step also reads the keys and values of
     // every position each sequence has (timed step s attends to prompt + s
-    // + 1 of them), as fp32. of_roof: the step time those bytes take at
-    // the read roof over the step time measured.
+    // + 1 of them), at the cache's element size. of_roof: the step time
+    // those bytes take at the read roof over the step time measured.
     double keys = 0.0;
     for (int step = 1; step < std::max(2, a.tokens); step++) keys += a.prompt + step + 1;
     keys /= std::max(1, a.tokens - 1);
-    const double kv_bytes = 2.0 * 4 * a.model.layers * a.model.kv_dim() * keys * B;
+    const double kv_bytes = 2.0 * kv_dtype_bytes(*kv_dtype) * a.model.layers * a.model.kv_dim() * keys * B;
     const double of_roof = (weight_bytes + kv_bytes) / bandwidth / (decode_s / timed);
     std::printf(
         "{\"batch\": %d, \"dtype\": \"%s\", \"prompt\": %d, \"decode_tokens_per_s\": %.1f, \"step_ms\": %.2f, "
         "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"kv_read_mb\": %.1f, \"of_roof\": %.3f, "
         "\"prefill_tokens_per_s\": %.1f, "
         "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
-        "\"read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"int8_kernel\": \"%s\"}\n",
+        "\"read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"kv_dtype\": \"%s\", \"int8_kernel\": \"%s\"}\n",
         B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, kv_bytes / 1e6, of_roof,
         B * a.prompt / prefill_s,
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
-        rss_bytes() / 1e6, bandwidth / 1e9, triad / 1e9, omp_get_max_threads(),
+        rss_bytes() / 1e6, bandwidth / 1e9, triad / 1e9, omp_get_max_threads(), kv_dtype_name(*kv_dtype),
         a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : model.int4() ? cpu::q4_kernel_summary().c_str() : "");
     if (a.ops) {
       // One decode step's time by kind of op, and what each streams: the
@@ -262,6 +265,9 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--dtype", d->dtype, "fp32, bf16, int8 (the INT8 tier: matmul weights quantized), int4 or int4k (Q4_0 or Q4_K blocks)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   add_int8_kernel_option(cmd, &d->int8_kernel);
+  cmd->add_option("--kv-dtype", d->kv_dtype, "the KV cache's element type: fp32, or f16 (half the memory and reads)")
+      ->check(CLI::IsMember({"fp32", "f16"}))
+      ->capture_default_str();
   cmd->add_flag("--ops", d->ops,
                 "time each kind of op of a decode step (a second JSON line per batch: matmul, attention, norm, "
                 "elementwise and embedding ms, and the GB/s the matmuls and attention stream)");

@@ -50,6 +50,7 @@ struct ServeArgs {
   int max_queue = 256;
   int kv_blocks = 0;
   double kv_memory_mb = 0;
+  std::string kv_dtype = "fp32";
   int max_batch_tokens = 256;
   int threads = 0;
   double queue_timeout_s = 60;
@@ -106,7 +107,10 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
                  ps->resident_bytes / 1e6, ps->peak_resident_bytes / 1e6);
   const GPTConfig cfg = m.config();
   const int block_size = serve::EngineOptions{}.block_size;
-  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, block_size);
+  ASSIGN_OR_RETURN(const KvDtype kv_dtype, parse_kv_dtype(a.kv_dtype));
+  if (kv_dtype == KvDtype::kF16 && backend != Backend::kCPU)
+    return Status::InvalidArgument("--kv-dtype f16 runs on the CPU (the CUDA kernels read an fp32 cache)");
+  const int64_t block_bytes = PagedKVCache::bytes_per_block(m, block_size, kv_dtype);
   // The KV cache the engine would allocate, with what stays resident of the
   // weights (the fp32 tensors, their released pages aside, and the INT8 and
   // 4-bit matrices), against the host's memory, before the cache is
@@ -140,16 +144,18 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
   eo.prefix_cache = !a.no_prefix_cache;
   eo.kv_blocks = a.kv_blocks;
   eo.block_size = block_size;
+  eo.kv_dtype = kv_dtype;
   if (a.kv_memory_mb > 0) eo.kv_blocks = static_cast<int>(kv_blocks);
   const bool int8 = m.int8();
   ASSIGN_OR_RETURN(served->owned_engine, serve::Engine::create(std::move(model), eo, registry));
   served->engine = served->owned_engine.get();
   const serve::EngineStats st = served->engine->stats();
   std::fprintf(stderr,
-               "serve: %s ready: %s, %s on %s; KV cache %d blocks of %d positions (%.1f MB), up to %d sequences, "
-               "%d queued\n",
+               "serve: %s ready: %s, %s on %s; KV cache %d blocks of %d positions (%.1f MB, %s), up to %d "
+               "sequences, %d queued\n",
                id.c_str(), cfg.str().c_str(), int8 ? "int8" : a.dtype.c_str(), a.backend.c_str(), st.kv_blocks,
-               eo.block_size, static_cast<double>(st.kv_blocks) * block_bytes / (1 << 20), a.max_seqs, a.max_queue);
+               eo.block_size, static_cast<double>(st.kv_blocks) * block_bytes / (1 << 20), kv_dtype_name(kv_dtype), a.max_seqs,
+               a.max_queue);
   return served;
 }
 
@@ -289,6 +295,11 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--kv-memory", a->kv_memory_mb, "KV-cache size in MiB, instead of --kv-blocks")
       ->check(CLI::Range(0.001, 1e7));
+  cmd->add_option("--kv-dtype", a->kv_dtype,
+                  "the KV cache's element type: fp32, or f16 (IEEE half, as llama.cpp's cache: half the memory, "
+                  "twice the blocks in --kv-memory; CPU only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "f16"}));
   cmd->add_option("--max-batch-tokens", a->max_batch_tokens, "tokens per step (decodes plus prefill chunks)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));

@@ -545,7 +545,15 @@ Status GPT::layer_forward(int l, const LayerActs& a, const float* residual, int 
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, N);
   linear(a.qkv, a.ln1, w.qkvw, 4 * l, w.qkvb, N, C, QKVl);
   if (config_.positions == Positions::kRope) ops_.rope_forward(a.qkv, at.pos, rope_freq(), N, NHl, KVl, hs);
-  if (at.cache) {
+  if (at.cache && at.cache->dtype() == KvDtype::kF16) {
+    // The fp16 cache (CPU only): one pair of kernels for every head layout
+    // (plain multi-head attention is KV = NH).
+    uint16_t* keys = at.cache->keys_f16(l);
+    uint16_t* values = at.cache->values_f16(l);
+    ops_.kv_cache_write_gqa_f16(keys, values, a.qkv, at.slots, N, NHl, KVl, hs);
+    ops_.paged_attention_gqa_f16_forward(a.atty, a.qkv, keys, values, at.table, at.seq, at.pos, N, NHl, KVl, hs,
+                                         at.cache->block_size(), at.W);
+  } else if (at.cache) {
     float* keys = at.cache->keys(l);
     float* values = at.cache->values(l);
     if (gqa) {

@@ -16,24 +16,40 @@ bool same_shape(const GPTConfig& a, const GPTConfig& b) { return a == b; }
 
 }  // namespace
 
-int64_t PagedKVCache::bytes_per_block(const GPT& model, int block_size) {
-  const ModelShard& s = model.shard();
-  const int64_t layers = s.layers(model.config());
-  return 2 * layers * block_size * (model.config().kv_dim() / s.tp) * static_cast<int64_t>(sizeof(float));
+Result<KvDtype> parse_kv_dtype(const std::string& name) {
+  if (name == "fp32" || name == "f32") return KvDtype::kF32;
+  if (name == "f16" || name == "fp16") return KvDtype::kF16;
+  return Status::InvalidArgument(fmt::format("KV cache dtype '{}': fp32 or f16", name));
 }
 
-PagedKVCache::PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs)
+const char* kv_dtype_name(KvDtype t) { return t == KvDtype::kF16 ? "f16" : "fp32"; }
+
+int kv_dtype_bytes(KvDtype t) { return t == KvDtype::kF16 ? 2 : 4; }
+
+int64_t PagedKVCache::bytes_per_block(const GPT& model, int block_size, KvDtype dtype) {
+  const ModelShard& s = model.shard();
+  const int64_t layers = s.layers(model.config());
+  return 2 * layers * block_size * (model.config().kv_dim() / s.tp) * int64_t{kv_dtype_bytes(dtype)};
+}
+
+PagedKVCache::PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs,
+                           KvDtype dtype)
     : config_(model.config()),
       shard_(model.shard()),
       layers_(model.shard().layers(model.config())),
       channels_(model.config().kv_dim() / model.shard().tp),
       num_blocks_(num_blocks),
       block_size_(block_size),
-      max_seqs_(max_seqs) {}
+      max_seqs_(max_seqs),
+      dtype_(dtype) {}
 
 Result<std::unique_ptr<PagedKVCache>> PagedKVCache::create(const GPT& model, int num_blocks, int block_size,
-                                                           int max_seqs) {
-  std::unique_ptr<PagedKVCache> cache(new PagedKVCache(Uninitialised{}, model, num_blocks, block_size, max_seqs));
+                                                           int max_seqs, KvDtype dtype) {
+  if (dtype == KvDtype::kF16 && model.device() != Device::kCPU)
+    return Status::InvalidArgument(
+        "an f16 KV cache runs on the CPU (the CUDA kernels read an fp32 cache): --kv-dtype fp32");
+  std::unique_ptr<PagedKVCache> cache(
+      new PagedKVCache(Uninitialised{}, model, num_blocks, block_size, max_seqs, dtype));
   RETURN_IF_ERROR(cache->init(model.device()));
   return cache;
 }
@@ -46,8 +62,9 @@ Status PagedKVCache::init(Device device) {
         num_blocks_, block_size_, max_seqs_));
   const int64_t rows = int64_t{num_blocks_} * block_size_;
   pool_.set_device(device);
-  pool_.reserve("keys", DType::kF32, {layers_, rows, channels_});
-  pool_.reserve("values", DType::kF32, {layers_, rows, channels_});
+  const DType element = dtype_ == KvDtype::kF16 ? DType::kU16 : DType::kF32;
+  pool_.reserve("keys", element, {layers_, rows, channels_});
+  pool_.reserve("values", element, {layers_, rows, channels_});
   RETURN_IF_ERROR(pool_.try_allocate().With(fmt::format("the KV cache ({} blocks of {})", num_blocks_, block_size_)));
   live_.assign(max_seqs_, false);
   length_.assign(max_seqs_, 0);
@@ -238,6 +255,16 @@ float* PagedKVCache::keys(int layer) const {
 float* PagedKVCache::values(int layer) const {
   CHECK(layer >= 0 && layer < layers_);
   return pool_.tensor(1).f32() + int64_t{layer} * num_blocks_ * block_size_ * channels_;
+}
+
+uint16_t* PagedKVCache::keys_f16(int layer) const {
+  CHECK(layer >= 0 && layer < layers_ && dtype_ == KvDtype::kF16);
+  return static_cast<uint16_t*>(pool_.tensor(0).data) + int64_t{layer} * num_blocks_ * block_size_ * channels_;
+}
+
+uint16_t* PagedKVCache::values_f16(int layer) const {
+  CHECK(layer >= 0 && layer < layers_ && dtype_ == KvDtype::kF16);
+  return static_cast<uint16_t*>(pool_.tensor(1).data) + int64_t{layer} * num_blocks_ * block_size_ * channels_;
 }
 
 int PagedKVCache::slot(int seq, int pos) const {

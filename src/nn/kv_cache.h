@@ -34,6 +34,7 @@
 #include <list>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +44,15 @@
 
 namespace tessera {
 
+// The cache's element type: fp32, or fp16 (IEEE half, rounded to nearest
+// even as it is written; llama.cpp's default cache) at half the memory and
+// half the bytes a decode step reads. fp16 on the CPU only.
+enum class KvDtype { kF32, kF16 };
+// "fp32" / "f16" (the --kv-dtype spellings); InvalidArgument otherwise.
+Result<KvDtype> parse_kv_dtype(const std::string& name);
+const char* kv_dtype_name(KvDtype t);
+int kv_dtype_bytes(KvDtype t);
+
 class PagedKVCache {
  public:
   static constexpr int kDefaultBlockSize = 16;
@@ -50,14 +60,17 @@ class PagedKVCache {
   // num_blocks >= 1 blocks of block_size >= 1 positions for model's shard,
   // on its device; at most max_seqs >= 1 sequences at once (callers size
   // the pool from bytes_per_block()). InvalidArgument for a size below 1;
-  // the pool's allocation error (out of host or device memory) otherwise.
+  // the pool's allocation error (out of host or device memory) otherwise;
+  // InvalidArgument for an fp16 cache of a model on CUDA.
   static Result<std::unique_ptr<PagedKVCache>> create(const GPT& model, int num_blocks,
-                                                      int block_size = kDefaultBlockSize, int max_seqs = 256);
+                                                      int block_size = kDefaultBlockSize, int max_seqs = 256,
+                                                      KvDtype dtype = KvDtype::kF32);
   PagedKVCache(const PagedKVCache&) = delete;
   PagedKVCache& operator=(const PagedKVCache&) = delete;
 
   // Bytes one block takes for a model shard (keys and values, every layer).
-  static int64_t bytes_per_block(const GPT& model, int block_size = kDefaultBlockSize);
+  static int64_t bytes_per_block(const GPT& model, int block_size = kDefaultBlockSize,
+                                 KvDtype dtype = KvDtype::kF32);
 
   // A new sequence with no positions; ResourceExhausted when max_seqs are live.
   Result<int> add_sequence();
@@ -102,8 +115,12 @@ class PagedKVCache {
   // The pool of local layer l (0-based within the shard): (num_blocks*bs,
   // KV*hs/tp) keys and values (GQA's fewer key/value heads shrink it);
   // device memory on CUDA.
+  // keys/values: an fp32 cache's; keys_f16/values_f16: an fp16 cache's.
   float* keys(int layer) const;
   float* values(int layer) const;
+  uint16_t* keys_f16(int layer) const;
+  uint16_t* values_f16(int layer) const;
+  KvDtype dtype() const { return dtype_; }
   // Pool row of position pos of seq (pos < length(seq)).
   int slot(int seq, int pos) const;
   // Whether the cache was made for a model of this shape and shard.
@@ -113,13 +130,14 @@ class PagedKVCache {
   // create()'s one code path: the constructor lays the pool out, init()
   // checks the sizes and allocates.
   struct Uninitialised {};
-  PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs);
+  PagedKVCache(Uninitialised, const GPT& model, int num_blocks, int block_size, int max_seqs, KvDtype dtype);
   Status init(Device device);
 
   GPTConfig config_;
   ModelShard shard_;
   int layers_ = 0, channels_ = 0;  // local layers, KV*hs/tp
   int num_blocks_ = 0, block_size_ = 0, max_seqs_ = 0;
+  KvDtype dtype_ = KvDtype::kF32;
   Arena pool_;                     // [0] keys, [1] values: (L, num_blocks*bs, KV*hs/tp)
   std::vector<int> free_;          // free block ids, popped from the back
   // Prefix caching, per block: sequences holding it, its key and the block

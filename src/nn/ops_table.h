@@ -100,6 +100,10 @@ struct OpsTable {
   decltype(&cpu::attention_gqa_backward) attention_gqa_backward = nullptr;
   decltype(&cpu::kv_cache_write_gqa) kv_cache_write_gqa = nullptr;
   decltype(&cpu::paged_attention_gqa_forward) paged_attention_gqa_forward = nullptr;
+  // The fp16 KV cache (ops.inc; PagedKVCache's KvDtype::kF16): ref and cpu;
+  // null on CUDA (PagedKVCache::create refuses it there).
+  decltype(&cpu::kv_cache_write_gqa_f16) kv_cache_write_gqa_f16 = nullptr;
+  decltype(&cpu::paged_attention_gqa_f16_forward) paged_attention_gqa_f16_forward = nullptr;
   decltype(&cpu::rmsnorm_forward) rmsnorm_forward = nullptr;
   decltype(&cpu::rmsnorm_backward) rmsnorm_backward = nullptr;
   decltype(&cpu::rope_forward) rope_forward = nullptr;
@@ -144,6 +148,8 @@ inline int64_t full_attention_row_floats(int T, int /*hs*/) { return T; }
     .attention_gqa_backward = ns::attention_gqa_backward,                          \
     .kv_cache_write_gqa = ns::kv_cache_write_gqa,                                  \
     .paged_attention_gqa_forward = ns::paged_attention_gqa_forward,                \
+    .kv_cache_write_gqa_f16 = ns::kv_cache_write_gqa_f16,                          \
+    .paged_attention_gqa_f16_forward = ns::paged_attention_gqa_f16_forward,        \
     .rmsnorm_forward = ns::rmsnorm_forward, .rmsnorm_backward = ns::rmsnorm_backward, \
     .rope_forward = ns::rope_forward, .rope_backward = ns::rope_backward,          \
     .swiglu_forward = ns::swiglu_forward, .swiglu_backward = ns::swiglu_backward,  \
@@ -204,6 +210,8 @@ inline const OpsTable& ops_for(Backend b) {
       .attention_gqa_backward = Timed<cpu::attention_gqa_backward, OpKind::kAttention>::call,
       .kv_cache_write_gqa = Timed<cpu::kv_cache_write_gqa, OpKind::kAttention>::call,
       .paged_attention_gqa_forward = Timed<cpu::paged_attention_gqa_forward, OpKind::kAttention>::call,
+      .kv_cache_write_gqa_f16 = Timed<cpu::kv_cache_write_gqa_f16, OpKind::kAttention>::call,
+      .paged_attention_gqa_f16_forward = Timed<cpu::paged_attention_gqa_f16_forward, OpKind::kAttention>::call,
       .rmsnorm_forward = Timed<cpu::rmsnorm_forward, OpKind::kLayernorm>::call,
       .rmsnorm_backward = Timed<cpu::rmsnorm_backward, OpKind::kLayernorm>::call,
       .rope_forward = Timed<cpu::rope_forward, OpKind::kElementwise>::call,

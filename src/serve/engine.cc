@@ -106,7 +106,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<GPT> model, const
   const int per_seq = (c.context + o.block_size - 1) / o.block_size;
   if (o.kv_blocks == 0) o.kv_blocks = o.max_seqs * per_seq;
   std::unique_ptr<Engine> e(new Engine(std::move(model), o, registry));
-  ASSIGN_OR_RETURN(e->cache_, PagedKVCache::create(*e->model_, o.kv_blocks, o.block_size, o.max_seqs));
+  ASSIGN_OR_RETURN(e->cache_, PagedKVCache::create(*e->model_, o.kv_blocks, o.block_size, o.max_seqs, o.kv_dtype));
   e->logits_.resize(static_cast<size_t>(o.max_seqs) * c.padded_vocab());
   e->stats_.kv_blocks = o.kv_blocks;
   e->update_gauges();

@@ -114,6 +114,7 @@ struct EngineOptions {
   int max_queue = 256;          // requests waiting (not yet admitted)
   int kv_blocks = 0;            // blocks in the pool; 0: max_seqs full contexts
   int block_size = PagedKVCache::kDefaultBlockSize;
+  KvDtype kv_dtype = KvDtype::kF32;  // the cache's element type (f16: CPU only)
   int max_batch_tokens = 256;   // tokens per step; >= max_seqs
   double queue_timeout_s = 60;  // a request not admitted by then is refused
   int eot_token = -1;           // end-of-text id; -1: none

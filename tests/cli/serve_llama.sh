@@ -96,7 +96,24 @@ a=$(text 1); b=$(text 2); c=$(text 1 ', "temperature": 1.5'); d=$(text 2 ', "tem
 if [ "$a" = "$b" ] && [ "$c" != "$d" ]; then
   echo "ok   generation_config's temperature 0 is the default; a request's own temperature wins"
 else echo "FAIL sampling defaults: seeds 1/2 without temperature '$a' / '$b', with temperature 1.5 '$c' / '$d'"; status=1; fi
+fp32_text=$a
+mb() { sed -n 's/.*KV cache [0-9]* blocks of [0-9]* positions (\([0-9.]*\) MB, \([a-z0-9]*\)).*/\1 \2/p' "$1" | head -1; }
+fp32_kv=$(mb "$tmp/gr.log")
 serve_stop gr
+
+# --kv-dtype f16 (llama.cpp's cache type): the same blocks in half the
+# memory, and the server generates (the fp16 kernels against their oracle:
+# CpuKvF16.*, the model's logits near the fp32 cache's: KVCacheTest).
+serve_start gr16 --model "$tmp/greedy" --served-model-name llama-tiny --threads 1 --kv-dtype f16
+f16_kv=$(mb "$tmp/gr16.log")
+gr_url=$gr16_url
+f16_text=$(text 1)
+if [ "${fp32_kv#* }" = fp32 ] && [ "${f16_kv#* }" = f16 ] &&
+   awk -v a="${fp32_kv% *}" -v b="${f16_kv% *}" 'BEGIN { exit !(b > 0 && (a / b - 2) ^ 2 < 1e-4) }' &&
+   [ -n "$f16_text" ] && [ "${f16_text#ERROR}" = "$f16_text" ]; then
+  echo "ok   --kv-dtype f16: KV cache $f16_kv against $fp32_kv; greedy text '$f16_text' (fp32 cache: '$fp32_text')"
+else echo "FAIL --kv-dtype f16: KV cache '$f16_kv' against '$fp32_kv', text '$f16_text'"; cat "$tmp/gr16.log"; status=1; fi
+serve_stop gr16
 echo '{"temperature": 7}' >"$tmp/greedy/generation_config.json"
 if "$tessera" serve --model "$tmp/greedy" --port 0 >"$tmp/bad.out" 2>"$tmp/bad.err"; then
   echo "FAIL a temperature of 7 was served"; status=1

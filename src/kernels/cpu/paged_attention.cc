@@ -9,6 +9,7 @@
 // block's rows are contiguous, stride KV * hs). Scores live in a
 // per-thread buffer that grows to the longest sequence seen and is then
 // reused (decode steps allocate nothing).
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,8 +17,10 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/q4.h"
 
 namespace tessera::cpu {
 
@@ -29,11 +32,12 @@ namespace {
 // row blocks[t / bs] * bs + t % bs. For each head, out (hs) = softmax(scale
 // q.k) v over keys 0..n_keys-1. scores: (r1 - r0) * (g1 - g0) * n_keys floats
 // of scratch.
+template <class T>
 struct Item {
   float* out;
   const float* q;
-  const float* kcache;
-  const float* vcache;
+  const T* kcache;
+  const T* vcache;
   const int* blocks;
   int n_keys, bs, hs, KV, g0, g1, r0, r1;
   float scale;
@@ -49,10 +53,10 @@ struct Item {
   // the block's first row (row j at k + j * row_floats()), n the rows in
   // use, s head h's scores from the block's first position.
   template <class F>
-  void each_block_head(const float* pool, F&& f) const {
+  void each_block_head(const T* pool, F&& f) const {
     const int64_t C = row_floats();
     for (int t0 = 0; t0 < n_keys; t0 += bs) {
-      const float* block = pool + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
+      const T* block = pool + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
       const int n = std::min(bs, n_keys - t0);
       for (int r = r0; r < r1; r++)
         for (int g = g0; g < g1; g++)
@@ -69,52 +73,93 @@ struct Item {
 // depend on the number of threads. Three kernels of the first and last
 // pass: avx512 (16 keys a reduction), avx2 (8), and plain loops.
 
-#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
+#define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
+
+// Loads of a cache's elements as fp32 lanes: fp32 as is, fp16 through the
+// exact half -> float conversion (vcvtph2ps; the zero-masking form with a
+// full mask, without the undefined register GCC 12 warns about in the
+// plain one). load16/load8: a whole vector;
+// the _first forms: the first n lanes, the rest zero (an fp16 tail goes
+// through a zeroed copy: a masked 16-bit load needs AVX512BW).
+TESSERA_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TESSERA_TARGET_AVX512 inline __m512 load16(const uint16_t* p) {
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+TESSERA_TARGET_AVX512 inline __m512 load16_first(const float* p, int n) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+}
+TESSERA_TARGET_AVX512 inline __m512 load16_first(const uint16_t* p, int n) {
+  alignas(32) uint16_t part[16] = {};
+  std::memcpy(part, p, sizeof(uint16_t) * n);
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_load_si256(reinterpret_cast<const __m256i*>(part)));
+}
+TESSERA_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+TESSERA_TARGET_AVX2 inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+TESSERA_TARGET_AVX2 inline __m256 load8_first(const float* p, __m256i mask, int /*n*/) {
+  return _mm256_maskload_ps(p, mask);
+}
+TESSERA_TARGET_AVX2 inline __m256 load8_first(const uint16_t* p, __m256i /*mask*/, int n) {
+  alignas(16) uint16_t part[8] = {};
+  std::memcpy(part, p, sizeof(uint16_t) * n);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+}
+inline float load1(float x) { return x; }
+inline float load1(uint16_t h) { return q4::fp16_to_f32(h); }
+// One element in a vector kernel's scalar tail, inline either way. The tail
+// spells its FMAs out (std::fma): left to GCC, the fp32 tail was vectorised
+// as separate multiplies and adds and the fp16 one contracted, two roundings
+// against one.
+TESSERA_TARGET_AVX2 inline float load1_f16c(float x) { return x; }
+TESSERA_TARGET_AVX2 inline float load1_f16c(uint16_t h) { return _cvtsh_ss(h); }
 
 // s[j] = scale q.k_j for the n rows of a block, k_j at k + j * C (one
 // head's slice). Keys past n in the last group of 16 (8) repeat row n - 1:
 // their lanes are computed and not stored.
-TESSERA_TARGET_AVX512 void scores_block_avx512(float* s, const float* q, const float* k, int64_t C, int n, int hs,
+template <class T>
+TESSERA_TARGET_AVX512 void scores_block_avx512(float* s, const float* q, const T* k, int64_t C, int n, int hs,
                                                float scale) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (hs % 16)) - 1);
   for (int j0 = 0; j0 < n; j0 += 16) {
-    const float* rows[16];
+    const T* rows[16];
     for (int j = 0; j < 16; j++) rows[j] = k + std::min(j0 + j, n - 1) * C;
     __m512 acc[16];
     for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
     int d = 0;
     for (; d + 16 <= hs; d += 16) {
       const __m512 qv = _mm512_loadu_ps(q + d);
-      for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(rows[j] + d), acc[j]);
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, load16(rows[j] + d), acc[j]);
     }
     if (d < hs) {
       const __m512 qv = _mm512_maskz_loadu_ps(tail, q + d);
-      for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(tail, rows[j] + d), acc[j]);
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, load16_first(rows[j] + d, hs % 16), acc[j]);
     }
     const __mmask16 keep = static_cast<__mmask16>(n - j0 >= 16 ? 0xFFFF : (1u << (n - j0)) - 1);
     _mm512_mask_storeu_ps(s + j0, keep, _mm512_mul_ps(hsum512_x16(acc), _mm512_set1_ps(scale)));
   }
 }
 
-TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const float* k, int64_t C, int n, int hs,
+template <class T>
+TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const T* k, int64_t C, int n, int hs,
                                            float scale) {
   alignas(32) int tail_bits[8];
   for (int j = 0; j < 8; j++) tail_bits[j] = j < hs % 8 ? -1 : 0;
   const __m256i tail = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail_bits));
   for (int j0 = 0; j0 < n; j0 += 8) {
-    const float* rows[8];
+    const T* rows[8];
     for (int j = 0; j < 8; j++) rows[j] = k + std::min(j0 + j, n - 1) * C;
     __m256 acc[8];
     for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     int d = 0;
     for (; d + 8 <= hs; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[j] + d), acc[j]);
+      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load8(rows[j] + d), acc[j]);
     }
     if (d < hs) {
       const __m256 qv = _mm256_maskload_ps(q + d, tail);
-      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_maskload_ps(rows[j] + d, tail), acc[j]);
+      for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load8_first(rows[j] + d, tail, hs % 8), acc[j]);
     }
     alignas(32) float sums[8];
     _mm256_store_ps(sums, _mm256_mul_ps(hsum256_x8(acc), _mm256_set1_ps(scale)));
@@ -122,16 +167,18 @@ TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const float
   }
 }
 
-void scores_block_generic(float* s, const float* q, const float* k, int64_t C, int n, int hs, float scale) {
+template <class T>
+void scores_block_generic(float* s, const float* q, const T* k, int64_t C, int n, int hs, float scale) {
   for (int j = 0; j < n; j++) {
     float dot = 0.0f;
-    for (int d = 0; d < hs; d++) dot += q[d] * k[j * C + d];
+    for (int d = 0; d < hs; d++) dot += q[d] * load1(k[j * C + d]);
     s[j] = dot * scale;
   }
 }
 
 // Each head's scores -> its softmax weights, in place.
-TESSERA_CPU_CLONES void softmax_heads(const Item& it) {
+template <class T>
+TESSERA_CPU_CLONES void softmax_heads(const Item<T>& it) {
   for (int e = 0; e < it.heads(); e++) {
     float* s = it.head_scores(e);
     float maxval = -INFINITY;
@@ -149,9 +196,9 @@ TESSERA_CPU_CLONES void softmax_heads(const Item& it) {
 }
 
 // Vector u of U: the last one masked when kTail.
-template <int U, bool kTail>
-TESSERA_TARGET_AVX512 inline __m512 load_part(const float* p, int u, __mmask16 last) {
-  return kTail && u == U - 1 ? _mm512_maskz_loadu_ps(last, p) : _mm512_loadu_ps(p);
+template <int U, bool kTail, class T>
+TESSERA_TARGET_AVX512 inline __m512 load_part(const T* p, int u, __mmask16 last) {
+  return kTail && u == U - 1 ? load16_first(p, __builtin_popcount(last)) : load16(p);
 }
 
 // out (U vectors of a head's output) += sum over a block's n rows of
@@ -160,8 +207,8 @@ TESSERA_TARGET_AVX512 inline __m512 load_part(const float* p, int u, __mmask16 l
 // argument so that the accumulators stay in registers. The last vector
 // takes the lanes of `last` when kTail (avx512; avx2 has whole vectors
 // only).
-template <int U, bool kTail>
-TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const float* v, int64_t C, int n,
+template <int U, bool kTail, class T>
+TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const T* v, int64_t C, int n,
                                          __mmask16 last) {
   // Whole vectors load and store unmasked: a masked load of what a masked
   // store just wrote is not forwarded from the store buffer, and out is
@@ -171,7 +218,7 @@ TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const float
   int j = 0;
   for (; j + 2 <= n; j += 2) {
     const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
-    const float* v0 = v + j * C;
+    const T* v0 = v + j * C;
     for (int u = 0; u < U; u++) {
       even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v0 + 16 * u, u, last), even[u]);
       odd[u] = _mm512_fmadd_ps(w1, load_part<U, kTail>(v0 + C + 16 * u, u, last), odd[u]);
@@ -191,80 +238,84 @@ TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const float
   }
 }
 
-template <int U>
-TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const float* v, int64_t C, int n) {
+template <int U, class T>
+TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const T* v, int64_t C, int n) {
   __m256 even[U], odd[U];
   for (int u = 0; u < U; u++) even[u] = odd[u] = _mm256_setzero_ps();
   int j = 0;
   for (; j + 2 <= n; j += 2) {
     const __m256 w0 = _mm256_set1_ps(w[j]), w1 = _mm256_set1_ps(w[j + 1]);
-    const float* v0 = v + j * C;
+    const T* v0 = v + j * C;
     for (int u = 0; u < U; u++) {
-      even[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 8 * u), even[u]);
-      odd[u] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v0 + C + 8 * u), odd[u]);
+      even[u] = _mm256_fmadd_ps(w0, load8(v0 + 8 * u), even[u]);
+      odd[u] = _mm256_fmadd_ps(w1, load8(v0 + C + 8 * u), odd[u]);
     }
   }
   if (j < n) {
     const __m256 w0 = _mm256_set1_ps(w[j]);
-    for (int u = 0; u < U; u++) even[u] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + j * C + 8 * u), even[u]);
+    for (int u = 0; u < U; u++) even[u] = _mm256_fmadd_ps(w0, load8(v + j * C + 8 * u), even[u]);
   }
   for (int u = 0; u < U; u++)
     _mm256_storeu_ps(out + 8 * u, _mm256_add_ps(_mm256_loadu_ps(out + 8 * u), _mm256_add_ps(even[u], odd[u])));
 }
 
 // A head's whole output (hs floats) from one block: 64 columns at a time.
-TESSERA_TARGET_AVX512 void values_block_avx512(float* out, const float* w, const float* v, int64_t C, int n,
+template <class T>
+TESSERA_TARGET_AVX512 void values_block_avx512(float* out, const float* w, const T* v, int64_t C, int n,
                                                int hs) {
   for (int d0 = 0; d0 < hs; d0 += 64) {
     const int width = std::min(64, hs - d0), U = (width + 15) / 16;
     const __mmask16 last = static_cast<__mmask16>((1u << (width % 16)) - 1);
     const bool tail = width % 16 != 0;
     switch (U * 2 + tail) {
-      case 2: values_avx512<1, false>(out + d0, w, v + d0, C, n, last); break;
-      case 3: values_avx512<1, true>(out + d0, w, v + d0, C, n, last); break;
-      case 4: values_avx512<2, false>(out + d0, w, v + d0, C, n, last); break;
-      case 5: values_avx512<2, true>(out + d0, w, v + d0, C, n, last); break;
-      case 6: values_avx512<3, false>(out + d0, w, v + d0, C, n, last); break;
-      case 7: values_avx512<3, true>(out + d0, w, v + d0, C, n, last); break;
-      case 8: values_avx512<4, false>(out + d0, w, v + d0, C, n, last); break;
-      default: values_avx512<4, true>(out + d0, w, v + d0, C, n, last); break;
+      case 2: values_avx512<1, false, T>(out + d0, w, v + d0, C, n, last); break;
+      case 3: values_avx512<1, true, T>(out + d0, w, v + d0, C, n, last); break;
+      case 4: values_avx512<2, false, T>(out + d0, w, v + d0, C, n, last); break;
+      case 5: values_avx512<2, true, T>(out + d0, w, v + d0, C, n, last); break;
+      case 6: values_avx512<3, false, T>(out + d0, w, v + d0, C, n, last); break;
+      case 7: values_avx512<3, true, T>(out + d0, w, v + d0, C, n, last); break;
+      case 8: values_avx512<4, false, T>(out + d0, w, v + d0, C, n, last); break;
+      default: values_avx512<4, true, T>(out + d0, w, v + d0, C, n, last); break;
     }
   }
 }
 
-TESSERA_TARGET_AVX2 void values_block_avx2(float* out, const float* w, const float* v, int64_t C, int n, int hs) {
+template <class T>
+TESSERA_TARGET_AVX2 void values_block_avx2(float* out, const float* w, const T* v, int64_t C, int n, int hs) {
   const int whole = hs - hs % 8;
   for (int d0 = 0; d0 < whole; d0 += 32) {
     switch (std::min(4, (whole - d0) / 8)) {
-      case 1: values_avx2<1>(out + d0, w, v + d0, C, n); break;
-      case 2: values_avx2<2>(out + d0, w, v + d0, C, n); break;
-      case 3: values_avx2<3>(out + d0, w, v + d0, C, n); break;
-      default: values_avx2<4>(out + d0, w, v + d0, C, n); break;
+      case 1: values_avx2<1, T>(out + d0, w, v + d0, C, n); break;
+      case 2: values_avx2<2, T>(out + d0, w, v + d0, C, n); break;
+      case 3: values_avx2<3, T>(out + d0, w, v + d0, C, n); break;
+      default: values_avx2<4, T>(out + d0, w, v + d0, C, n); break;
     }
   }
   for (int d = whole; d < hs; d++) {  // past the last whole ymm: the same sums, one column at a time
     float even = 0.0f, odd = 0.0f;
     int j = 0;
     for (; j + 2 <= n; j += 2) {
-      even += w[j] * v[j * C + d];
-      odd += w[j + 1] * v[(j + 1) * C + d];
+      even = std::fma(w[j], load1_f16c(v[j * C + d]), even);
+      odd = std::fma(w[j + 1], load1_f16c(v[(j + 1) * C + d]), odd);
     }
-    if (j < n) even += w[j] * v[j * C + d];
+    if (j < n) even = std::fma(w[j], load1_f16c(v[j * C + d]), even);
     out[d] += even + odd;
   }
 }
 
-void values_block_generic(float* out, const float* w, const float* v, int64_t C, int n, int hs) {
+template <class T>
+void values_block_generic(float* out, const float* w, const T* v, int64_t C, int n, int hs) {
   for (int j = 0; j < n; j++)
-    for (int d = 0; d < hs; d++) out[d] += w[j] * v[j * C + d];
+    for (int d = 0; d < hs; d++) out[d] += w[j] * load1(v[j * C + d]);
 }
 
 using Kind = Fp32Isa;
 
-void attend(Kind kind, const Item& it) {
+template <class T>
+void attend(Kind kind, const Item<T>& it) {
   const int64_t C = it.row_floats();
   const int hs = it.hs;
-  it.each_block_head(it.kcache, [&](int h, const float* k, int n, float* s) {
+  it.each_block_head(it.kcache, [&](int h, const T* k, int n, float* s) {
     const float* q = it.q + static_cast<int64_t>(h) * hs;
     switch (kind) {
       case Kind::kAvx512: scores_block_avx512(s, q, k, C, n, hs, it.scale); break;
@@ -275,7 +326,7 @@ void attend(Kind kind, const Item& it) {
   softmax_heads(it);
   for (int r = it.r0; r < it.r1; r++)
     for (int g = it.g0; g < it.g1; g++) std::fill_n(it.out + static_cast<int64_t>(g + r * it.KV) * hs, hs, 0.0f);
-  it.each_block_head(it.vcache, [&](int h, const float* v, int n, const float* w) {
+  it.each_block_head(it.vcache, [&](int h, const T* v, int n, const float* w) {
     float* out = it.out + static_cast<int64_t>(h) * hs;
     switch (kind) {
       case Kind::kAvx512: values_block_avx512(out, w, v, C, n, hs); break;
@@ -320,13 +371,45 @@ void kv_cache_write_gqa(float* kcache, float* vcache, const float* qkv, const in
   }
 }
 
+namespace {
+
+// n floats -> fp16, rounded to nearest even: 8 at a time with F16C, the
+// rest (and CPUs without F16C) through q4::f32_to_fp16, the same rounding.
+TESSERA_TARGET_AVX2 void to_f16_f16c(uint16_t* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; i++) dst[i] = q4::f32_to_fp16(src[i]);
+}
+
+void to_f16(uint16_t* dst, const float* src, int64_t n) {
+  if (cpu_features().f16c && cpu_features().avx2) return to_f16_f16c(dst, src, n);
+  for (int64_t i = 0; i < n; i++) dst[i] = q4::f32_to_fp16(src[i]);
+}
+
+}  // namespace
+
+void kv_cache_write_gqa_f16(uint16_t* kcache, uint16_t* vcache, const float* qkv, const int* slots, int N, int NH,
+                            int KV, int hs) {
+  const int64_t W = static_cast<int64_t>(NH + 2 * KV) * hs, Ck = static_cast<int64_t>(KV) * hs;
+  for (int i = 0; i < N; i++) {
+    const float* row = qkv + i * W + static_cast<int64_t>(NH) * hs;
+    to_f16(kcache + slots[i] * Ck, row, Ck);
+    to_f16(vcache + slots[i] * Ck, row + Ck, Ck);
+  }
+}
+
 void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* slots, int N, int C) {
   kv_cache_write_gqa(kcache, vcache, qkv, slots, N, 1, 1, C);
 }
 
-void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
-                                 const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
-                                 int hs, int bs, int W) {
+namespace {
+
+template <class T>
+void attention_rows(Kind kind, float* out, const float* qkv, const T* kcache, const T* vcache,
+                    const int* block_table, const int* seq, const int* pos, int N, int NH, int KV, int hs, int bs,
+                    int W) {
   const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // Items: a row's heads in pieces, enough for every thread when the rows
@@ -340,7 +423,6 @@ void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcac
   const int Hmax = ((KV + pg - 1) / pg) * ((reps + pr - 1) / pr);
   int longest = 0;
   for (int i = 0; i < N; i++) longest = std::max(longest, pos[i] + 1);
-  const Kind kind = fp32_isa();
 #pragma omp parallel if (items > 1)
   {
     thread_local std::vector<float> scores;
@@ -349,13 +431,30 @@ void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcac
 #pragma omp for schedule(static, 1)
     for (int item = 0; item < items; item++) {
       const int i = item / pieces, p = item % pieces;
-      Item it{out + i * Co, qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W,
+      Item<T> it{out + i * Co, qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W,
               pos[i] + 1, bs, hs, KV, 0, 0, 0, 0, scale, scores.data()};
       split(KV, pg, p % pg, &it.g0, &it.g1);
       split(reps, pr, p / pg, &it.r0, &it.r1);
       attend(kind, it);
     }
   }
+}
+
+}  // namespace
+
+void paged_attention_gqa_forward(float* out, const float* qkv, const float* kcache, const float* vcache,
+                                 const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
+                                 int hs, int bs, int W) {
+  attention_rows(fp32_isa(), out, qkv, kcache, vcache, block_table, seq, pos, N, NH, KV, hs, bs, W);
+}
+
+void paged_attention_gqa_f16_forward(float* out, const float* qkv, const uint16_t* kcache, const uint16_t* vcache,
+                                     const int* block_table, const int* seq, const int* pos, int N, int NH, int KV,
+                                     int hs, int bs, int W) {
+  // The vector kernels convert with F16C (AVX-512F has its own form).
+  Kind kind = fp32_isa();
+  if (kind == Kind::kAvx2 && !cpu_features().f16c) kind = Kind::kGeneric;
+  attention_rows(kind, out, qkv, kcache, vcache, block_table, seq, pos, N, NH, KV, hs, bs, W);
 }
 
 void paged_attention_forward(float* out, const float* qkv, const float* kcache, const float* vcache,

@@ -9,6 +9,10 @@
 // block's rows are contiguous, stride KV * hs). Scores live in a
 // per-thread buffer that grows to the longest sequence seen and is then
 // reused (decode steps allocate nothing).
+//
+// The cache holds fp32 or fp16 (KvDtype::kF16): every kernel below is a
+// template on the element type, whose loads convert fp16 to fp32 exactly,
+// so the two compute the same sums in the same order.
 #include <immintrin.h>
 #include <omp.h>
 

@@ -107,9 +107,7 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
                  ps->resident_bytes / 1e6, ps->peak_resident_bytes / 1e6);
   const GPTConfig cfg = m.config();
   const int block_size = serve::EngineOptions{}.block_size;
-  ASSIGN_OR_RETURN(const KvDtype kv_dtype, parse_kv_dtype(a.kv_dtype));
-  if (kv_dtype == KvDtype::kF16 && backend != Backend::kCPU)
-    return Status::InvalidArgument("--kv-dtype f16 runs on the CPU (the CUDA kernels read an fp32 cache)");
+  ASSIGN_OR_RETURN(const KvDtype kv_dtype, parse_kv_dtype(a.kv_dtype));  // run_serve checked the pairing
   const int64_t block_bytes = PagedKVCache::bytes_per_block(m, block_size, kv_dtype);
   // The KV cache the engine would allocate, with what stays resident of the
   // weights (the fp32 tensors, their released pages aside, and the INT8 and
@@ -161,6 +159,9 @@ Result<std::shared_ptr<serve::ServedModel>> load_served(const ServeArgs& a, Back
 
 int run_serve(const ServeArgs& a) {
   if (a.kv_blocks > 0 && a.kv_memory_mb > 0) return fail(Status::InvalidArgument("give --kv-blocks or --kv-memory, not both"));
+  // Before any model is loaded (PagedKVCache::create refuses it too).
+  if (a.kv_dtype == "f16" && a.backend == "cuda")
+    return fail(Status::InvalidArgument("--kv-dtype f16 runs on the CPU (the CUDA kernels read an fp32 cache)"));
   Backend backend = Backend::kCPU;
   if (a.backend == "cuda") {
     backend = Backend::kCUDA;

@@ -36,6 +36,10 @@ expect_error seq-over-context "context" -- "$tessera" eval --weights "$ref/gpt2_
 # Unknown flags.
 expect_error unknown-flag "bogus" -- "$tessera" eval --bogus --weights "$ref/gpt2_tiny.safetensors" --tokens "$ref/eval.bin"
 expect_error unknown-command "unknown command .train2." -- "$tessera" train2
+# The KV cache's element type: a value it does not take, and fp16 on CUDA
+# (refused before a model is loaded or a GPU looked for).
+expect_error kv-dtype-value "kv-dtype: bf16 not in \{fp32,f16\}" -- "$tessera" serve --model "$ref/gpt2_tiny.safetensors" --kv-dtype bf16
+expect_error kv-dtype-cuda "kv-dtype f16 runs on the CPU \(the CUDA kernels read an fp32 cache\)" -- "$tessera" serve --model "$ref/gpt2_tiny.safetensors" --backend cuda --kv-dtype f16
 
 # Truncated weights and token files.
 head -c 1000 "$ref/gpt2_tiny.safetensors" >"$tmp/wrong/trunc.safetensors"; cp "$ref/config.json" "$tmp/wrong/"

@@ -12,6 +12,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/q4.h"
+#include "perf/cpu_checks.h"
 
 namespace tessera {
 namespace {
@@ -173,17 +174,20 @@ BENCHMARK(BM_MatmulQ4)
     ->Args({1, 2048, 11264, 2, 0})->Args({1, 5632, 2048, 2, 0})->Args({1, 2048, 32000, 2, 0})
     ->Unit(benchmark::kMicrosecond);
 
-// One decode row's matmul with the weights coming from memory, as in a
-// decode step (the rest of the model's weights have evicted them): each
+// A decode step's matmul (N = 1 row, or 8 sequences decoding together) with
+// the weights coming from memory, as in a decode step (the rest of the
+// model's weights have evicted them): each
 // iteration takes the next of several copies of the weights (together over
 // 256 MB). dtype 0 = fp32 (cpu::matmul_f32_rows), 1 = INT8 per-channel
 // (matmul_int8_forward), 2 = Q4_0 interleaved by 16 rows (the model's int4
-// layout). weight_B/s: the bytes of one copy read per second, to compare
-// with the machine's read roof (tessera bench decode's read_gb_s).
+// layout); range(3) = N. weight_B/s: the bytes of one copy read
+// per second, to compare with the machine's read roof (tessera bench
+// decode's read_gb_s).
 void BM_MatmulDecodeCold(benchmark::State& s) {
   const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
-  const auto w = random_vec(static_cast<size_t>(OC) * C, 2), x = random_vec(C, 1);
-  std::vector<float> out(OC);
+  const int N = static_cast<int>(s.range(3));
+  const auto w = random_vec(static_cast<size_t>(OC) * C, 2), x = random_vec(static_cast<size_t>(N) * C, 1);
+  std::vector<float> out(static_cast<size_t>(N) * OC);
   std::vector<uint8_t> one;  // one copy's bytes
   std::vector<float> scales(OC);
   if (dtype == 0) {
@@ -206,24 +210,37 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
   for (auto _ : s) {
     const uint8_t* wc = all.data() + copy * bytes;
     if (dtype == 0) {
-      cpu::matmul_f32_rows(out.data(), x.data(), reinterpret_cast<const float*>(wc), nullptr, 1, C, OC);
+      cpu::matmul_f32_rows(out.data(), x.data(), reinterpret_cast<const float*>(wc), nullptr, N, C, OC);
     } else if (dtype == 1) {
-      cpu::matmul_int8_forward(out.data(), x.data(), reinterpret_cast<const int8_t*>(wc), scales.data(), nullptr, 1,
+      cpu::matmul_int8_forward(out.data(), x.data(), reinterpret_cast<const int8_t*>(wc), scales.data(), nullptr, N,
                                C, OC);
     } else {
-      cpu::matmul_q4_forward(out.data(), x.data(), wc, q4::Type::kQ4_0x16, nullptr, 1, C, OC);
+      cpu::matmul_q4_forward(out.data(), x.data(), wc, q4::Type::kQ4_0x16, nullptr, N, C, OC);
     }
     copy = (copy + 1) % copies;
   }
   s.counters["weight_B/s"] = benchmark::Counter(static_cast<double>(bytes) * s.iterations(), benchmark::Counter::kIsRate);
 }
-// GPT-2's qkv, fc, fcproj and head; TinyLlama's gate and up, down and head.
+// GPT-2's qkv, fc, fcproj and head; TinyLlama's gate and up, down and head;
+// at 8 rows, GPT-2's fc and TinyLlama's gate and up.
 BENCHMARK(BM_MatmulDecodeCold)
-    ->ArgsProduct({{0, 1, 2}, {768}, {2304, 3072, 50304}})
-    ->Args({0, 3072, 768})->Args({1, 3072, 768})->Args({2, 3072, 768})
-    ->ArgsProduct({{0, 1, 2}, {2048}, {11264, 32000}})
-    ->Args({0, 5632, 2048})->Args({1, 5632, 2048})->Args({2, 5632, 2048})
+    ->ArgsProduct({{0, 1, 2}, {768}, {2304, 3072, 50304}, {1}})
+    ->ArgsProduct({{0, 1, 2}, {3072}, {768}, {1}})
+    ->ArgsProduct({{0, 1, 2}, {2048}, {11264, 32000}, {1}})
+    ->ArgsProduct({{0, 1, 2}, {5632}, {2048}, {1}})
+    ->ArgsProduct({{0, 1, 2}, {768}, {3072}, {8}})
+    ->ArgsProduct({{0, 1, 2}, {2048}, {11264}, {8}})
     ->Unit(benchmark::kMicrosecond);
+
+// The read roof the cold products above are held to (perf::read_gb_per_s,
+// what bench decode and doctor report), in the same run: run it between
+// them, as this machine's bandwidth moves from minute to minute.
+void BM_ReadRoof(benchmark::State& s) {
+  double gb = 0.0;
+  for (auto _ : s) gb = perf::read_gb_per_s();
+  s.counters["read_B/s"] = gb * 1e9;
+}
+BENCHMARK(BM_ReadRoof)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 void BM_Layernorm(benchmark::State& s) {
   auto x = random_vec(size_t{kN} * kC, 1), w = random_vec(kC, 2), b = random_vec(kC, 3);

@@ -10,6 +10,17 @@
 // per-thread buffer that grows to the longest sequence seen and is then
 // reused (decode steps allocate nothing).
 //
+// A decode step finds its cache in memory (the weights' stream has evicted
+// it since the last step), and an item's slices, a few hundred bytes a
+// row, a row apart, are a pattern the hardware prefetcher does not follow
+// far enough: while a head reads a block, the same head's slice of the next
+// block (after the last key block, the first value block) is prefetched
+// into L2, one line for each line read, so the requests spread over the
+// block's work. BM_PagedAttentionDecode on Zen 4 (2 threads, the cache from
+// memory): GPT-2's shape 22-23 -> 26-28 GB/s, TinyLlama's 7.6-7.8 -> 10-11.
+// (All of a next block's lines at once, at a block's start, did not help:
+// the requests queue behind each other.)
+//
 // The cache holds fp32 or fp16 (KvDtype::kF16): every kernel below is a
 // template on the element type, whose loads convert fp16 to fp32 exactly,
 // so the two compute the same sums in the same order.
@@ -52,19 +63,26 @@ struct Item {
   // Head e of the item (e = (r - r0) * (g1 - g0) + g - g0): its scores.
   float* head_scores(int e) const { return scores + static_cast<int64_t>(e) * n_keys; }
 
-  // f(h, k, n, s) for every block of the pool (kcache or vcache) in
+  // f(h, k, n, s, next) for every block of the pool (kcache or vcache) in
   // position order and every head h of the item: k is head h's slice of
   // the block's first row (row j at k + j * row_floats()), n the rows in
-  // use, s head h's scores from the block's first position.
+  // use, s head h's scores from the block's first position; next the same
+  // slice of the block to prefetch (the next block, or after the last one
+  // the first block of `then`, the pool read next; null past that, and for
+  // all but the first of the query heads that share a key/value head).
   template <class F>
-  void each_block_head(const T* pool, F&& f) const {
+  void each_block_head(const T* pool, const T* then, F&& f) const {
     const int64_t C = row_floats();
     for (int t0 = 0; t0 < n_keys; t0 += bs) {
       const T* block = pool + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
+      const T* next = t0 + bs < n_keys ? pool + static_cast<int64_t>(blocks[t0 / bs + 1]) * bs * C
+                      : then           ? then + static_cast<int64_t>(blocks[0]) * bs * C
+                                       : nullptr;
       const int n = std::min(bs, n_keys - t0);
       for (int r = r0; r < r1; r++)
         for (int g = g0; g < g1; g++)
-          f(g + r * KV, block + static_cast<int64_t>(g) * hs, n, head_scores((r - r0) * (g1 - g0) + g - g0) + t0);
+          f(g + r * KV, block + static_cast<int64_t>(g) * hs, n, head_scores((r - r0) * (g1 - g0) + g - g0) + t0,
+            next && r == r0 ? next + static_cast<int64_t>(g) * hs : nullptr);
     }
   }
 };
@@ -110,6 +128,14 @@ TESSERA_TARGET_AVX2 inline __m256 load8_first(const uint16_t* p, __m256i /*mask*
   std::memcpy(part, p, sizeof(uint16_t) * n);
   return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
 }
+// The line at p into L2 (a prefetch never faults) when p is the first
+// element of a 64-byte line of the slice (every 64 / sizeof(T) elements
+// from `col` 0), so one is issued for each line read. pf may be null.
+template <class T>
+inline void prefetch_line(const T* pf, int64_t row, int64_t C, int col) {
+  if (pf && (col * sizeof(T)) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(pf + row * C + col), _MM_HINT_T1);
+}
+
 inline float load1(float x) { return x; }
 inline float load1(uint16_t h) { return q4::fp16_to_f32(h); }
 // One element in a vector kernel's scalar tail, inline either way. The tail
@@ -124,7 +150,7 @@ TESSERA_TARGET_AVX2 inline float load1_f16c(uint16_t h) { return _cvtsh_ss(h); }
 // their lanes are computed and not stored.
 template <class T>
 TESSERA_TARGET_AVX512 void scores_block_avx512(float* s, const float* q, const T* k, int64_t C, int n, int hs,
-                                               float scale) {
+                                               float scale, const T* pf) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (hs % 16)) - 1);
   for (int j0 = 0; j0 < n; j0 += 16) {
     const T* rows[16];
@@ -135,6 +161,7 @@ TESSERA_TARGET_AVX512 void scores_block_avx512(float* s, const float* q, const T
     for (; d + 16 <= hs; d += 16) {
       const __m512 qv = _mm512_loadu_ps(q + d);
       for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, load16(rows[j] + d), acc[j]);
+      for (int j = 0; j < 16; j++) prefetch_line(pf, j0 + j, C, d);
     }
     if (d < hs) {
       const __m512 qv = _mm512_maskz_loadu_ps(tail, q + d);
@@ -147,7 +174,7 @@ TESSERA_TARGET_AVX512 void scores_block_avx512(float* s, const float* q, const T
 
 template <class T>
 TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const T* k, int64_t C, int n, int hs,
-                                           float scale) {
+                                           float scale, const T* pf) {
   alignas(32) int tail_bits[8];
   for (int j = 0; j < 8; j++) tail_bits[j] = j < hs % 8 ? -1 : 0;
   const __m256i tail = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail_bits));
@@ -160,6 +187,7 @@ TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const T* k,
     for (; d + 8 <= hs; d += 8) {
       const __m256 qv = _mm256_loadu_ps(q + d);
       for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load8(rows[j] + d), acc[j]);
+      for (int j = 0; j < 8; j++) prefetch_line(pf, j0 + j, C, d);
     }
     if (d < hs) {
       const __m256 qv = _mm256_maskload_ps(q + d, tail);
@@ -213,7 +241,7 @@ TESSERA_TARGET_AVX512 inline __m512 load_part(const T* p, int u, __mmask16 last)
 // only).
 template <int U, bool kTail, class T>
 TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const T* v, int64_t C, int n,
-                                         __mmask16 last) {
+                                         __mmask16 last, const T* pf, int col) {
   // Whole vectors load and store unmasked: a masked load of what a masked
   // store just wrote is not forwarded from the store buffer, and out is
   // read back at the next block.
@@ -226,6 +254,8 @@ TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const T* v,
     for (int u = 0; u < U; u++) {
       even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v0 + 16 * u, u, last), even[u]);
       odd[u] = _mm512_fmadd_ps(w1, load_part<U, kTail>(v0 + C + 16 * u, u, last), odd[u]);
+      prefetch_line(pf, j, C, col + 16 * u);
+      prefetch_line(pf, j + 1, C, col + 16 * u);
     }
   }
   if (j < n) {
@@ -243,7 +273,8 @@ TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const T* v,
 }
 
 template <int U, class T>
-TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const T* v, int64_t C, int n) {
+TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const T* v, int64_t C, int n, const T* pf,
+                                     int col) {
   __m256 even[U], odd[U];
   for (int u = 0; u < U; u++) even[u] = odd[u] = _mm256_setzero_ps();
   int j = 0;
@@ -253,6 +284,8 @@ TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const T* v, int
     for (int u = 0; u < U; u++) {
       even[u] = _mm256_fmadd_ps(w0, load8(v0 + 8 * u), even[u]);
       odd[u] = _mm256_fmadd_ps(w1, load8(v0 + C + 8 * u), odd[u]);
+      prefetch_line(pf, j, C, col + 8 * u);
+      prefetch_line(pf, j + 1, C, col + 8 * u);
     }
   }
   if (j < n) {
@@ -264,35 +297,38 @@ TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const T* v, int
 }
 
 // A head's whole output (hs floats) from one block: 64 columns at a time.
+// pf: the head's slice of the block to prefetch (pf + d0 is passed down
+// with d0, the lines counted from the slice's start).
 template <class T>
 TESSERA_TARGET_AVX512 void values_block_avx512(float* out, const float* w, const T* v, int64_t C, int n,
-                                               int hs) {
+                                               int hs, const T* pf) {
   for (int d0 = 0; d0 < hs; d0 += 64) {
     const int width = std::min(64, hs - d0), U = (width + 15) / 16;
     const __mmask16 last = static_cast<__mmask16>((1u << (width % 16)) - 1);
     const bool tail = width % 16 != 0;
     switch (U * 2 + tail) {
-      case 2: values_avx512<1, false, T>(out + d0, w, v + d0, C, n, last); break;
-      case 3: values_avx512<1, true, T>(out + d0, w, v + d0, C, n, last); break;
-      case 4: values_avx512<2, false, T>(out + d0, w, v + d0, C, n, last); break;
-      case 5: values_avx512<2, true, T>(out + d0, w, v + d0, C, n, last); break;
-      case 6: values_avx512<3, false, T>(out + d0, w, v + d0, C, n, last); break;
-      case 7: values_avx512<3, true, T>(out + d0, w, v + d0, C, n, last); break;
-      case 8: values_avx512<4, false, T>(out + d0, w, v + d0, C, n, last); break;
-      default: values_avx512<4, true, T>(out + d0, w, v + d0, C, n, last); break;
+      case 2: values_avx512<1, false, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      case 3: values_avx512<1, true, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      case 4: values_avx512<2, false, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      case 5: values_avx512<2, true, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      case 6: values_avx512<3, false, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      case 7: values_avx512<3, true, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      case 8: values_avx512<4, false, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
+      default: values_avx512<4, true, T>(out + d0, w, v + d0, C, n, last, pf, d0); break;
     }
   }
 }
 
 template <class T>
-TESSERA_TARGET_AVX2 void values_block_avx2(float* out, const float* w, const T* v, int64_t C, int n, int hs) {
+TESSERA_TARGET_AVX2 void values_block_avx2(float* out, const float* w, const T* v, int64_t C, int n, int hs,
+                                           const T* pf) {
   const int whole = hs - hs % 8;
   for (int d0 = 0; d0 < whole; d0 += 32) {
     switch (std::min(4, (whole - d0) / 8)) {
-      case 1: values_avx2<1, T>(out + d0, w, v + d0, C, n); break;
-      case 2: values_avx2<2, T>(out + d0, w, v + d0, C, n); break;
-      case 3: values_avx2<3, T>(out + d0, w, v + d0, C, n); break;
-      default: values_avx2<4, T>(out + d0, w, v + d0, C, n); break;
+      case 1: values_avx2<1, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      case 2: values_avx2<2, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      case 3: values_avx2<3, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      default: values_avx2<4, T>(out + d0, w, v + d0, C, n, pf, d0); break;
     }
   }
   for (int d = whole; d < hs; d++) {  // past the last whole ymm: the same sums, one column at a time
@@ -319,22 +355,22 @@ template <class T>
 void attend(Kind kind, const Item<T>& it) {
   const int64_t C = it.row_floats();
   const int hs = it.hs;
-  it.each_block_head(it.kcache, [&](int h, const T* k, int n, float* s) {
+  it.each_block_head(it.kcache, it.vcache, [&](int h, const T* k, int n, float* s, const T* next) {
     const float* q = it.q + static_cast<int64_t>(h) * hs;
     switch (kind) {
-      case Kind::kAvx512: scores_block_avx512(s, q, k, C, n, hs, it.scale); break;
-      case Kind::kAvx2: scores_block_avx2(s, q, k, C, n, hs, it.scale); break;
+      case Kind::kAvx512: scores_block_avx512(s, q, k, C, n, hs, it.scale, next); break;
+      case Kind::kAvx2: scores_block_avx2(s, q, k, C, n, hs, it.scale, next); break;
       case Kind::kGeneric: scores_block_generic(s, q, k, C, n, hs, it.scale); break;
     }
   });
   softmax_heads(it);
   for (int r = it.r0; r < it.r1; r++)
     for (int g = it.g0; g < it.g1; g++) std::fill_n(it.out + static_cast<int64_t>(g + r * it.KV) * hs, hs, 0.0f);
-  it.each_block_head(it.vcache, [&](int h, const T* v, int n, const float* w) {
+  it.each_block_head(it.vcache, nullptr, [&](int h, const T* v, int n, const float* w, const T* next) {
     float* out = it.out + static_cast<int64_t>(h) * hs;
     switch (kind) {
-      case Kind::kAvx512: values_block_avx512(out, w, v, C, n, hs); break;
-      case Kind::kAvx2: values_block_avx2(out, w, v, C, n, hs); break;
+      case Kind::kAvx512: values_block_avx512(out, w, v, C, n, hs, next); break;
+      case Kind::kAvx2: values_block_avx2(out, w, v, C, n, hs, next); break;
       case Kind::kGeneric: values_block_generic(out, w, v, C, n, hs); break;
     }
   });

@@ -70,6 +70,9 @@ struct Item {
   // slice of the block to prefetch (the next block, or after the last one
   // the first block of `then`, the pool read next; null past that, and for
   // all but the first of the query heads that share a key/value head).
+  // Those query heads come one after the other, so their slice is read from
+  // memory once and then from L1 (TinyLlama's 8 a key/value head: +9% in
+  // BM_PagedAttentionDecode against key/value heads in the inner loop).
   template <class F>
   void each_block_head(const T* pool, const T* then, F&& f) const {
     const int64_t C = row_floats();
@@ -79,8 +82,8 @@ struct Item {
                       : then           ? then + static_cast<int64_t>(blocks[0]) * bs * C
                                        : nullptr;
       const int n = std::min(bs, n_keys - t0);
-      for (int r = r0; r < r1; r++)
-        for (int g = g0; g < g1; g++)
+      for (int g = g0; g < g1; g++)
+        for (int r = r0; r < r1; r++)
           f(g + r * KV, block + static_cast<int64_t>(g) * hs, n, head_scores((r - r0) * (g1 - g0) + g - g0) + t0,
             next && r == r0 ? next + static_cast<int64_t>(g) * hs : nullptr);
     }

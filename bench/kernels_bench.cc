@@ -174,15 +174,14 @@ BENCHMARK(BM_MatmulQ4)
     ->Args({1, 2048, 11264, 2, 0})->Args({1, 5632, 2048, 2, 0})->Args({1, 2048, 32000, 2, 0})
     ->Unit(benchmark::kMicrosecond);
 
-// A decode step's matmul (N = 1 row, or 8 sequences decoding together) with
-// the weights coming from memory, as in a decode step (the rest of the
-// model's weights have evicted them): each
-// iteration takes the next of several copies of the weights (together over
-// 256 MB). dtype 0 = fp32 (cpu::matmul_f32_rows), 1 = INT8 per-channel
-// (matmul_int8_forward), 2 = Q4_0 interleaved by 16 rows (the model's int4
-// layout); range(3) = N. weight_B/s: the bytes of one copy read
-// per second, to compare with the machine's read roof (tessera bench
-// decode's read_gb_s).
+// A decode step's matmul (N = range(3) rows: 1, or 8 sequences decoding
+// together) with the weights coming from memory, as in a decode step (the
+// rest of the model's weights have evicted them): each iteration takes the
+// next of several copies of the weights (together over 256 MB). dtype 0 =
+// fp32 (cpu::matmul_f32_rows), 1 = INT8 per-channel (matmul_int8_forward),
+// 2 = Q4_0 interleaved by 16 rows (the model's int4 layout). weight_B/s: the
+// bytes of one copy read per second, to compare with the machine's read
+// roof (tessera bench decode's read_gb_s; BM_ReadRoof below).
 void BM_MatmulDecodeCold(benchmark::State& s) {
   const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
   const int N = static_cast<int>(s.range(3));

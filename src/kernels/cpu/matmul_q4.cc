@@ -262,39 +262,58 @@ TESSERA_TARGET_VNNI512 void x16_vnni(const Operands& p, int i0, int g) {
   }
 }
 
-// AVX2: each half of the group (8 rows) on its own, vpmaddubsw then
-// vpmaddwd by ones in place of vpdpbusd (pair sums <= 2 x 15 x 127).
-template <int R>
+// AVX2: each half of the group (8 rows) on its own, vpmaddubsw in place of
+// vpdpbusd: a pair sum is at most 2 x 15 x 128 = 3840 in magnitude, so the
+// 8 of a block (its 32 inputs) add in int16 exactly (|sum| <= 30720), and
+// one vpmaddwd by ones widens them to int32: the same integers as widening
+// each pair sum, with 7 adds in place of 8 vpmaddwd and 8 adds.
+// H halves a walk over the group's blocks: one row takes both (each line
+// of the group's blocks read once, in address order; the half-line walks
+// of H = 1 read every line on the first and computed alone on the second),
+// 4 rows one (their 8 accumulators a half in registers). Each output's
+// sums are the same, in the same order, either way.
+template <int R, int H = (R == 1 ? 2 : 1)>
 TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
   const int nb = p.C / 32;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16Bytes;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; h++) {
-    __m256 acc[R];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  for (int h0 = 0; h0 < 2; h0 += H) {
+    __m256 acc[H][R];
+    for (int e = 0; e < H; e++)
+      for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
       const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
-      __m256i w[8];
-      for (int q = 0; q < 4; q++) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 + 64 * q + 32 * h));
-        w[q] = _mm256_and_si256(raw, low);
-        w[q + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-      }
-      for (int r = 0; r < R; r++) {
-        const int64_t i = i0 + r;
-        const int8_t* a = p.a + i * p.C + b * 32;
-        __m256i sum = _mm256_set1_epi32(-8 * p.sums[i * nb + b]);
-        for (int q = 0; q < 8; q++) {
-          const __m256i av = _mm256_set1_epi32(load32(a + (q < 4 ? 4 * q : 16 + 4 * (q - 4))));
-          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(w[q], av), ones));
+      for (int e = 0; e < H; e++) {
+        const int h = h0 + e;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
+        __m256i w[8];
+        for (int q = 0; q < 4; q++) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 + 64 * q + 32 * h));
+          w[q] = _mm256_and_si256(raw, low);
+          w[q + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
         }
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(p.xs[i * nb + b])), acc[r]);
+        for (int r = 0; r < R; r++) {
+          const int64_t i = i0 + r;
+          const int8_t* a = p.a + i * p.C + b * 32;
+          __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load32(a)));
+          for (int q = 1; q < 8; q++) {
+            const __m256i av = _mm256_set1_epi32(load32(a + (q < 4 ? 4 * q : 16 + 4 * (q - 4))));
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[q], av));
+          }
+          const __m256i sum =
+              _mm256_add_epi32(_mm256_set1_epi32(-8 * p.sums[i * nb + b]), _mm256_madd_epi16(pairs, ones));
+          acc[e][r] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(p.xs[i * nb + b])), acc[e][r]);
+        }
       }
     }
-    const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
-    for (int r = 0; r < R; r++)
-      _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h, _mm256_add_ps(acc[r], bias));
+    for (int e = 0; e < H; e++) {
+      const int h = h0 + e;
+      const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
+      for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h,
+                         _mm256_add_ps(acc[e][r], bias));
+    }
   }
 }
 

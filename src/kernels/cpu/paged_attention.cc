@@ -17,7 +17,8 @@
 // block (after the last key block, the first value block) is prefetched
 // into L2, one line for each line read, so the requests spread over the
 // block's work. BM_PagedAttentionDecode on Zen 4 (2 threads, the cache from
-// memory): GPT-2's shape 22-23 -> 26-28 GB/s, TinyLlama's 7.6-7.8 -> 10-11.
+// memory): GPT-2's shape 24.5-25 -> 27.6-28.6 GB/s, TinyLlama's 8.6-9.0 ->
+// 10.3-10.7.
 // (All of a next block's lines at once, at a block's start, did not help:
 // the requests queue behind each other.)
 //

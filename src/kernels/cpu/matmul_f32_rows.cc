@@ -54,7 +54,7 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
     __m512 wv[K];
     for (int k = 0; k < K; k++) wv[k] = _mm512_loadu_ps(w + k * C + c);
     // The next tile's weight rows, at this column, on their way to L2 while
-    // these are multiplied (16 streams in flight instead of 8). With the
+    // these are multiplied (twice the streams in flight). With the
     // hardware prefetcher alone, cold 8-row products read at 18-25 GB/s and
     // one-row products of short rows (C = 768, a row 3 KB) at 29-30; into
     // L1 (_MM_HINT_T0) helped short rows and cost long ones 5%, with L2

@@ -274,16 +274,26 @@ BENCHMARK(BM_AttentionForward)->Unit(benchmark::kMillisecond);
 // 4 key/value heads of 64). Each iteration takes the next of several
 // copies of the cache (together over 256 MB), so its blocks come from
 // memory, as in a decode step where the weights' stream has evicted them
-// since the last. KV_B/s: cache bytes read per second.
-void BM_PagedAttentionDecode(benchmark::State& s) {
+// since the last. KV_B/s: cache bytes read per second. Third argument:
+// the cache's dtype, 0 fp32, 1 fp16 (paged_attention_gqa_f16_forward,
+// the cache the decode benchmarks and llama.cpp use).
+template <class T>
+void paged_attention_decode(benchmark::State& s) {
   const int keys = static_cast<int>(s.range(0));
   const bool llama = s.range(1) == 1;
   const int L = llama ? 22 : 12, NH = llama ? 32 : 12, KV = llama ? 4 : 12, hs = 64, bs = 16;
   const int blocks = (keys + bs - 1) / bs;
   const int64_t layer_floats = int64_t{blocks} * bs * KV * hs;
-  const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / (2 * 4 * L * layer_floats) + 1));
-  std::vector<float> kc(static_cast<size_t>(copies) * L * layer_floats), vc(kc.size());
-  for (size_t i = 0; i < kc.size(); i++) kc[i] = vc[i] = static_cast<float>(i % 97) * 0.01f - 0.5f;
+  const int64_t layer_bytes = layer_floats * static_cast<int64_t>(sizeof(T));
+  const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / (2 * L * layer_bytes) + 1));
+  std::vector<T> kc(static_cast<size_t>(copies) * L * layer_floats), vc(kc.size());
+  for (size_t i = 0; i < kc.size(); i++) {
+    const float x = static_cast<float>(i % 97) * 0.01f - 0.5f;
+    if constexpr (sizeof(T) == 2)
+      kc[i] = vc[i] = q4::f32_to_fp16(x);
+    else
+      kc[i] = vc[i] = x;
+  }
   const auto qkv = random_vec(static_cast<size_t>(NH + 2 * KV) * hs, 1);
   std::vector<float> out(static_cast<size_t>(NH) * hs);
   std::vector<int> table(blocks);
@@ -293,15 +303,28 @@ void BM_PagedAttentionDecode(benchmark::State& s) {
   for (auto _ : s) {
     for (int l = 0; l < L; l++) {
       const size_t at = (static_cast<size_t>(copy) * L + l) * layer_floats;
-      cpu::paged_attention_gqa_forward(out.data(), qkv.data(), kc.data() + at, vc.data() + at, table.data(), &seq,
-                                       &pos, 1, NH, KV, hs, bs, blocks);
+      if constexpr (sizeof(T) == 2)
+        cpu::paged_attention_gqa_f16_forward(out.data(), qkv.data(), kc.data() + at, vc.data() + at, table.data(),
+                                             &seq, &pos, 1, NH, KV, hs, bs, blocks);
+      else
+        cpu::paged_attention_gqa_forward(out.data(), qkv.data(), kc.data() + at, vc.data() + at, table.data(), &seq,
+                                         &pos, 1, NH, KV, hs, bs, blocks);
     }
     copy = (copy + 1) % copies;
   }
-  s.counters["KV_B/s"] =
-      benchmark::Counter(2.0 * 4 * L * keys * KV * hs * s.iterations(), benchmark::Counter::kIsRate);
+  s.counters["KV_B/s"] = benchmark::Counter(2.0 * static_cast<double>(sizeof(T)) * L * keys * KV * hs *
+                                                static_cast<double>(s.iterations()),
+                                            benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_PagedAttentionDecode)->ArgsProduct({{16, 160, 512, 2048}, {0, 1}})->Unit(benchmark::kMicrosecond);
+void BM_PagedAttentionDecode(benchmark::State& s) {
+  if (s.range(2) == 1)
+    paged_attention_decode<uint16_t>(s);
+  else
+    paged_attention_decode<float>(s);
+}
+BENCHMARK(BM_PagedAttentionDecode)
+    ->ArgsProduct({{16, 160, 512, 2048}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_AdamW(benchmark::State& s) {
   const int64_t n = 124'000'000 / 8;  // an eighth of GPT-2 124M keeps memory modest

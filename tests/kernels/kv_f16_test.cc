@@ -3,7 +3,10 @@
 // bit (round to nearest even, infinities past 65504, subnormal halves);
 // the attention against the oracle, and bit for bit against the fp32
 // kernel over the same values decoded to fp32 (the cpu kernels convert and
-// then compute exactly as the fp32 ones do), with 1, 2 and 5 threads. In
+// then compute exactly as the fp32 ones do), and bit for bit across 1, 2,
+// 5 and 32 threads: the thread count splits a row's query heads into
+// items, and an item with 2 or more heads a key/value head goes through
+// the group kernels, one with 1 through the per-head ones. In
 // TESSERA_ISA_TESTS: natively, under DNNL_MAX_CPU_ISA=AVX2 and on an
 // emulated Zen 3; DNNL_MAX_CPU_ISA=SSE41 runs the plain loops.
 #include <gtest/gtest.h>
@@ -60,7 +63,8 @@ struct Shape {
 // head sizes off the vector widths.
 const Shape kShapes[] = {{21, 4, 2, 8, 4, 21}, {21, 4, 2, 16, 4, 21}, {40, 6, 1, 8, 16, 40},
                          {37, 8, 4, 16, 16, 1}, {37, 6, 1, 24, 8, 1},   {50, 4, 4, 20, 16, 2},
-                         {19, 12, 12, 64, 16, 1}, {300, 32, 4, 64, 16, 1}};
+                         {19, 12, 12, 64, 16, 1}, {300, 32, 4, 64, 16, 1}, {37, 32, 2, 32, 16, 1},
+                         {70, 16, 2, 128, 16, 3}, {45, 6, 2, 40, 16, 1}};
 
 TEST(CpuKvF16, AttentionMatchesTheOracleAndTheFp32KernelOnTheSameValues) {
   const int saved = omp_get_max_threads();
@@ -87,7 +91,8 @@ TEST(CpuKvF16, AttentionMatchesTheOracleAndTheFp32KernelOnTheSameValues) {
                                          pos.data() + first, s.fed, s.NH, s.KV, s.hs, s.bs, blocks);
     float scale = 0.0f;
     for (float x : want) scale = std::max(scale, std::fabs(x));
-    for (int threads : {1, 2, 5}) {
+    Vec first_f32;  // the threads = 1 result
+    for (int threads : {1, 2, 5, 32}) {
       omp_set_num_threads(threads);
       const std::string where = "T=" + std::to_string(s.T) + " NH=" + std::to_string(s.NH) +
                                 " KV=" + std::to_string(s.KV) + " hs=" + std::to_string(s.hs) +
@@ -101,6 +106,8 @@ TEST(CpuKvF16, AttentionMatchesTheOracleAndTheFp32KernelOnTheSameValues) {
         ASSERT_LE(std::fabs(got[i] - want[i]), 1e-5f * scale + 1e-6f) << where << " at " << i;
         ASSERT_EQ(got[i], f32[i]) << where << " at " << i << ": the fp16 kernel against the fp32 one";
       }
+      if (threads == 1) first_f32 = f32;
+      for (size_t i = 0; i < n_out; i++) ASSERT_EQ(f32[i], first_f32[i]) << where << " at " << i << ": against 1 thread";
     }
   }
   omp_set_num_threads(saved);

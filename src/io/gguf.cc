@@ -674,16 +674,29 @@ void GgufFile::drop_range(const uint8_t* p, size_t n) const {
 Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named {}", path_, quote(name)));
-  if (t->type != GgmlType::kF32 && t->type != GgmlType::kF16 && t->type != GgmlType::kBF16 &&
-      t->type != GgmlType::kQ8_0)
-    return Status::InvalidArgument(fmt::format("{}: tensor {} is {}; read_f32 converts F32, F16, BF16 and Q8_0 only",
-                                               path_, quote(name), ggml_type_name(t->type)));
   const size_t n = static_cast<size_t>(t->numel());
   if (dst.size() != n)
     return Status::InvalidArgument(fmt::format("{}: tensor {} of ne {} has {} elements but the destination holds {}",
                                                path_, quote(name), dims_str(t->ne), n, dst.size()));
-  const uint8_t* src = tensor_bytes(*t).data();
-  const size_t block_elems = ggml_block_elems(t->type), block_bytes = ggml_block_bytes(t->type);
+  return read_f32_rows(*t, 0, dst);
+}
+
+Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<float> dst) const {
+  if (t.type != GgmlType::kF32 && t.type != GgmlType::kF16 && t.type != GgmlType::kBF16 &&
+      t.type != GgmlType::kQ8_0)
+    return Status::InvalidArgument(fmt::format("{}: tensor {} is {}; read_f32 converts F32, F16, BF16 and Q8_0 only",
+                                               path_, quote(t.name), ggml_type_name(t.type)));
+  if (dst.empty()) return Status::OK();  // nothing to read (a tensor of no elements too)
+  const size_t block_elems = ggml_block_elems(t.type), block_bytes = ggml_block_bytes(t.type);
+  const int64_t row = t.ne.empty() ? 1 : t.ne[0], rows = t.numel() / std::max<int64_t>(row, 1);
+  const int64_t want = row > 0 ? static_cast<int64_t>(dst.size()) / row : 0;
+  if (row <= 0 || row % static_cast<int64_t>(block_elems) != 0 || static_cast<int64_t>(dst.size()) != want * row ||
+      row0 < 0 || row0 > rows || want > rows - row0)
+    return Status::InvalidArgument(fmt::format("{}: tensor {} of ne {}: rows {} to {} are not whole rows inside it",
+                                               path_, quote(t.name), dims_str(t.ne), row0,
+                                               row0 + (row > 0 ? static_cast<int64_t>(dst.size()) / row : 0)));
+  const uint8_t* src = tensor_bytes(t).data() + static_cast<size_t>(row0 * row) / block_elems * block_bytes;
+  const size_t n = dst.size();
   // In chunks (a whole number of blocks), each chunk's pages given back once
   // converted: a mapped tensor is resident a chunk at a time, not whole.
   constexpr size_t kChunk = size_t{4} << 20;  // elements; a multiple of 32
@@ -691,7 +704,7 @@ Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
     const size_t i1 = std::min(n, i0 + kChunk);
     const uint8_t* p = src + i0 / block_elems * block_bytes;
     float* out = dst.data() + i0;
-    switch (t->type) {
+    switch (t.type) {
       case GgmlType::kF32: std::memcpy(out, p, (i1 - i0) * sizeof(float)); break;
       case GgmlType::kF16:
         for (size_t k = 0; k < i1 - i0; ++k) {

@@ -191,14 +191,21 @@ class GgufFile {
   // of a mapped file once converted. NotFound if absent; InvalidArgument for
   // another type or when dst.size() != numel.
   Status read_f32(std::string_view name, std::span<float> dst) const;
+  // Rows [row0, row0 + dst.size() / ne[0]) of tensor t (a row: ne[0]
+  // elements, whole blocks) into dst, converted and given back as
+  // read_f32 does, so that a large tensor can be read a few rows at a time.
+  // InvalidArgument for another type, or when dst is not whole rows inside
+  // the tensor.
+  Status read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<float> dst) const;
+  // Gives the whole pages inside [p, p + n) of a mapping back (MADV_DONTNEED);
+  // p inside a tensor's bytes. Nothing for bytes given to parse().
+  void drop_range(const uint8_t* p, size_t n) const;
 
  private:
   GgufFile() = default;
   static Result<GgufFile> finish(GgufFile f);  // validate(), errors prefixed with the path
   Status validate();                           // fills everything below from bytes_
   Status type_error(std::string_view key, const GgufValue& v, std::string_view wanted) const;
-  // Gives the whole pages inside [p, p + n) of a mapping back (MADV_DONTNEED).
-  void drop_range(const uint8_t* p, size_t n) const;
 
   std::string path_;
   std::vector<std::byte> owned_;     // parse()'s bytes

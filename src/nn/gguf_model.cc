@@ -121,17 +121,33 @@ bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
 q4::Type q4_of(GgmlType t) { return t == GgmlType::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0; }
 GgmlType ggml_of(q4::Type t) { return t == q4::Type::kQ4_K ? GgmlType::kQ4_K : GgmlType::kQ4_0; }
 
-// Any tensor this reader takes, as fp32 in file order.
-Status read_f32(const io::GgufFile& f, const io::GgufTensorInfo& t, std::vector<float>* out) {
-  out->resize(static_cast<size_t>(t.numel()));
-  if (!is_q4(t.type)) return f.read_f32(t.name, std::span<float>(*out));
-  const int64_t cols = t.ne[0], rows = t.numel() / cols, rb = q4::row_bytes(q4_of(t.type), cols);
-  const std::span<const uint8_t> bytes = f.tensor_bytes(t);
-  for (int64_t r = 0; r < rows; r++) {
-    RETURN_IF_ERROR(q4::check_row(q4_of(t.type), bytes.data() + r * rb, cols).With(fmt::format("{}: tensor '{}' row {}", f.path(), t.name, r)));
-    q4::dequantize_row(q4_of(t.type), out->data() + r * cols, bytes.data() + r * rb, cols);
+// Tensor t as fp32, a few rows at a time (rows of ne[0] elements, about
+// 4 MB of fp32 a chunk): fn(r0, n, rows) for rows r0 .. r0 + n - 1, in
+// order, with *buf holding them. Loading never holds a whole large tensor
+// in fp32 beside its place in the model (TinyLlama's 262 MB embeddings
+// did, twice in the INT8 tier: peak 1670 MB against 1353 once loaded).
+template <class F>
+Status each_rows(const io::GgufFile& f, const io::GgufTensorInfo& t, std::vector<float>* buf, F&& fn) {
+  const int64_t cols = t.ne.empty() ? 1 : t.ne[0], rows = t.numel() / std::max<int64_t>(cols, 1);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
+  const bool q4 = is_q4(t.type);
+  const int64_t rb = q4 ? q4::row_bytes(q4_of(t.type), cols) : 0;
+  const uint8_t* bytes = f.tensor_bytes(t).data();
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    buf->resize(static_cast<size_t>(n * cols));
+    if (!q4) {
+      RETURN_IF_ERROR(f.read_f32_rows(t, r0, std::span<float>(*buf)));
+    } else {
+      for (int64_t r = r0; r < r0 + n; r++) {
+        RETURN_IF_ERROR(q4::check_row(q4_of(t.type), bytes + r * rb, cols)
+                            .With(fmt::format("{}: tensor '{}' row {}", f.path(), t.name, r)));
+        q4::dequantize_row(q4_of(t.type), buf->data() + (r - r0) * cols, bytes + r * rb, cols);
+      }
+      f.drop_range(bytes + r0 * rb, static_cast<size_t>(n * rb));
+    }
+    RETURN_IF_ERROR(fn(r0, n, static_cast<const float*>(buf->data())));
   }
-  f.drop_tensor_pages(t);
   return Status::OK();
 }
 
@@ -308,9 +324,9 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   RETURN_IF_ERROR(a.try_zero());
 
   // The fp32 tensors (every one, or all but the 4-bit matmul weights), one
-  // at a time.
+  // at a time, a few rows at a time. Each tensor's rows (ggml's: ne[0]
+  // elements; a vector is one row) go to piece_row's rows of its slice.
   std::vector<float> buf;
-  std::vector<float> head_check;
   for (const Entry& e : entries) {
     const io::GgufTensorInfo* t = f.find_tensor(e.name);
     if (t == nullptr) continue;
@@ -318,27 +334,31 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     if (to_int8 && e.matrix >= 0 && (e.matrix < 4 * L || !c.gpt2())) continue;  // into the INT8 matrices below
     if (c.gpt2() && e.matrix == 4 * L && t->type != f.find_tensor("token_embd.weight")->type)
       continue;  // the tied head again at the matrices' precision (our writer's F32 wte, Q8_0 head): wte is the head
-    RETURN_IF_ERROR(read_f32(f, *t, &buf));
-    if (c.gpt2() && e.matrix == 4 * L) {
-      // GPT-2's output layer is wte: a copy that differs is another model.
-      const float* wte = a.tensor(kWte).f32();
-      for (size_t i = 0; i < buf.size(); i++)
-        if (buf[i] != wte[i])
-          return Status::InvalidArgument(fmt::format(
-              "{}: 'output.weight' differs from 'token_embd.weight' (Tessera's GPT-2 ties them)", path));
-      continue;
-    }
-    const int64_t rows = e.shape[0], cols = e.shape.size() == 2 ? e.shape[1] : 1;
+    const int64_t cols = t->ne[0];
+    const bool vector = e.shape.size() == 1;
     float* dst = slice_of(a, e, L);
-    for (int64_t r = 0; r < rows; r++) {
-      float* out = dst + piece_row(c, e, r) * cols;
-      const float* in = buf.data() + r * cols;
-      if (e.kind == Entry::kOCols) {
-        for (int64_t col = 0; col < cols; col++) out[piece_col(c, e, col)] = in[col];
-      } else {
-        std::copy_n(in, cols, out);
+    Status st = each_rows(f, *t, &buf, [&](int64_t r0, int64_t n, const float* in) -> Status {
+      if (c.gpt2() && e.matrix == 4 * L) {
+        // GPT-2's output layer is wte: a copy that differs is another model.
+        const float* wte = a.tensor(kWte).f32() + r0 * cols;
+        for (int64_t i = 0; i < n * cols; i++)
+          if (in[i] != wte[i])
+            return Status::InvalidArgument(fmt::format(
+                "{}: 'output.weight' differs from 'token_embd.weight' (Tessera's GPT-2 ties them)", path));
+        return Status::OK();
       }
-    }
+      for (int64_t r = r0; r < r0 + n; r++) {
+        float* out = dst + (vector ? 0 : piece_row(c, e, r) * cols);
+        const float* row = in + (r - r0) * cols;
+        if (e.kind == Entry::kOCols) {
+          for (int64_t col = 0; col < cols; col++) out[piece_col(c, e, col)] = row[col];
+        } else {
+          std::copy_n(row, cols, out);
+        }
+      }
+      return Status::OK();
+    });
+    RETURN_IF_ERROR(st);
   }
   if (!on_host) RETURN_IF_ERROR(model->params().try_copy_from(host_arena).With("uploading the weights"));
   if (to_int8) {
@@ -359,24 +379,25 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
         if (e.matrix != k) continue;
         const io::GgufTensorInfo* t = f.find_tensor(e.name);
         if (t == nullptr) return Status::Internal(fmt::format("tensor '{}' went missing", e.name));
-        RETURN_IF_ERROR(read_f32(f, *t, &buf));
-        const int64_t rows = e.shape[0], cols = e.shape[1];
-        if (e.kind == Entry::kOCols) {
-          moved.resize(buf.size());
-          for (int64_t r = 0; r < rows; r++)
-            for (int64_t col = 0; col < cols; col++) moved[r * cols + piece_col(c, e, col)] = buf[r * cols + col];
-          buf.swap(moved);
-        }
-        codes.resize(buf.size());
-        scales.resize(static_cast<size_t>(rows));
-        model->quantize_matrix_int8(buf.data(), static_cast<int>(rows), static_cast<int>(cols), codes.data(),
-                                    scales.data());
-        for (int64_t r = 0; r < rows; r++) {
-          const int64_t o = e.row0 + piece_row(c, e, r);
-          std::copy_n(codes.data() + r * cols, cols, w + o * K);
-          scale[o] = scales[r];
-        }
-        filled += rows;
+        const int64_t cols = e.shape[1];
+        RETURN_IF_ERROR(each_rows(f, *t, &buf, [&](int64_t r0, int64_t n, const float* in) -> Status {
+          if (e.kind == Entry::kOCols) {
+            moved.resize(static_cast<size_t>(n * cols));
+            for (int64_t r = 0; r < n; r++)
+              for (int64_t col = 0; col < cols; col++) moved[r * cols + piece_col(c, e, col)] = in[r * cols + col];
+            in = moved.data();
+          }
+          codes.resize(static_cast<size_t>(n * cols));
+          scales.resize(static_cast<size_t>(n));
+          model->quantize_matrix_int8(in, static_cast<int>(n), static_cast<int>(cols), codes.data(), scales.data());
+          for (int64_t r = 0; r < n; r++) {
+            const int64_t o = e.row0 + piece_row(c, e, r0 + r);
+            std::copy_n(codes.data() + r * cols, cols, w + o * K);
+            scale[o] = scales[r];
+          }
+          return Status::OK();
+        }));
+        filled += e.shape[0];
       }
       if (filled != OC && k < 4 * L)
         return Status::Internal(fmt::format("INT8 matrix {}: {} of its {} rows in the file's tensors", k, filled, OC));
@@ -443,14 +464,21 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     }
     if (!q4::fits(m->type, K)) m->type = q4::Type::kQ4_0;
     m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
-    const float* src = a.tensor(c.tied_head ? kWte : kLmHead).f32();
-    if (!c.tied_head) {
-      // The untied head was skipped above: read it now.
-      RETURN_IF_ERROR(read_f32(f, *f.find_tensor("output.weight"), &buf));
-      buf.resize(static_cast<size_t>(OC) * K, 0.0f);
-      src = buf.data();
+    const int64_t hrb = q4::row_bytes(m->type, K);
+    if (c.tied_head) {
+      q4::quantize_rows(m->type, m->w.data(), a.tensor(kWte).f32(), OC, K);
+      return Status::OK();
     }
-    q4::quantize_rows(m->type, m->w.data(), src, OC, K);
+    // The untied head was skipped above: read it now, then its padding
+    // rows (past the file's) from zeros.
+    const io::GgufTensorInfo* head = f.find_tensor("output.weight");
+    RETURN_IF_ERROR(each_rows(f, *head, &buf, [&](int64_t r0, int64_t n, const float* in) {
+      q4::quantize_rows(m->type, m->w.data() + r0 * hrb, in, n, K);
+      return Status::OK();
+    }));
+    const int64_t file_rows = head->ne[1];
+    buf.assign(static_cast<size_t>(OC - file_rows) * K, 0.0f);
+    q4::quantize_rows(m->type, m->w.data() + file_rows * hrb, buf.data(), OC - file_rows, K);
     return Status::OK();
   });
   if (!st.ok()) return st.With(path);

@@ -407,6 +407,43 @@ TEST_F(GgufTest, ReadF32DequantizesQ8_0) {
   for (int k = 2; k < 32; ++k) EXPECT_EQ(got[32 + k], -2.f * (k - 2)) << k;
 }
 
+// read_f32_rows: any run of whole rows equals that slice of read_f32 (Q8_0
+// rows of 64, two blocks each; F32 rows of 3); a run past the tensor, a
+// negative first row or a part of a row is refused in one line.
+TEST_F(GgufTest, ReadF32RowsReadsWholeRowsOfTheTensor) {
+  std::vector<std::pair<uint16_t, std::vector<int8_t>>> blocks;
+  for (int b = 0; b < 8; ++b) {
+    std::vector<int8_t> q(32);
+    for (int k = 0; k < 32; ++k) q[k] = static_cast<int8_t>((b * 37 + k * 11) % 255 - 127);
+    blocks.push_back({static_cast<uint16_t>(0x3800 + b), q});
+  }
+  GgufWriter w;
+  w.add_tensor("q", GgmlType::kQ8_0, {64, 4}, q8_0_blocks(blocks));
+  w.add_tensor("a", GgmlType::kF32, {3, 2}, raw_of<float>({1.f, 2.f, 3.f, 4.f, 5.f, 6.f}));
+  ASSERT_TRUE(w.write(path("rows.gguf")).ok());
+  Result<GgufFile> f = GgufFile::open(path("rows.gguf"));
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  std::vector<float> whole(256);
+  ASSERT_TRUE(f->read_f32("q", whole).ok());
+  const GgufTensorInfo& q = *f->find_tensor("q");
+  for (int r0 = 0; r0 <= 4; ++r0)
+    for (int n = 0; r0 + n <= 4; ++n) {
+      std::vector<float> got(64 * n, -1.f);
+      ASSERT_TRUE(f->read_f32_rows(q, r0, got).ok()) << r0 << " " << n;
+      EXPECT_EQ(got, std::vector<float>(whole.begin() + 64 * r0, whole.begin() + 64 * (r0 + n))) << r0 << " " << n;
+    }
+  std::vector<float> row(3);
+  ASSERT_TRUE(f->read_f32_rows(*f->find_tensor("a"), 1, row).ok());
+  EXPECT_EQ(row, (std::vector<float>{4.f, 5.f, 6.f}));
+  std::vector<float> two(128), part(32);
+  for (auto [r0, dst] : {std::pair{3, &two}, std::pair{-1, &two}, std::pair{0, &part}}) {
+    Status st = f->read_f32_rows(q, r0, *dst);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << r0;
+    EXPECT_TRUE(one_line_error(st, path("rows.gguf")));
+    EXPECT_TRUE(contains(st.message(), "are not whole rows inside it")) << st.message();
+  }
+}
+
 TEST_F(GgufTest, ReadF32RefusesOtherTypesNamingTensorAndType) {
   GgufWriter w;
   w.add_tensor("blk.0.ffn_up.weight", GgmlType::kQ4_K, {256}, std::vector<uint8_t>(144, 0));

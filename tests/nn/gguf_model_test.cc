@@ -233,6 +233,32 @@ TEST(GgufModel, Int8TierFromAFileEqualsQuantizingTheFp32Model) {
   }
 }
 
+// Tensors of more than 2^20 elements load a chunk of rows at a time (the
+// query rows' rotary permutation, the projection's columns, the INT8 rows'
+// codes and the head across chunks): the same model as the file's, bit for
+// bit, and the INT8 tier the same as quantizing it whole.
+TEST(GgufModel, TensorsOverAChunkLoadAsWholeOnes) {
+  DecoderConfig c = llama(8, 2, false);
+  c.layers = 1;
+  c.channels = 1088;  // 8 heads of 136: attn_q and attn_output 1088 x 1088
+  c.mlp_hidden = 256;
+  c.vocab = 1100;  // token_embd and output 1100 x 1088
+  auto m = random_model(c, 12);
+  const std::vector<int> t = some_tokens(c.vocab, 12);
+  auto back = round_trip(*m, GgufWeights::kF32, "chunks_f32");
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(all_logits(*back, t), all_logits(*m, t));
+  const std::string path = temp_path("chunks_q8_0");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kQ8_0).ok());
+  auto tier = load_gguf(path, Backend::kCPU, ModelUse::kInt8Inference);
+  auto whole = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+  std::remove(path.c_str());
+  ASSERT_TRUE(tier.ok()) << tier.status().message();
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  ASSERT_TRUE((*whole)->quantize_int8().ok());
+  EXPECT_EQ(all_logits(**tier, t), all_logits(**whole, t));
+}
+
 // A file whose tensor is of a type Tessera does not read, an architecture
 // it does not build, a missing tensor and a misshapen one: one line each,
 // naming what is wrong.

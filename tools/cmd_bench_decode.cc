@@ -8,8 +8,14 @@
 // weight_bytes tokens/s (of_limit: the fraction reached). Each sequence
 // also reads its keys and values: of_roof counts those bytes too (the
 // roofline of the whole step). Bandwidth is the read roof measured here
-// (perf::read_gb_per_s: all threads streaming a 512 MB buffer, reads only,
-// best of 5); the STREAM triad is printed beside it.
+// (perf::read_gb_per_s: all threads streaming a 256 MB buffer, reads only,
+// best of 20) before the model is loaded; the STREAM triad is printed
+// beside it. The host's roof moves from minute to minute (33-66 GB/s on
+// a shared 2-vCPU Zen 4), so when the weights are 4 x the
+// last-level cache the roof is measured again right after each batch's
+// decode, over the weights themselves (perf::read_gb_per_s_over: nothing
+// allocated, the process's peak memory stays the model's), and of_limit and
+// of_roof are against that one.
 #include <omp.h>
 
 #include <algorithm>
@@ -140,6 +146,12 @@ int run_decode_bench(const DecodeArgs& args) {
                                : model.int4()    ? model.q4_bytes()
                                                  : static_cast<int64_t>(model.params().bytes()) - embed_bytes;
   const int Vp = a.model.padded_vocab();
+  // The weights a step streams, for the roof after each batch: when they
+  // are at least 4 x the last-level cache (else the roof before loading:
+  // GPT-2 int4, 70 MB, read at 105 GB/s over a 32 MB L3, partly from it).
+  std::vector<perf::ReadBlock> weight_blocks;
+  for (std::span<const uint8_t> b : model.stored_weights()) weight_blocks.push_back({b.data(), b.size()});
+  if (weight_bytes < 4 * perf::last_level_cache_bytes()) weight_blocks.clear();
   std::fprintf(stderr,
                "model %s: weights %.1f MB, resident %.1f MB after loading; read roof %.1f GB/s (triad %.1f GB/s)\n",
                a.model.str().c_str(), weight_bytes / 1e6, (rss_model - rss0) / 1e6, bandwidth / 1e9, triad / 1e9);
@@ -197,7 +209,9 @@ int run_decode_bench(const DecodeArgs& args) {
     }
     const int timed = std::max(1, a.tokens - 1);
     const double tps = B * timed / decode_s;
-    const double limit = B * bandwidth / weight_bytes;
+    const double weights_read = weight_blocks.empty() ? 0.0 : perf::read_gb_per_s_over(weight_blocks, 5) * 1e9;
+    const double roof = weights_read > 0.0 ? weights_read : bandwidth;
+    const double limit = B * roof / weight_bytes;
     // The roof with the KV cache: a step also reads the keys and values of
     // every position each sequence has (timed step s attends to prompt + s
     // + 1 of them), at the cache's element size. of_roof: the step time
@@ -206,17 +220,17 @@ int run_decode_bench(const DecodeArgs& args) {
     for (int step = 1; step < std::max(2, a.tokens); step++) keys += a.prompt + step + 1;
     keys /= std::max(1, a.tokens - 1);
     const double kv_bytes = 2.0 * kv_dtype_bytes(*kv_dtype) * a.model.layers * a.model.kv_dim() * keys * B;
-    const double of_roof = (weight_bytes + kv_bytes) / bandwidth / (decode_s / timed);
+    const double of_roof = (weight_bytes + kv_bytes) / roof / (decode_s / timed);
     std::printf(
         "{\"batch\": %d, \"dtype\": \"%s\", \"prompt\": %d, \"decode_tokens_per_s\": %.1f, \"step_ms\": %.2f, "
         "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"kv_read_mb\": %.1f, \"of_roof\": %.3f, "
         "\"prefill_tokens_per_s\": %.1f, "
         "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
-        "\"read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"kv_dtype\": \"%s\", \"int8_kernel\": \"%s\"}\n",
+        "\"read_gb_s\": %.2f, \"weights_read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"kv_dtype\": \"%s\", \"int8_kernel\": \"%s\"}\n",
         B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, kv_bytes / 1e6, of_roof,
         B * a.prompt / prefill_s,
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
-        rss_bytes() / 1e6, bandwidth / 1e9, triad / 1e9, omp_get_max_threads(), kv_dtype_name(*kv_dtype),
+        rss_bytes() / 1e6, bandwidth / 1e9, weights_read / 1e9, triad / 1e9, omp_get_max_threads(), kv_dtype_name(*kv_dtype),
         a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : model.int4() ? cpu::q4_kernel_summary().c_str() : "");
     if (a.ops) {
       // One decode step's time by kind of op, and what each streams: the
@@ -234,7 +248,7 @@ int run_decode_bench(const DecodeArgs& args) {
           B, a.dtype.c_str(), decode_s / timed * 1e3, ms(OpKind::kMatmul), ms(OpKind::kAttention),
           ms(OpKind::kLayernorm), ms(OpKind::kElementwise), ms(OpKind::kEncoder),
           (decode_s - t.total()) / timed * 1e3, mm > 0 ? weight_bytes / mm / 1e9 : 0.0,
-          mm > 0 ? weight_bytes / mm / bandwidth : 0.0, att > 0 ? kv_bytes / att / 1e9 : 0.0);
+          mm > 0 ? weight_bytes / mm / roof : 0.0, att > 0 ? kv_bytes / att / 1e9 : 0.0);
     }
     std::fflush(stdout);
   }

@@ -1156,6 +1156,24 @@ void GPT::for_each_q4(const std::function<void(int index, int OC, int C, const Q
   }
 }
 
+std::vector<std::span<const uint8_t>> GPT::stored_weights() const {
+  std::vector<std::span<const uint8_t>> out;
+  auto bytes = [](const auto& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  if (int8_) {
+    for (const Int8Weights::Matrix& m : int8_->m) {
+      out.push_back(bytes(m.w));
+      out.push_back(bytes(m.scale));
+    }
+  } else if (q4_) {
+    for (const Q4Matrix& m : *q4_) out.push_back(bytes(m.w));
+  } else if (device() == Device::kCPU && params().allocated()) {
+    out.push_back({reinterpret_cast<const uint8_t*>(params().base()), params().bytes()});
+  }
+  return out;
+}
+
 int64_t GPT::q4_bytes() const {
   if (!q4_) return 0;
   int64_t n = 0;

@@ -200,6 +200,12 @@ class GPT {
   bool quantized() const { return int8_ != nullptr || q4_ != nullptr; }
   // Bytes of the int4 blocks (0 before quantize_q4()).
   int64_t q4_bytes() const;
+  // The bytes a decode step's matmuls stream, as stored: the INT8 codes and
+  // scales or the int4 blocks when quantized, else the whole fp32 parameter
+  // arena (host models only; empty on a device). Valid while the model
+  // lives and is not quantized again (tessera bench decode reads them to
+  // measure the read roof).
+  std::vector<std::span<const uint8_t>> stored_weights() const;
   // One int4 matrix as load_q4 takes it and for_each_q4 gives it: OC rows of
   // q4::row_bytes(type, C) bytes. in_perm, when not empty, is a gather of
   // the matmul's input columns (C entries: column c of the stored matrix

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include <fmt/format.h>
@@ -135,6 +136,51 @@ double read_gb_per_s(int64_t n, int reps) {
     sink = sink ^ x;
   }
   return best;
+}
+
+double read_gb_per_s_over(const std::vector<ReadBlock>& blocks, int reps) {
+  // Each block's whole aligned words: [first, first + words).
+  std::vector<std::pair<const uint64_t*, int64_t>> words;
+  double bytes = 0.0;
+  for (const ReadBlock& b : blocks) {
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(b.data) + 7) / 8 * 8;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(b.data) + b.bytes) / 8 * 8;
+    if (b.data == nullptr || end <= begin) continue;
+    words.push_back({reinterpret_cast<const uint64_t*>(begin), static_cast<int64_t>((end - begin) / 8)});
+    bytes += static_cast<double>(end - begin);
+  }
+  if (bytes == 0.0) return 0.0;
+  double best = 0.0;
+  volatile uint64_t sink = 0;
+  for (int rep = 0; rep < reps; rep++) {
+    uint64_t x = 0;
+    const auto t0 = Clock::now();
+#pragma omp parallel reduction(^ : x)
+    for (size_t b = 0; b < words.size(); b++) {
+      const uint64_t* p = words[b].first;
+      const int64_t n = words[b].second;
+#pragma omp for schedule(static) nowait
+      for (int64_t i = 0; i < n; i++) x ^= p[i];
+    }
+    best = std::max(best, bytes / seconds_since(t0) / 1e9);
+    sink = sink ^ x;
+  }
+  return best;
+}
+
+int64_t last_level_cache_bytes() {
+  int64_t best = 0;
+  for (int index = 0; index < 8; index++) {
+    std::ifstream in(fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/size", index));
+    int64_t size = 0;
+    char unit = 0;
+    if (!(in >> size)) continue;
+    in >> unit;
+    if (unit == 'K') size <<= 10;
+    if (unit == 'M') size <<= 20;
+    best = std::max(best, size);
+  }
+  return best > 0 ? best : int64_t{32} << 20;
 }
 
 double malloc_ns(size_t bytes, int iters) {

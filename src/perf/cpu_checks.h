@@ -56,6 +56,22 @@ double triad_gb_per_s(int64_t n = int64_t{1} << 25, int reps = 5);
 // against. GB/s (1e9 bytes).
 double read_gb_per_s(int64_t n = int64_t{1} << 26, int reps = 5);
 
+// The same read roof over memory that is already there (a model's weights:
+// what a decode step streams, measured without allocating anything): every
+// thread XORs its share of each block's whole 64-bit words; best of
+// `reps`. Past the last-level cache only when the blocks add up to several
+// times it. GB/s (1e9 bytes); 0 for no bytes.
+struct ReadBlock {
+  const void* data;
+  size_t bytes;
+};
+double read_gb_per_s_over(const std::vector<ReadBlock>& blocks, int reps = 5);
+
+// The last-level cache of CPU 0, bytes, from sysfs (the highest cache
+// index's size; glibc's sysconf(_SC_LEVEL3_CACHE_SIZE) said 320 MB for a
+// 32 MB L3 on a Zen 4 VM); 32 MiB when sysfs has none.
+int64_t last_level_cache_bytes();
+
 // Mean ns of one malloc(bytes) + touching its first byte + free, over iters.
 double malloc_ns(size_t bytes, int iters);
 // Mean ns per page of first-touching `bytes` of fresh anonymous memory

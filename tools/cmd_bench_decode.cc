@@ -61,6 +61,11 @@ struct DecodeArgs {
   std::string int8_kernel = "auto";
   bool ops = false;  // --ops: time each kind of op of a decode step
   std::string kv_dtype = "fp32";
+  // Prefill rows a forward: the prompts go through in chunks of this many
+  // rows, in order, as the server's steps (max_batch_tokens) and
+  // llama.cpp's micro-batches (n_ubatch, 512) take them; the scratch and
+  // the process's peak memory follow the chunk, not the whole prompt.
+  int prefill_chunk = 512;
 };
 
 // Resident set size of this process (VmRSS), bytes; 0 if unknown.
@@ -184,8 +189,31 @@ int run_decode_bench(const DecodeArgs& args) {
     }
     std::vector<float> logits(static_cast<size_t>(B) * Vp);
     auto t0 = Clock::now();
-    if (Status st = model.forward_tokens(TokenBatch{tok, seq, pos}, cache, rows, logits.data()); !st.ok())
-      return fail(st);
+    {
+      // Chunks of prefill_chunk rows; a sequence's last prompt row (rows[b])
+      // gives logits row b, from whichever chunk holds it.
+      const int n = static_cast<int>(tok.size());
+      std::vector<int> chunk_rows;
+      std::vector<float> chunk_logits;
+      for (int r0 = 0; r0 < n; r0 += a.prefill_chunk) {
+        const int r1 = std::min(n, r0 + a.prefill_chunk);
+        chunk_rows.clear();
+        std::vector<int> owners;
+        for (int b = 0; b < B; b++)
+          if (rows[b] >= r0 && rows[b] < r1) {
+            chunk_rows.push_back(rows[b] - r0);
+            owners.push_back(b);
+          }
+        chunk_logits.resize(chunk_rows.size() * static_cast<size_t>(Vp));
+        const auto part = [&](const std::vector<int>& v) { return std::span<const int>(v).subspan(r0, r1 - r0); };
+        if (Status st = model.forward_tokens(TokenBatch{part(tok), part(seq), part(pos)}, cache, chunk_rows,
+                                             chunk_logits.data());
+            !st.ok())
+          return fail(st);
+        for (size_t k = 0; k < owners.size(); k++)
+          std::copy_n(chunk_logits.data() + k * Vp, Vp, logits.data() + static_cast<size_t>(owners[k]) * Vp);
+      }
+    }
     const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
     // Decode: one token of every sequence a step; the first step is warm-up.
     tok.assign(B, 0);
@@ -276,6 +304,10 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--prompt", d->prompt, "prompt tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--tokens", d->tokens, "tokens decoded per sequence")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--block-size", d->block_size, "KV-cache block size (positions)")->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-chunk", d->prefill_chunk,
+                  "prompt rows a forward (the server's max_batch_tokens, llama.cpp's n_ubatch)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--dtype", d->dtype, "fp32, bf16, int8 (the INT8 tier: matmul weights quantized), int4 or int4k (Q4_0 or Q4_K blocks)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4", "int4k"}));
   add_int8_kernel_option(cmd, &d->int8_kernel);

@@ -121,6 +121,25 @@ bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
 q4::Type q4_of(GgmlType t) { return t == GgmlType::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0; }
 GgmlType ggml_of(q4::Type t) { return t == q4::Type::kQ4_K ? GgmlType::kQ4_K : GgmlType::kQ4_0; }
 
+// A quantized tier on the CPU keeps a Q8_0, Q4_0 or Q4_K token_embd as the
+// file's rows (GPT::set_quantized_embeddings): the fp32 table that was read
+// from them goes back. Other types, and models elsewhere, keep the table.
+Status keep_quantized_embeddings(const io::GgufFile& f, GPT& model) {
+  const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (embd == nullptr || model.device() != Device::kCPU) return Status::OK();
+  GPT::RowFormat format;
+  switch (embd->type) {
+    case GgmlType::kQ8_0: format = GPT::RowFormat::kQ8_0; break;
+    case GgmlType::kQ4_0: format = GPT::RowFormat::kQ4_0; break;
+    case GgmlType::kQ4_K: format = GPT::RowFormat::kQ4_K; break;
+    default: return Status::OK();
+  }
+  const std::span<const uint8_t> bytes = f.tensor_bytes(*embd);
+  std::vector<uint8_t> rows(bytes.begin(), bytes.end());
+  f.drop_tensor_pages(*embd);
+  return model.set_quantized_embeddings(format, std::move(rows)).With(f.path());
+}
+
 // Tensor t as fp32, a few rows at a time (rows of ne[0] elements, about
 // 4 MB of fp32 a chunk): fn(r0, n, rows) for rows r0 .. r0 + n - 1, in
 // order, with *buf holding them. Loading never holds a whole large tensor
@@ -409,6 +428,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       return Status::OK();
     });
     if (!st.ok()) return st.With(path);
+    RETURN_IF_ERROR(keep_quantized_embeddings(f, *model));
     return model;
   }
   if (!all_q4) return model;
@@ -482,6 +502,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     return Status::OK();
   });
   if (!st.ok()) return st.With(path);
+  RETURN_IF_ERROR(keep_quantized_embeddings(f, *model));
   return model;
 }
 

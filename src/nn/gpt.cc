@@ -628,7 +628,11 @@ Status GPT::forward_stage(int slot, const int* inputs, const int* targets, int B
   if (shard_.first) {
     obs::trace::Span span("forward embedding", "compute");
     RETURN_IF_ERROR(try_copy_to_device(device_, act.i(kInputs), inputs, sizeof(int) * BT));
-    if (tp == 1) {
+    if (quantized_embeddings()) {
+      // The batch's rows dequantized, then the same op over them.
+      RETURN_IF_ERROR(dequantize_embeddings(inputs, BT));
+      ops_.encoder_forward(act.f(kEncoded), embed_ids_.data(), embed_batch_.data(), wpe, B, T, C);
+    } else if (tp == 1) {
       ops_.encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], wpe, B, T, C);
     } else {
       vocab_parallel_encoder_forward(act.f(kEncoded), act.i(kInputs), p[kWte], v0_, Vl, lead ? wpe : nullptr, B, T,
@@ -1174,6 +1178,59 @@ std::vector<std::span<const uint8_t>> GPT::stored_weights() const {
   return out;
 }
 
+Status GPT::set_quantized_embeddings(RowFormat format, std::vector<uint8_t> rows) {
+  const int64_t V = config_.vocab, C = config_.channels;
+  if (!quantized() || !fp32_released_ || device_ != Device::kCPU || shard_.tp != 1 || !shard_.first)
+    return Status::InvalidArgument(
+        "quantized embeddings are for a quantized inference model on the CPU whose fp32 matmul weights are released");
+  const q4::Type q = format == RowFormat::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0;
+  const int64_t row_bytes = format == RowFormat::kQ8_0 ? (C % 32 == 0 ? C / 32 * 34 : 0)
+                            : q4::fits(q, C)           ? q4::row_bytes(q, C)
+                                                       : 0;
+  if (row_bytes == 0 || static_cast<int64_t>(rows.size()) != V * row_bytes)
+    return Status::InvalidArgument(fmt::format("quantized embeddings: {} bytes are not {} rows of {} values",
+                                               rows.size(), V, C));
+  // The fp32 table's whole pages go back (its neighbours keep theirs).
+  const long page = sysconf(_SC_PAGESIZE);
+  const Tensor t = params_.tensor(kWte);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + t.nbytes()) / page * page;
+  if (last > first) {
+    if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0)
+      return Status::Internal(fmt::format("madvise(MADV_DONTNEED) of the fp32 embeddings: {}", std::strerror(errno)));
+    released_bytes_ += static_cast<int64_t>(last - first);
+  }
+  embed_format_ = format;
+  embed_row_bytes_ = row_bytes;
+  embed_rows_ = std::move(rows);
+  return Status::OK();
+}
+
+Status GPT::dequantize_embeddings(const int* ids, int N) {
+  const int C = config_.channels;
+  embed_batch_.resize(static_cast<size_t>(N) * C);
+  embed_ids_.resize(N);
+  for (int i = 0; i < N; i++) {
+    const int id = ids[i];
+    if (id < 0 || id >= config_.vocab)
+      return Status::InvalidArgument(fmt::format("token id {} is outside the vocabulary [0, {})", id, config_.vocab));
+    const uint8_t* row = embed_rows_.data() + static_cast<int64_t>(id) * embed_row_bytes_;
+    float* out = embed_batch_.data() + static_cast<int64_t>(i) * C;
+    if (embed_format_ == RowFormat::kQ8_0) {
+      for (int b = 0; b < C / 32; b++) {  // d (fp16), then 32 int8 codes: x = d * q
+        uint16_t h;
+        std::memcpy(&h, row + 34 * b, 2);
+        const float d = q4::fp16_to_f32(h);
+        for (int k = 0; k < 32; k++) out[32 * b + k] = d * static_cast<float>(static_cast<int8_t>(row[34 * b + 2 + k]));
+      }
+    } else {
+      q4::dequantize_row(embed_format_ == RowFormat::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0, out, row, C);
+    }
+    embed_ids_[i] = i;
+  }
+  return Status::OK();
+}
+
 int64_t GPT::q4_bytes() const {
   if (!q4_) return 0;
   int64_t n = 0;
@@ -1297,7 +1354,13 @@ Status GPT::forward_tokens(const TokenBatch& batch, PagedKVCache& cache, std::sp
   float* x = buf(kIRes0);
   float* y = buf(kIRes1);
   const bool learned = config_.positions == Positions::kLearned;
-  ops_.encoder_forward_positions(x, d_ints, paged.pos, p[kWte], learned ? p[kWpe] : nullptr, N, C);
+  if (quantized_embeddings()) {
+    RETURN_IF_ERROR(dequantize_embeddings(batch.tokens.data(), N));
+    ops_.encoder_forward_positions(x, embed_ids_.data(), paged.pos, embed_batch_.data(), learned ? p[kWpe] : nullptr,
+                                   N, C);
+  } else {
+    ops_.encoder_forward_positions(x, d_ints, paged.pos, p[kWte], learned ? p[kWpe] : nullptr, N, C);
+  }
   LayerActs a{};
   a.ln1 = buf(kILn1);
   a.ln1_mean = buf(kILn1Mean);

@@ -169,6 +169,18 @@ class GPT {
   // Returns the bytes given back; InvalidArgument before quantizing.
   // An kInt8Inference model has none to give: 0.
   Result<int64_t> release_fp32_matmul_weights();
+  // The token embeddings as a GGUF file's quantized rows (llama.cpp's Q8_0,
+  // Q4_0 or Q4_K blocks; V rows of C values) in place of the fp32 table,
+  // whose pages are given back as above: both forwards look up the rows a
+  // batch needs and dequantize them, the same values the table held when it
+  // was read from the same blocks, so the logits do not change. For a
+  // quantized inference model on the CPU (fp32 matmul weights released, so
+  // nothing quantizes from the table again); InvalidArgument otherwise or
+  // when rows is not V rows. TinyLlama's int8 tier: 262 MB of fp32 table
+  // -> 70 MB of Q8_0 rows.
+  enum class RowFormat { kQ8_0, kQ4_0, kQ4_K };
+  Status set_quantized_embeddings(RowFormat format, std::vector<uint8_t> rows);
+  bool quantized_embeddings() const { return !embed_rows_.empty(); }
   // Released, or never held (kInt8Inference): the fp32 matmul weights are
   // not there to read (export and quantize_int8 refuse).
   bool fp32_matmul_weights_released() const { return fp32_released_; }
@@ -395,6 +407,17 @@ class GPT {
   std::shared_ptr<const std::vector<Q4Matrix>> q4_;  // quantize_q4()'s or load_q4()'s, in the same order
   bool fp32_released_ = false;
   int64_t released_bytes_ = 0;
+  // set_quantized_embeddings(): the rows, their format and size, and the
+  // dequantized rows of the batch being looked up (with ids 0..N-1 for the
+  // embedding op).
+  RowFormat embed_format_ = RowFormat::kQ8_0;
+  int64_t embed_row_bytes_ = 0;
+  std::vector<uint8_t> embed_rows_;
+  std::vector<float> embed_batch_;
+  std::vector<int> embed_ids_;
+  // The rows of ids[0..N) into embed_batch_ (N x C) and embed_ids_ =
+  // 0..N-1; an id outside the vocabulary is an error.
+  Status dequantize_embeddings(const int* ids, int N);
   // out (N,OC) = inp @ W^T + bias, in int8 or int4 when quantized (index:
   // 4*l + k for layer l's k-th matmul, 4*L for the head), in fp32 of few
   // rows on the CPU by cpu::matmul_f32_rows, else ops_.matmul_forward.

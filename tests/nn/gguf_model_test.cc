@@ -169,6 +169,37 @@ TEST(GgufModel, GroupedQueryInt4FilesMatchTheInt4Tier) {
   }
 }
 
+// A tied Llama's Q4_0 file: the int4 tier keeps token_embd as its Q4_0
+// rows (quantized_embeddings) and looks them up. The reference: the same
+// model with its fp32 table set to those rows' values, quantized in memory
+// (the layers' blocks are the file's; the tied head's re-quantize to the
+// file's, a Q4_0 block's values giving back themselves), so the logits are
+// the same bit for bit.
+TEST(GgufModel, QuantizedEmbeddingsLookUpTheFilesRows) {
+  const DecoderConfig c = llama(8, 8, true);
+  auto m = random_model(c, 13);
+  const std::string path = temp_path("tied_q4_0");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kQ4_0).ok());
+  auto tier = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+  auto f = io::GgufFile::open(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(tier.ok()) << tier.status().message();
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_TRUE((*tier)->int4());
+  EXPECT_TRUE((*tier)->quantized_embeddings());
+  const io::GgufTensorInfo* embd = f->find_tensor("token_embd.weight");
+  ASSERT_EQ(embd->type, io::GgmlType::kQ4_0);
+  const int64_t rb = q4::row_bytes(q4::Type::kQ4_0, c.channels);
+  float* wte = m->params().tensor(kWte).f32();
+  for (int v = 0; v < c.vocab; v++)
+    q4::dequantize_row(q4::Type::kQ4_0, wte + int64_t{v} * c.channels, f->tensor_bytes(*embd).data() + v * rb,
+                       c.channels);
+  ASSERT_TRUE(m->quantize_q4(q4::Type::kQ4_0).ok());
+  EXPECT_FALSE(m->quantized_embeddings());
+  const std::vector<int> t = some_tokens(300, 24);
+  EXPECT_EQ(all_logits(**tier, t), all_logits(*m, t));
+}
+
 TEST(GgufModel, F16AndQ8_0LoadAsFp32CloseToTheModel) {
   const DecoderConfig c = llama(8, 2, false);
   auto m = random_model(c, 7);
@@ -229,6 +260,16 @@ TEST(GgufModel, Int8TierFromAFileEqualsQuantizingTheFp32Model) {
       EXPECT_EQ(n, codes.size());
       const std::vector<int> t = some_tokens((*tier)->config().vocab, 20);
       EXPECT_EQ(all_logits(**tier, t), all_logits(**whole, t));
+      // A tied Llama's embeddings are written as the output layer's Q8_0
+      // rows: the tier keeps those rows (the fp32 table given back) and looks
+      // them up in both forwards, with the same values.
+      EXPECT_EQ((*tier)->quantized_embeddings(), k.name == "llama tied" && w == GgufWeights::kQ8_0);
+      const std::vector<int> targets(t.begin() + 1, t.end());
+      const std::vector<int> inputs(t.begin(), t.end() - 1);
+      auto a = (*tier)->try_forward(inputs.data(), targets.data(), 1, static_cast<int>(inputs.size()));
+      auto b = (*whole)->try_forward(inputs.data(), targets.data(), 1, static_cast<int>(inputs.size()));
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(*a, *b);
     }
   }
 }

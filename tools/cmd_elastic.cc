@@ -181,8 +181,12 @@ int run_elastic(const ElasticArgs& a) {
   }
   if (server) {
     // The store outlives this host's worker (even a failed one) until every
-    // worker of the last round has finished, or nobody has used the store
-    // for the rendezvous timeout + 30 s (the others are gone too).
+    // worker of the last round has finished and every other worker has let
+    // go of its connection, or nobody has used the store for the rendezvous
+    // timeout + 30 s (the others are gone too). A worker of an earlier round
+    // can still be in a collective it has not seen fail (its deadline is
+    // parallel.timeout) when the job ends: it comes back to the store, reads
+    // JOB/done and ends (cli.elastic_kill's straggler, 60 s in a send).
     if (code != kExitOk)
       std::printf("elastic: agent %d keeps serving the rendezvous store until the job ends\n", ::getpid());
     std::fflush(stdout);
@@ -190,7 +194,8 @@ int run_elastic(const ElasticArgs& a) {
       std::string last, closed, finished;
       if (server->get(a.job + "/last", &last) && server->get(fmt::format("{}/r{}/closed", a.job, last), &closed)) {
         if (closed.rfind("fail:", 0) == 0) break;  // the job failed below min: nobody goes on
-        if (server->get(a.job + "/finished", &finished) && std::atoi(finished.c_str()) >= std::atoi(closed.c_str()))
+        if (server->get(a.job + "/finished", &finished) && std::atoi(finished.c_str()) >= std::atoi(closed.c_str()) &&
+            server->open_connections() == 0)
           break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -150,6 +150,9 @@ class ElasticTrainer final : public TrainTask {
   std::vector<Member> members_;
   int64_t step_ = -1;  // steps completed; -1: no state yet (a new worker)
   int rounds_ = 0;
+  // rebuild() found JOB/done at or past this worker's round: the job
+  // finished without it (its round JOB/done names).
+  int64_t finished_in_round_ = -1;
   double last_loss_ = 0.0;
   // Since the failure this worker saw, until its first completed step.
   std::optional<Clock::time_point> failed_at_;
@@ -427,6 +430,16 @@ Status ElasticTrainer::rebuild(const std::string& why) {
       continue;
     }
     store_lost.reset();
+    // A worker that was in a round of this job and comes back after the job
+    // finished without it (a collective that had not seen its peers leave
+    // until its deadline) ends: JOB/done names the job's last round.
+    if (rounds_ > 0) {
+      Result<std::string> done = store_->get(o_.job + "/done");
+      if (done.ok() && std::strtoll(done->c_str(), nullptr, 10) >= epoch_) {
+        finished_in_round_ = std::strtoll(done->c_str(), nullptr, 10);
+        return Status::OK();
+      }
+    }
     Result<Round> r = rdzv_->join(std::max(epoch_ + 1, *next), step_ >= 0 ? rank_ : -1, co, connect);
     if (!r.ok()) {
       if (r.status().code() != StatusCode::kUnavailable) return r.status();
@@ -637,6 +650,17 @@ Result<ElasticSummary> ElasticTrainer::run() {
       Status r = rebuild(why);
       if (!r.ok()) return fail_with_checkpoint(r);
       need_round = false;
+      if (finished_in_round_ >= 0) {
+        say("elastic: the job finished in round {} without this worker (it left in round {} at step {})\n",
+            finished_in_round_, epoch_, step_);
+        ckpts_->finish();
+        if (metrics_) std::fclose(metrics_);
+        ElasticSummary sum;
+        sum.last_train_loss = last_loss_;
+        sum.rounds = rounds_;
+        sum.finished_without_this_worker = true;
+        return sum;
+      }
     }
     if (eval_due()) {
       Status e = evaluate();
@@ -691,7 +715,9 @@ Result<ElasticSummary> ElasticTrainer::run() {
     RETURN_IF_ERROR(save_hf(*model_, sum.weights_path));
     say("saved {} (+ config.json)\n", sum.weights_path);
   }
-  // The agent that serves the store waits for every finished worker.
+  // A worker of an earlier round that comes back now ends (rebuild); the
+  // agent that serves the store waits for every finished worker.
+  if (rank_ == 0) (void)store_->set(o_.job + "/done", std::to_string(epoch_));
   (void)store_->add(o_.job + "/finished", 1);
   // Let the peers read the barrier's last messages before the sockets close.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -35,6 +35,9 @@ struct ElasticSummary {
   double last_train_loss = 0.0;
   int rounds = 0;
   std::string weights_path;  // written by the last round's rank 0 (empty elsewhere)
+  // This worker came back from a failed step after the job had finished
+  // without it (JOB/done): nothing left to do, not an error.
+  bool finished_without_this_worker = false;
 };
 
 // Trains c.steps steps. Errors: an unsupported config (InvalidArgument, one

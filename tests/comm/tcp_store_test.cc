@@ -160,6 +160,26 @@ TEST(TcpStore, GetIsRetriedOnAFreshConnection) {
   EXPECT_EQ(fake.requests(kSetOp), 0);
 }
 
+// The embedded store's agent serves on after a job's last round while a
+// client still holds its connection (a straggling worker): the server
+// counts the connections its clients have not closed.
+TEST(TcpStore, OpenConnectionsCountsClientsUntilTheyClose) {
+  auto server = StoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  EXPECT_EQ((*server)->open_connections(), 0);
+  auto a = StoreClient::connect("127.0.0.1", (*server)->port(), milliseconds(5000), milliseconds(5000));
+  auto b = StoreClient::connect("127.0.0.1", (*server)->port(), milliseconds(5000), milliseconds(5000));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->set("job/k", "v").ok());
+  ASSERT_TRUE((*b)->get("job/k").ok());  // both connections accepted and served
+  EXPECT_EQ((*server)->open_connections(), 2);
+  a->reset();  // closes its connection
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((*server)->open_connections() != 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ((*server)->open_connections(), 1);
+}
+
 TEST(TcpStore, AddAfterTheServerRestartedIsAppliedOnce) {
   // The server's end of the connection closed before the add was sent: the
   // client sees that, reconnects and sends it once.

@@ -74,6 +74,26 @@ std::unique_ptr<GPT> round_trip(const GPT& m, GgufWeights w, const std::string& 
   return back.ok() ? std::move(back).value() : nullptr;
 }
 
+// m written to a GGUF file of `weights`, read back as the INT8 tier and as
+// the whole fp32 model quantized in memory afterwards (nullptrs, with the
+// failure recorded, when either cannot be had).
+std::pair<std::unique_ptr<GPT>, std::unique_ptr<GPT>> int8_tier_and_whole(const GPT& m, GgufWeights weights,
+                                                                            const std::string& name) {
+  const std::string path = temp_path(name);
+  Status st = save_gguf(m, path, weights);
+  EXPECT_TRUE(st.ok()) << st.message();
+  auto tier = load_gguf(path, Backend::kCPU, ModelUse::kInt8Inference);
+  auto whole = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+  std::remove(path.c_str());
+  EXPECT_TRUE(tier.ok()) << tier.status().message();
+  EXPECT_TRUE(whole.ok()) << whole.status().message();
+  if (!tier.ok() || !whole.ok()) return {};
+  st = (*whole)->quantize_int8();
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (!st.ok()) return {};
+  return {std::move(tier).value(), std::move(whole).value()};
+}
+
 TEST(GgufModel, Gpt2F32GivesTheSameLogitsBitForBit) {
   auto m = tiny_gpt2();
   auto back = round_trip(*m, GgufWeights::kF32, "gpt2_f32");
@@ -234,40 +254,34 @@ TEST(GgufModel, Int8TierFromAFileEqualsQuantizingTheFp32Model) {
   for (const Case& k : cases) {
     for (GgufWeights w : {GgufWeights::kF32, GgufWeights::kQ8_0}) {
       SCOPED_TRACE(k.name + (w == GgufWeights::kF32 ? " f32" : " q8_0"));
-      const std::string path = temp_path("int8_tier");
-      ASSERT_TRUE(save_gguf(*k.model, path, w).ok());
-      auto tier = load_gguf(path, Backend::kCPU, ModelUse::kInt8Inference);
-      auto whole = load_gguf(path, Backend::kCPU, ModelUse::kInference);
-      std::remove(path.c_str());
-      ASSERT_TRUE(tier.ok()) << tier.status().message();
-      ASSERT_TRUE(whole.ok()) << whole.status().message();
-      ASSERT_TRUE((*whole)->quantize_int8().ok());
-      EXPECT_TRUE((*tier)->int8());
-      EXPECT_TRUE((*tier)->fp32_matmul_weights_released()) << "never held";
+      auto [tier, whole] = int8_tier_and_whole(*k.model, w, "int8_tier");
+      ASSERT_TRUE(tier && whole);
+      EXPECT_TRUE(tier->int8());
+      EXPECT_TRUE(tier->fp32_matmul_weights_released()) << "never held";
       std::vector<std::vector<int8_t>> codes;
       std::vector<std::vector<float>> scales;
-      (*whole)->for_each_int8([&](int, int OC, int C, const int8_t* q, const float* s) {
+      whole->for_each_int8([&](int, int OC, int C, const int8_t* q, const float* s) {
         codes.emplace_back(q, q + static_cast<size_t>(OC) * C);
         scales.emplace_back(s, s + OC);
       });
       size_t n = 0;
-      (*tier)->for_each_int8([&](int index, int OC, int C, const int8_t* q, const float* s) {
+      tier->for_each_int8([&](int index, int OC, int C, const int8_t* q, const float* s) {
         ASSERT_LT(n, codes.size());
         EXPECT_EQ(std::vector<int8_t>(q, q + static_cast<size_t>(OC) * C), codes[n]) << "matrix " << index;
         EXPECT_EQ(std::vector<float>(s, s + OC), scales[n]) << "matrix " << index;
         n++;
       });
       EXPECT_EQ(n, codes.size());
-      const std::vector<int> t = some_tokens((*tier)->config().vocab, 20);
-      EXPECT_EQ(all_logits(**tier, t), all_logits(**whole, t));
+      const std::vector<int> t = some_tokens(tier->config().vocab, 20);
+      EXPECT_EQ(all_logits(*tier, t), all_logits(*whole, t));
       // A tied Llama's embeddings are written as the output layer's Q8_0
       // rows: the tier keeps those rows (the fp32 table given back) and looks
       // them up in both forwards, with the same values.
-      EXPECT_EQ((*tier)->quantized_embeddings(), k.name == "llama tied" && w == GgufWeights::kQ8_0);
+      EXPECT_EQ(tier->quantized_embeddings(), k.name == "llama tied" && w == GgufWeights::kQ8_0);
       const std::vector<int> targets(t.begin() + 1, t.end());
       const std::vector<int> inputs(t.begin(), t.end() - 1);
-      auto a = (*tier)->try_forward(inputs.data(), targets.data(), 1, static_cast<int>(inputs.size()));
-      auto b = (*whole)->try_forward(inputs.data(), targets.data(), 1, static_cast<int>(inputs.size()));
+      auto a = tier->try_forward(inputs.data(), targets.data(), 1, static_cast<int>(inputs.size()));
+      auto b = whole->try_forward(inputs.data(), targets.data(), 1, static_cast<int>(inputs.size()));
       ASSERT_TRUE(a.ok() && b.ok());
       EXPECT_EQ(*a, *b);
     }
@@ -289,15 +303,9 @@ TEST(GgufModel, TensorsOverAChunkLoadAsWholeOnes) {
   auto back = round_trip(*m, GgufWeights::kF32, "chunks_f32");
   ASSERT_NE(back, nullptr);
   EXPECT_EQ(all_logits(*back, t), all_logits(*m, t));
-  const std::string path = temp_path("chunks_q8_0");
-  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kQ8_0).ok());
-  auto tier = load_gguf(path, Backend::kCPU, ModelUse::kInt8Inference);
-  auto whole = load_gguf(path, Backend::kCPU, ModelUse::kInference);
-  std::remove(path.c_str());
-  ASSERT_TRUE(tier.ok()) << tier.status().message();
-  ASSERT_TRUE(whole.ok()) << whole.status().message();
-  ASSERT_TRUE((*whole)->quantize_int8().ok());
-  EXPECT_EQ(all_logits(**tier, t), all_logits(**whole, t));
+  auto [tier, whole] = int8_tier_and_whole(*m, GgufWeights::kQ8_0, "chunks_q8_0");
+  ASSERT_TRUE(tier && whole);
+  EXPECT_EQ(all_logits(*tier, t), all_logits(*whole, t));
 }
 
 // A file whose tensor is of a type Tessera does not read, an architecture

@@ -209,6 +209,13 @@ void StoreServer::serve(int fd) {
   }
 }
 
+int StoreServer::open_connections() {
+  std::lock_guard<std::mutex> l(mu_);
+  int n = 0;
+  for (const Client& c : clients_) n += c.done ? 0 : 1;
+  return n;
+}
+
 double StoreServer::idle_seconds() const {
   const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   const int64_t last = last_request_ns_.load();

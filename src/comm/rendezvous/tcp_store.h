@@ -53,6 +53,9 @@ class StoreServer {
   bool get(const std::string& key, std::string* value);
   // Seconds since the last request of any client.
   double idle_seconds() const;
+  // Client connections not yet closed by their client (a client holds one
+  // for its life: a live worker, even one stuck in a collective).
+  int open_connections();
 
  private:
   StoreServer() = default;

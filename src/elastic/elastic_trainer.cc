@@ -651,8 +651,15 @@ Result<ElasticSummary> ElasticTrainer::run() {
       if (!r.ok()) return fail_with_checkpoint(r);
       need_round = false;
       if (finished_in_round_ >= 0) {
-        say("elastic: the job finished in round {} without this worker (it left in round {} at step {})\n",
-            finished_in_round_, epoch_, step_);
+        // Whatever its rank was (say() is rank 0's).
+        if (out_) {
+          std::fputs(fmt::format("elastic: the job finished in round {} without this worker (it left in round {} at "
+                                 "step {})\n",
+                                 finished_in_round_, epoch_, step_)
+                         .c_str(),
+                     out_);
+          std::fflush(out_);
+        }
         ckpts_->finish();
         if (metrics_) std::fclose(metrics_);
         ElasticSummary sum;

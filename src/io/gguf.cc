@@ -671,6 +671,16 @@ void GgufFile::drop_range(const uint8_t* p, size_t n) const {
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
+void dequantize_q8_0(const uint8_t* src, size_t n, float* dst) {
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* block = src + 34 * b;
+    uint16_t h;
+    std::memcpy(&h, block, 2);
+    const float d = f16_to_f32(h);
+    for (size_t k = 0; k < 32; ++k) dst[32 * b + k] = d * static_cast<float>(static_cast<int8_t>(block[2 + k]));
+  }
+}
+
 Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named {}", path_, quote(name)));
@@ -720,15 +730,7 @@ Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<
           out[k] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
         }
         break;
-      case GgmlType::kQ8_0:  // block: fp16 scale d, then 32 int8 codes q; x = d * q
-        for (size_t b = 0; b < (i1 - i0) / 32; ++b) {
-          const uint8_t* block = p + 34 * b;
-          uint16_t h;
-          std::memcpy(&h, block, 2);
-          const float d = f16_to_f32(h);
-          for (size_t k = 0; k < 32; ++k) out[32 * b + k] = d * static_cast<float>(static_cast<int8_t>(block[2 + k]));
-        }
-        break;
+      case GgmlType::kQ8_0: dequantize_q8_0(p, i1 - i0, out); break;
       default: CHECK(false && "type checked above");
     }
     drop_range(p, (i1 - i0) / block_elems * block_bytes);

@@ -136,6 +136,10 @@ struct GgufTensorInfo {
   std::vector<int64_t> shape() const;
 };
 
+// n values (a multiple of 32) of Q8_0 blocks at src into dst: each block is
+// an fp16 scale d and 32 int8 codes q, x = d * q (exact in fp32).
+void dequantize_q8_0(const uint8_t* src, size_t n, float* dst);
+
 class GgufFile {
  public:
   // Move-only: it holds the mapping (or the bytes).

@@ -21,6 +21,7 @@
 #include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
+#include "io/gguf.h"
 #include "kernels/q4.h"
 #include "nn/int8_check.h"
 #include "nn/kv_cache.h"
@@ -1217,12 +1218,7 @@ Status GPT::dequantize_embeddings(const int* ids, int N) {
     const uint8_t* row = embed_rows_.data() + static_cast<int64_t>(id) * embed_row_bytes_;
     float* out = embed_batch_.data() + static_cast<int64_t>(i) * C;
     if (embed_format_ == RowFormat::kQ8_0) {
-      for (int b = 0; b < C / 32; b++) {  // d (fp16), then 32 int8 codes: x = d * q
-        uint16_t h;
-        std::memcpy(&h, row + 34 * b, 2);
-        const float d = q4::fp16_to_f32(h);
-        for (int k = 0; k < 32; k++) out[32 * b + k] = d * static_cast<float>(static_cast<int8_t>(row[34 * b + 2 + k]));
-      }
+      io::dequantize_q8_0(row, static_cast<size_t>(C), out);
     } else {
       q4::dequantize_row(embed_format_ == RowFormat::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0, out, row, C);
     }

@@ -48,8 +48,11 @@ if [ ! -f "$dir/config.json" ]; then
     *) echo "llamacpp_vs: model '$model' (gpt2 or tinyllama)" >&2; exit 2 ;;
   esac
 fi
+# Converted again whenever tessera was rebuilt after the file was written
+# (the converter's choices change: Q8_0 files got Q8_0 embeddings).
 for t in $types; do
-  [ -f "$work/$model-$t.gguf" ] || "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
+  [ "$work/$model-$t.gguf" -nt "$tessera" ] ||
+    "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
 done
 isa=${TESSERA_LLAMACPP_ISA:-native}
 out=$work/$model-runs.jsonl

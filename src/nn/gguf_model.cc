@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -122,18 +123,29 @@ q4::Type q4_of(GgmlType t) { return t == GgmlType::kQ4_K ? q4::Type::kQ4_K : q4:
 GgmlType ggml_of(q4::Type t) { return t == q4::Type::kQ4_K ? GgmlType::kQ4_K : GgmlType::kQ4_0; }
 
 // A quantized tier on the CPU keeps a Q8_0, Q4_0 or Q4_K token_embd as the
-// file's rows (GPT::set_quantized_embeddings): the fp32 table that was read
-// from them goes back. Other types, and models elsewhere, keep the table.
-Status keep_quantized_embeddings(const io::GgufFile& f, GPT& model) {
+// file's rows (GPT::set_quantized_embeddings), and the fp32 table is never
+// filled. The format, or nullopt where the table is kept (other types,
+// models elsewhere, rows of a width the format cannot hold).
+std::optional<GPT::RowFormat> kept_embedding_format(const io::GgufFile& f, const DecoderConfig& c, bool quantized_tier,
+                                                    Device device) {
   const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
-  if (embd == nullptr || model.device() != Device::kCPU) return Status::OK();
-  GPT::RowFormat format;
+  if (embd == nullptr || !quantized_tier || device != Device::kCPU) return std::nullopt;
   switch (embd->type) {
-    case GgmlType::kQ8_0: format = GPT::RowFormat::kQ8_0; break;
-    case GgmlType::kQ4_0: format = GPT::RowFormat::kQ4_0; break;
-    case GgmlType::kQ4_K: format = GPT::RowFormat::kQ4_K; break;
-    default: return Status::OK();
+    case GgmlType::kQ8_0:
+      if (c.channels % 32 == 0) return GPT::RowFormat::kQ8_0;
+      break;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_K:
+      if (q4::fits(q4_of(embd->type), c.channels))
+        return embd->type == GgmlType::kQ4_K ? GPT::RowFormat::kQ4_K : GPT::RowFormat::kQ4_0;
+      break;
+    default: break;
   }
+  return std::nullopt;
+}
+
+Status keep_quantized_embeddings(const io::GgufFile& f, GPT& model, GPT::RowFormat format) {
+  const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   const std::span<const uint8_t> bytes = f.tensor_bytes(*embd);
   std::vector<uint8_t> rows(bytes.begin(), bytes.end());
   f.drop_tensor_pages(*embd);
@@ -339,8 +351,10 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   if (!on_host) {
     ASSIGN_OR_RETURN(host_arena, model->params().try_clone_layout(Device::kCPU));
   }
-  Arena& a = on_host ? model->params() : host_arena;
-  RETURN_IF_ERROR(a.try_zero());
+  Arena& a = on_host ? model->params() : host_arena;  // fresh: zero, no page resident
+  // TinyLlama's fp32 table is 262 MB, the Q8_0 rows kept instead 70 MB:
+  // filling the table only to give it back raised the INT8 tier's peak by it.
+  const std::optional<GPT::RowFormat> kept = kept_embedding_format(f, c, to_int8 || all_q4, model->device());
 
   // The fp32 tensors (every one, or all but the 4-bit matmul weights), one
   // at a time, a few rows at a time. Each tensor's rows (ggml's: ne[0]
@@ -351,21 +365,22 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     if (t == nullptr) continue;
     if (all_q4 && e.matrix >= 0) continue;  // into the int4 matrices below
     if (to_int8 && e.matrix >= 0 && (e.matrix < 4 * L || !c.gpt2())) continue;  // into the INT8 matrices below
-    if (c.gpt2() && e.matrix == 4 * L && t->type != f.find_tensor("token_embd.weight")->type)
-      continue;  // the tied head again at the matrices' precision (our writer's F32 wte, Q8_0 head): wte is the head
+    if (kept && e.id == kWte && e.layer < 0 && e.matrix < 0) continue;  // kept as the file's rows below
+    if (c.gpt2() && e.matrix == 4 * L) {
+      // GPT-2's output layer is wte: a copy at the same precision that
+      // differs is another model; one at another precision (the matrices',
+      // beside an F32 wte) is the tied head again.
+      const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+      if (t->type == embd->type && !std::ranges::equal(f.tensor_bytes(*t), f.tensor_bytes(*embd)))
+        return Status::InvalidArgument(
+            fmt::format("{}: 'output.weight' differs from 'token_embd.weight' (Tessera's GPT-2 ties them)", path));
+      f.drop_tensor_pages(*t);
+      continue;
+    }
     const int64_t cols = t->ne[0];
     const bool vector = e.shape.size() == 1;
     float* dst = slice_of(a, e, L);
     Status st = each_rows(f, *t, &buf, [&](int64_t r0, int64_t n, const float* in) -> Status {
-      if (c.gpt2() && e.matrix == 4 * L) {
-        // GPT-2's output layer is wte: a copy that differs is another model.
-        const float* wte = a.tensor(kWte).f32() + r0 * cols;
-        for (int64_t i = 0; i < n * cols; i++)
-          if (in[i] != wte[i])
-            return Status::InvalidArgument(fmt::format(
-                "{}: 'output.weight' differs from 'token_embd.weight' (Tessera's GPT-2 ties them)", path));
-        return Status::OK();
-      }
       for (int64_t r = r0; r < r0 + n; r++) {
         float* out = dst + (vector ? 0 : piece_row(c, e, r) * cols);
         const float* row = in + (r - r0) * cols;
@@ -390,7 +405,15 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     std::vector<float> scales;
     Status st = model->load_int8([&](int k, int OC, int K, int8_t* w, float* scale) -> Status {
       if (k == 4 * L && c.tied_head) {
-        model->quantize_matrix_int8(a.tensor(kWte).f32(), OC, K, w, scale);
+        // From the file's embedding rows (the fp32 table may not be filled),
+        // each quantized as the table's row is, then the padding rows.
+        const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+        RETURN_IF_ERROR(each_rows(f, *embd, &buf, [&](int64_t r0, int64_t n, const float* in) {
+          model->quantize_matrix_int8(in, static_cast<int>(n), K, w + r0 * K, scale + r0);
+          return Status::OK();
+        }));
+        moved.assign(static_cast<size_t>(OC - c.vocab) * K, 0.0f);
+        model->quantize_matrix_int8(moved.data(), OC - c.vocab, K, w + int64_t{c.vocab} * K, scale + c.vocab);
         return Status::OK();
       }
       int64_t filled = 0;
@@ -428,7 +451,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       return Status::OK();
     });
     if (!st.ok()) return st.With(path);
-    RETURN_IF_ERROR(keep_quantized_embeddings(f, *model));
+    if (kept) RETURN_IF_ERROR(keep_quantized_embeddings(f, *model, *kept));
     return model;
   }
   if (!all_q4) return model;
@@ -485,13 +508,10 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     if (!q4::fits(m->type, K)) m->type = q4::Type::kQ4_0;
     m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
     const int64_t hrb = q4::row_bytes(m->type, K);
-    if (c.tied_head) {
-      q4::quantize_rows(m->type, m->w.data(), a.tensor(kWte).f32(), OC, K);
-      return Status::OK();
-    }
-    // The untied head was skipped above: read it now, then its padding
-    // rows (past the file's) from zeros.
-    const io::GgufTensorInfo* head = f.find_tensor("output.weight");
+    // The untied head was skipped above, and the tied one is the
+    // embeddings (whose fp32 table may not be filled): the file's rows,
+    // then the padding rows (past the file's) from zeros.
+    const io::GgufTensorInfo* head = f.find_tensor(c.tied_head ? "token_embd.weight" : "output.weight");
     RETURN_IF_ERROR(each_rows(f, *head, &buf, [&](int64_t r0, int64_t n, const float* in) {
       q4::quantize_rows(m->type, m->w.data() + r0 * hrb, in, n, K);
       return Status::OK();
@@ -502,7 +522,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     return Status::OK();
   });
   if (!st.ok()) return st.With(path);
-  RETURN_IF_ERROR(keep_quantized_embeddings(f, *model));
+  if (kept) RETURN_IF_ERROR(keep_quantized_embeddings(f, *model, *kept));
   return model;
 }
 
@@ -556,11 +576,13 @@ Status save_gguf(const GPT& model, const std::string& path, GgufWeights weights,
   const int L = c.layers;
   for (const Entry& e : entries_of(c)) {
     const int64_t rows = e.shape[0], cols = e.shape.size() == 2 ? e.shape[1] : 1;
-    // Matmul weights in the requested type; norms, biases, learned
-    // positions and the embeddings in F32 (a lookup reads one row a token;
-    // the reader keeps them fp32 anyway), except a tied Llama's embeddings,
-    // which are also its output layer there.
-    const bool matrix = e.matrix >= 0 || (e.id == kWte && !c.gpt2() && c.tied_head);
+    // Matmul weights in the requested type; norms, biases and learned
+    // positions in F32. The embeddings: F32, except in Q8_0 files, where
+    // they are Q8_0 as llama.cpp's converter writes them (the INT8 tier
+    // keeps those rows, a quarter of the fp32 table), and a tied Llama's,
+    // which are also its output layer.
+    const bool matrix = e.matrix >= 0 || (e.id == kWte && !c.gpt2() && c.tied_head) ||
+                        (e.id == kWte && weights == GgufWeights::kQ8_0);
     GgmlType type = GgmlType::kF32;
     if (matrix) {
       switch (weights) {

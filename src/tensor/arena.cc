@@ -1,7 +1,10 @@
 #include "tensor/arena.h"
 
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
+
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 
@@ -12,7 +15,8 @@ namespace tessera {
 
 void Arena::FreeDeleter::operator()(char* p) const {
   if (device == Device::kCPU) {
-    std::free(p);
+    if (munmap(p, bytes) != 0)
+      std::fprintf(stderr, "tessera: warning: unmapping a host arena: %s\n", std::strerror(errno));
     return;
   }
   // Freeing after the device died has nothing left to release; say so and go on.
@@ -38,19 +42,21 @@ size_t Arena::allocated_bytes() const { return (bytes_ + kAlign - 1) / kAlign * 
 Status Arena::try_allocate() {
   CHECK(!allocated());
   const size_t total = allocated_bytes();
-  char* p = nullptr;
   if (device_ == Device::kCPU) {
-    p = static_cast<char*>(std::aligned_alloc(kAlign, total));
-    if (p == nullptr)
-      return Status::ResourceExhausted(
-          fmt::format("cannot allocate a {:.1f} MB host arena: out of memory", total / 1e6));
-  } else {
-    // cudaMalloc aligns to at least 256 bytes.
-    Result<void*> d = cuda::device_malloc(total);
-    if (!d.ok()) return d.status().With(fmt::format("cannot allocate a {:.1f} MB device arena", total / 1e6));
-    p = static_cast<char*>(*d);
+    // Anonymous pages: zero, page-aligned, and resident only once written,
+    // so a loader that leaves a tensor unwritten (the INT8 tier's fp32
+    // embeddings, kept quantized) never holds its pages.
+    void* m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+      return Status::ResourceExhausted(fmt::format("cannot allocate a {:.1f} MB host arena: {}", total / 1e6,
+                                                   errno == ENOMEM ? "out of memory" : std::strerror(errno)));
+    base_ = std::unique_ptr<char, FreeDeleter>(static_cast<char*>(m), FreeDeleter{device_, total});
+    return Status::OK();
   }
-  base_ = std::unique_ptr<char, FreeDeleter>(p, FreeDeleter{device_});
+  // cudaMalloc aligns to at least 256 bytes.
+  Result<void*> d = cuda::device_malloc(total);
+  if (!d.ok()) return d.status().With(fmt::format("cannot allocate a {:.1f} MB device arena", total / 1e6));
+  base_ = std::unique_ptr<char, FreeDeleter>(static_cast<char*>(*d), FreeDeleter{device_, total});
   Status st = try_zero();
   if (!st.ok()) base_.reset();
   return st;

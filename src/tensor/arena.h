@@ -38,7 +38,8 @@ class Arena {
   // rounded up to kAlign so each tensor starts on a cache line.
   // Returns the index of the reserved tensor.
   int reserve(std::string name, DType dtype, Shape shape);
-  // Allocates and zero-fills the memory; views are valid from now on. Out of
+  // Allocates zeroed memory (on the CPU, anonymous pages: resident once
+  // written); views are valid from now on. Out of
   // memory (ResourceExhausted), a device that fails or a CUDA arena in a
   // build without CUDA (Unavailable) is an error naming the size and the
   // device; the arena stays unallocated.
@@ -73,9 +74,10 @@ class Arena {
     size_t offset;
   };
   struct FreeDeleter {
-    FreeDeleter() : device(Device::kCPU) {}  // user-provided: no NSDMI inside the enclosing class
-    explicit FreeDeleter(Device d) : device(d) {}
+    FreeDeleter() : device(Device::kCPU), bytes(0) {}  // user-provided: no NSDMI inside the enclosing class
+    FreeDeleter(Device d, size_t n) : device(d), bytes(n) {}
     Device device;
+    size_t bytes;  // a host arena's mapping
     void operator()(char* p) const;
   };
   size_t allocated_bytes() const;  // bytes_ rounded up, plus kSlack

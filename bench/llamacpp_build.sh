@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench and llama-batched-bench, the reference the
-# CPU serving benchmarks compare against, and llama-completion and
-# llama-tokenize (bench/llamacpp_greedy.sh). Only for benchmarking: nothing of
+# CPU serving benchmarks compare against, llama-completion and
+# llama-tokenize (bench/llamacpp_greedy.sh), and llama-quantize (llama.cpp's
+# own quantized files for tests/reference). Only for benchmarking: nothing of
 # llama.cpp is linked into Tessera.
 #   bench/llamacpp_build.sh            # build (or reuse) and print the paths
 #   eval "$(bench/llamacpp_build.sh)"  # sets LLAMA_BENCH and LLAMA_BATCHED_BENCH
@@ -17,7 +18,7 @@
 #
 # Build: Release, GGML_NATIVE=ON (-march=native), OpenMP, static libraries,
 # CPU backend only (no CUDA/Vulkan/Metal/BLAS), no HTTPS/curl, no tests,
-# examples, server or app; only the two targets are built. Needs cmake,
+# examples, server or app; only the five targets are built. Needs cmake,
 # ninja (or make), g++ with OpenMP (Debian: build-essential, which brings
 # libgomp), git, npm and tar; it fails with a message rather than installing
 # anything.
@@ -38,6 +39,8 @@
 #   LLAMA_BATCHED_BENCH=/path/llama-batched-bench
 #   LLAMA_COMPLETION=/path/llama-completion
 #   LLAMA_TOKENIZE=/path/llama-tokenize
+#   LLAMA_QUANTIZE=/path/llama-quantize   (tests/reference/make_llamacpp_quantized.sh:
+#                                          llama.cpp's own Q4_K_M and Q4_0 files)
 set -euo pipefail
 
 version=3.22.1
@@ -54,7 +57,8 @@ case $isa in
   avx2) build=$root/build-avx2 ;;
   *) echo "llamacpp_build: error: TESSERA_LLAMACPP_ISA=$isa (native or avx2)" >&2; exit 2 ;;
 esac
-bins=("$build/bin/llama-bench" "$build/bin/llama-batched-bench" "$build/bin/llama-completion" "$build/bin/llama-tokenize")
+bins=("$build/bin/llama-bench" "$build/bin/llama-batched-bench" "$build/bin/llama-completion" "$build/bin/llama-tokenize"
+      "$build/bin/llama-quantize")
 
 log() { echo "llamacpp_build: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -96,6 +100,7 @@ print_paths() {
   echo "LLAMA_BATCHED_BENCH=${bins[1]}"
   echo "LLAMA_COMPLETION=${bins[2]}"
   echo "LLAMA_TOKENIZE=${bins[3]}"
+  echo "LLAMA_QUANTIZE=${bins[4]}"
 }
 
 up_to_date() {
@@ -144,9 +149,9 @@ cmake -S "$src" -B "$build" "${generator[@]}" "${flags[@]}" >"$root/configure-$i
 grep -q '^GGML_OPENMP_ENABLED:INTERNAL=ON' "$build/CMakeCache.txt" ||
   die "OpenMP not found by CMake (Debian: libgomp1 and gcc's omp.h from libgcc-12-dev); not installing it"
 
-log "building llama-bench, llama-batched-bench, llama-completion and llama-tokenize with $jobs jobs (log: $root/build-$isa.log)"
+log "building llama-bench, llama-batched-bench, llama-completion, llama-tokenize and llama-quantize with $jobs jobs (log: $root/build-$isa.log)"
 start=$(date +%s)
-cmake --build "$build" --target llama-bench llama-batched-bench llama-completion llama-tokenize -j "$jobs" >"$root/build-$isa.log" 2>&1 ||
+cmake --build "$build" --target llama-bench llama-batched-bench llama-completion llama-tokenize llama-quantize -j "$jobs" >"$root/build-$isa.log" 2>&1 ||
   { tail -40 "$root/build-$isa.log" >&2; die "build failed (log: $root/build-$isa.log)"; }
 log "built in $(( $(date +%s) - start )) s"
 for b in "${bins[@]}"; do [ -x "$b" ] || die "$b missing after the build"; done

@@ -681,6 +681,33 @@ void dequantize_q8_0(const uint8_t* src, size_t n, float* dst) {
   }
 }
 
+void dequantize_q6_k(const uint8_t* src, size_t n, float* dst) {
+  for (size_t b = 0; b < n / 256; ++b) {
+    const uint8_t* ql = src + 210 * b;
+    const uint8_t* qh = ql + 128;
+    const uint8_t* sc = qh + 64;
+    uint16_t h;
+    std::memcpy(&h, sc + 16, 2);
+    const float d = f16_to_f32(h);
+    float* y = dst + 256 * b;
+    // Two halves of 128 values: 64 bytes of ql, 32 of qh, 8 scales each.
+    for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        auto scale = [&](int k) { return d * static_cast<float>(static_cast<int8_t>(sc[is + k])); };
+        y[l] = scale(0) * static_cast<float>(q1);
+        y[l + 32] = scale(2) * static_cast<float>(q2);
+        y[l + 64] = scale(4) * static_cast<float>(q3);
+        y[l + 96] = scale(6) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
 Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named {}", path_, quote(name)));
@@ -693,8 +720,8 @@ Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
 
 Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<float> dst) const {
   if (t.type != GgmlType::kF32 && t.type != GgmlType::kF16 && t.type != GgmlType::kBF16 &&
-      t.type != GgmlType::kQ8_0)
-    return Status::InvalidArgument(fmt::format("{}: tensor {} is {}; read_f32 converts F32, F16, BF16 and Q8_0 only",
+      t.type != GgmlType::kQ8_0 && t.type != GgmlType::kQ6_K)
+    return Status::InvalidArgument(fmt::format("{}: tensor {} is {}; read_f32 converts F32, F16, BF16, Q8_0 and Q6_K only",
                                                path_, quote(t.name), ggml_type_name(t.type)));
   if (dst.empty()) return Status::OK();  // nothing to read (a tensor of no elements too)
   const size_t block_elems = ggml_block_elems(t.type), block_bytes = ggml_block_bytes(t.type);
@@ -731,6 +758,7 @@ Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<
         }
         break;
       case GgmlType::kQ8_0: dequantize_q8_0(p, i1 - i0, out); break;
+      case GgmlType::kQ6_K: dequantize_q6_k(p, i1 - i0, out); break;
       default: CHECK(false && "type checked above");
     }
     drop_range(p, (i1 - i0) / block_elems * block_bytes);

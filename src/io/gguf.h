@@ -139,6 +139,13 @@ struct GgufTensorInfo {
 // n values (a multiple of 32) of Q8_0 blocks at src into dst: each block is
 // an fp16 scale d and 32 int8 codes q, x = d * q (exact in fp32).
 void dequantize_q8_0(const uint8_t* src, size_t n, float* dst);
+// n values (a multiple of 256) of Q6_K super-blocks at src into dst, as
+// ggml's dequantize_row_q6_K: 210 bytes a block, 128 low nibbles ql, 64
+// bytes of high 2-bit pairs qh, 16 int8 scales of 16 values each and an
+// fp16 d; x = d * scale * (q - 32) in that order (what llama-quantize
+// writes for the output layer of Q4_0 and Q4_K files, and for some
+// attn_v and ffn_down of Q4_K_M ones).
+void dequantize_q6_k(const uint8_t* src, size_t n, float* dst);
 
 class GgufFile {
  public:
@@ -189,8 +196,9 @@ class GgufFile {
     const std::span<const uint8_t> b = tensor_bytes(t);
     drop_range(b.data(), b.size());
   }
-  // Copies tensor `name` into dst (numel floats), converting F32, F16, BF16
-  // and Q8_0 (dequantized: each block's 32 int8 codes times its fp16 scale),
+  // Copies tensor `name` into dst (numel floats), converting F32, F16, BF16,
+  // Q8_0 (dequantized: each block's 32 int8 codes times its fp16 scale) and
+  // Q6_K (dequantize_q6_k),
   // in ggml's element order (ne[0] fastest), giving back each block of pages
   // of a mapped file once converted. NotFound if absent; InvalidArgument for
   // another type or when dst.size() != numel.

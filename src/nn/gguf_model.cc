@@ -310,7 +310,13 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   // Every name, shape and type before anything is allocated.
   std::set<std::string> wanted;
   const int L = c.layers;
-  std::map<int, GgmlType> matrix_type;  // the 4-bit type of each int4 matrix, while all are 4-bit
+  // The 4-bit tier takes a file whose matmul weights are all Q4_0, Q4_K or
+  // Q6_K with more 4-bit tensors than Q6_K ones (llama-quantize's Q4_K_M
+  // puts some attn_v and ffn_down at Q6_K): each fused matrix is the 4-bit
+  // type of its tensors (Q4_K for one of Q6_K tensors only), and a Q6_K
+  // tensor is requantized to it from its values.
+  std::map<int, GgmlType> matrix_type;  // the 4-bit type of each int4 matrix
+  int q4_tensors = 0, q6_tensors = 0;
   bool all_q4 = true;
   for (const Entry& e : entries) {
     wanted.insert(e.name);
@@ -323,15 +329,24 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {} but {} needs {}", path, e.name,
                                                  shape_str(t->shape()), c.str(), shape_str(e.shape)));
     const GgmlType ty = t->type;
-    if (ty != GgmlType::kF32 && ty != GgmlType::kF16 && ty != GgmlType::kBF16 && ty != GgmlType::kQ8_0 && !is_q4(ty))
-      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (F32, F16, BF16, Q8_0, Q4_0 and Q4_K are read)",
+    if (ty != GgmlType::kF32 && ty != GgmlType::kF16 && ty != GgmlType::kBF16 && ty != GgmlType::kQ8_0 &&
+        ty != GgmlType::kQ6_K && !is_q4(ty))
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (F32, F16, BF16, Q8_0, Q6_K, Q4_0 and Q4_K are read)",
                                                  path, e.name, io::ggml_type_name(ty)));
     if (e.matrix >= 0 && e.matrix < 4 * L) {
+      if (ty == GgmlType::kQ6_K) {
+        q6_tensors++;
+        continue;
+      }
       if (!is_q4(ty)) all_q4 = false;
+      q4_tensors++;
       auto [it, added] = matrix_type.emplace(e.matrix, ty);
-      if (!added && it->second != ty) all_q4 = false;  // one fused matrix, two block types
+      if (!added && it->second != ty) all_q4 = false;  // one fused matrix, two 4-bit block types
     }
   }
+  all_q4 = all_q4 && q4_tensors > q6_tensors;
+  if (all_q4)
+    for (int k = 0; k < 4 * L; k++) matrix_type.emplace(k, GgmlType::kQ4_K);  // Q6_K tensors only
   for (const io::GgufTensorInfo& t : f.tensors())
     if (!wanted.count(t.name))
       return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' (not part of {})", path, t.name, c.str()));
@@ -471,6 +486,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   // the head size allows, else gathered at run time (in_perm).
   const int64_t hs = c.hs(), KV = c.kv(), G = c.heads / KV;
   q4::Type head_type = q4_of(matrix_type.begin()->second);
+  std::vector<float> moved;
   Status st = model->load_q4([&](int k, int OC, int K, GPT::Q4Matrix* m) -> Status {
     m->type = k < 4 * L ? q4_of(matrix_type.at(k)) : head_type;
     const int64_t rb = q4::row_bytes(m->type, K);
@@ -480,7 +496,26 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       if (e.matrix != k) continue;
       const io::GgufTensorInfo* t = f.find_tensor(e.name);
       if (t == nullptr) continue;
-      if (k == 4 * L && !is_q4(t->type)) break;  // an fp32/Q8_0 head: quantized below
+      if (k == 4 * L && !is_q4(t->type)) break;  // an fp32/Q8_0/Q6_K head: quantized below
+      if (k < 4 * L && t->type != ggml_of(m->type)) {
+        // A Q6_K tensor of a mixed file: its values quantized to the
+        // matrix's type a row at a time, columns moved as the INT8 tier
+        // moves them (so no in_perm).
+        const int64_t cols = e.shape[1];
+        RETURN_IF_ERROR(each_rows(f, *t, &buf, [&](int64_t r0, int64_t n, const float* in) -> Status {
+          if (e.kind == Entry::kOCols) {
+            moved.resize(static_cast<size_t>(n * cols));
+            for (int64_t r = 0; r < n; r++)
+              for (int64_t col = 0; col < cols; col++) moved[r * cols + piece_col(c, e, col)] = in[r * cols + col];
+            in = moved.data();
+          }
+          for (int64_t r = 0; r < n; r++)
+            q4::quantize_rows(m->type, m->w.data() + (e.row0 + piece_row(c, e, r0 + r)) * rb, in + r * cols, 1, K);
+          return Status::OK();
+        }));
+        filled = true;
+        continue;
+      }
       if (k == 4 * L) m->type = q4_of(t->type);
       const int64_t frb = q4::row_bytes(m->type, K);
       if (k == 4 * L && frb != rb) m->w.assign(static_cast<size_t>(OC) * frb, 0);
@@ -515,13 +550,16 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       f.drop_tensor_pages(*embd);
       return Status::OK();
     }
+    // The untied head was skipped above, and the tied one is the
+    // embeddings (whose fp32 table may not be filled): the file's rows,
+    // then the padding rows (past the file's) from zeros. A Q6_K head (what
+    // llama-quantize writes for Q4_0 and Q4_K files) becomes Q4_K, the
+    // better of the two 4-bit types, whatever the matrices are.
+    const io::GgufTensorInfo* head = f.find_tensor(c.tied_head ? "token_embd.weight" : "output.weight");
+    if (head->type == GgmlType::kQ6_K) m->type = q4::Type::kQ4_K;
     if (!q4::fits(m->type, K)) m->type = q4::Type::kQ4_0;
     m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
     const int64_t hrb = q4::row_bytes(m->type, K);
-    // The untied head was skipped above, and the tied one is the
-    // embeddings (whose fp32 table may not be filled): the file's rows,
-    // then the padding rows (past the file's) from zeros.
-    const io::GgufTensorInfo* head = f.find_tensor(c.tied_head ? "token_embd.weight" : "output.weight");
     RETURN_IF_ERROR(each_rows(f, *head, &buf, [&](int64_t r0, int64_t n, const float* in) {
       q4::quantize_rows(m->type, m->w.data() + r0 * hrb, in, n, K);
       return Status::OK();

@@ -3,7 +3,9 @@
 // 4-bit files against the int4 tier's own quantization, the oracle of what
 // the blocks hold), for GPT-2 and Llama shapes (grouped-query attention,
 // untied and tied heads); bad files are refused in one line.
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -374,6 +376,128 @@ TEST(GgufModel, SaveRefusesWhatGgufCannotHold) {
   ASSERT_TRUE(m->quantize_q4(q4::Type::kQ4_0).ok());
   ASSERT_TRUE(m->release_fp32_matmul_weights().ok());
   EXPECT_EQ(save_gguf(*m, temp_path("released"), GgufWeights::kQ4_0).code(), StatusCode::kInvalidArgument);
+}
+
+// llama.cpp's own quantized files (tests/reference/llamacpp, written by
+// llama-quantize: tests/reference/make_llamacpp_quantized.sh): a one-layer
+// grouped-query Llama at Q4_K_M (Q4_K matrices; attn_v, ffn_down, output
+// and, by override, attn_output at Q6_K) and at Q4_0 (Q4_0 token_embd,
+// Q6_K output), as users bring them.
+std::string llamacpp_file(const std::string& name) { return TESSERA_TEST_DATA_DIR "/reference/llamacpp/" + name; }
+
+// Every Q6_K tensor read as fp32 equals llama.cpp's own dequantization of
+// it (llama-quantize to F32: ggml's dequantize_row_q6_K), bit for bit.
+TEST(LlamaCppFiles, Q6KTensorsDequantizeAsLlamaCppDoes) {
+  auto f = io::GgufFile::open(llamacpp_file("tiny-q4_k_m.gguf"));
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  std::ifstream index(llamacpp_file("tiny-q6_k-deq.txt"));
+  std::ifstream values(llamacpp_file("tiny-q6_k-deq.bin"), std::ios::binary);
+  std::string name;
+  int64_t count = 0;
+  int tensors = 0;
+  while (index >> name >> count) {
+    SCOPED_TRACE(name);
+    const io::GgufTensorInfo* t = f->find_tensor(name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->type, io::GgmlType::kQ6_K);
+    ASSERT_EQ(t->numel(), count);
+    std::vector<float> want(static_cast<size_t>(count)), got(static_cast<size_t>(count));
+    values.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(count * sizeof(float)));
+    ASSERT_TRUE(values.good());
+    ASSERT_TRUE(f->read_f32(name, got).ok());
+    EXPECT_EQ(got, want);
+    tensors++;
+  }
+  EXPECT_EQ(tensors, 4);
+}
+
+// The file with every Q6_K tensor replaced by Q4_K blocks of its values
+// (q4::quantize_rows, the int4 tier's own quantizer), everything else as it
+// was: what the 4-bit tier should make of the original.
+std::string q6_k_requantized(const std::string& path, const std::string& name) {
+  auto f = io::GgufFile::open(path);
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  io::GgufWriter w;
+  for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
+  for (const io::GgufTensorInfo& t : f->tensors()) {
+    if (t.type == io::GgmlType::kQ6_K) {
+      const int64_t cols = t.ne[0], rows = t.numel() / cols;
+      std::vector<float> x(static_cast<size_t>(t.numel()));
+      EXPECT_TRUE(f->read_f32(t.name, x).ok());
+      std::vector<uint8_t> blocks(static_cast<size_t>(rows * q4::row_bytes(q4::Type::kQ4_K, cols)));
+      q4::quantize_rows(q4::Type::kQ4_K, blocks.data(), x.data(), rows, cols);
+      w.add_tensor(t.name, io::GgmlType::kQ4_K, t.ne, std::move(blocks));
+    } else {
+      auto b = f->tensor_bytes(t);
+      w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
+    }
+  }
+  const std::string out = temp_path(name);
+  EXPECT_TRUE(w.write(out).ok());
+  return out;
+}
+
+// A Q4_K_M file loads into the 4-bit tier: its Q6_K matrices (a fused
+// qkv's v rows, a projection's permuted columns, ffn_down) requantized to
+// Q4_K, the Q6_K head too; the same logits, bit for bit, as the file whose
+// Q6_K tensors were made Q4_K beforehand. A Q4_0 file with a Q6_K head
+// (its matrices Q4_0) keeps its Q4_0 embeddings.
+TEST(LlamaCppFiles, MixedQ6KFilesLoadIntoTheInt4Tier) {
+  for (const char* file : {"tiny-q4_k_m.gguf", "tiny-q4_0.gguf"}) {
+    SCOPED_TRACE(file);
+    auto m = load_gguf(llamacpp_file(file));
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_TRUE((*m)->int4());
+    EXPECT_EQ((*m)->config().kv(), 2);
+    EXPECT_TRUE((*m)->quantized_embeddings()) << "a Q4_K / Q4_0 token_embd kept as its rows";
+    const std::string oracle_path = q6_k_requantized(llamacpp_file(file), "q6k_oracle");
+    auto oracle = load_gguf(oracle_path);
+    std::remove(oracle_path.c_str());
+    ASSERT_TRUE(oracle.ok()) << oracle.status().message();
+    const std::vector<int> t = some_tokens(256, 24);
+    const std::vector<float> got = all_logits(**m, t), want = all_logits(**oracle, t);
+    EXPECT_EQ(got, want);
+    for (float v : got) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// The INT8 tier and the fp32 model read a Q6_K tensor through its values: a
+// file that is not mostly 4-bit (every matrix Q6_K, as llama-quantize's Q6_K
+// type writes) loads into either, the fp32 model's matrices exactly
+// llama.cpp's dequantized values (the INT8 tier: those quantized).
+TEST(LlamaCppFiles, Q6KFilesLoadIntoTheInt8TierAndFp32) {
+  auto f = io::GgufFile::open(llamacpp_file("tiny-q4_k_m.gguf"));
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  // Q6_K everywhere the Q4_K_M file has a Q4_K matrix: its own Q6_K bytes
+  // reused (ffn_down's for the 256 x 256 ones, attn_v's for attn_k).
+  io::GgufWriter w;
+  for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
+  auto bytes_of = [&](const char* n) {
+    auto b = f->tensor_bytes(*f->find_tensor(n));
+    return std::vector<uint8_t>(b.begin(), b.end());
+  };
+  for (const io::GgufTensorInfo& t : f->tensors()) {
+    if (t.type != io::GgmlType::kQ4_K || t.name == "token_embd.weight") {
+      auto b = f->tensor_bytes(t);
+      w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
+    } else {
+      w.add_tensor(t.name, io::GgmlType::kQ6_K, t.ne,
+                   bytes_of(t.ne[1] == 128 ? "blk.0.attn_v.weight" : "blk.0.ffn_down.weight"));
+    }
+  }
+  const std::string path = temp_path("all_q6k");
+  ASSERT_TRUE(w.write(path).ok());
+  auto fp32 = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+  auto int8 = load_gguf(path, Backend::kCPU, ModelUse::kInt8Inference);
+  std::remove(path.c_str());
+  ASSERT_TRUE(fp32.ok()) << fp32.status().message();
+  ASSERT_TRUE(int8.ok()) << int8.status().message();
+  EXPECT_FALSE((*fp32)->int4());
+  EXPECT_FALSE((*fp32)->int8());
+  EXPECT_TRUE((*int8)->int8());
+  ASSERT_TRUE((*fp32)->quantize_int8().ok());
+  const std::vector<int> t = some_tokens(256, 24);
+  EXPECT_EQ(all_logits(**int8, t), all_logits(**fp32, t));
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 # after a prompt, and prefill, at fp32 / int8 / int4 against llama.cpp's
 # F32 / Q8_0 / Q4_0, plus each process's peak resident memory.
 #   bench/llamacpp_vs.sh [MODEL=gpt2|tinyllama] [REPS=3] [PROMPT=128] [TOKENS=32]
-#   TYPES="f32" bench/llamacpp_vs.sh ...   (a subset of f32 q8_0 q4_0)
+#   TYPES="f32" bench/llamacpp_vs.sh ...   (a subset of f32 q8_0 q4_0, or
+#       lq4_0 lq4_k_m: llama.cpp's own Q4_0 and Q4_K_M files, made by
+#       llama-quantize from the F32 file, as users bring them; Tessera runs
+#       them as the int4 tier, its Q6_K tensors requantized to Q4_K)
 #   KV=fp32 bench/llamacpp_vs.sh ...       (Tessera's KV cache type; default f16,
 #                                           llama.cpp's default cache type)
 #
@@ -51,8 +54,16 @@ fi
 # Converted again whenever tessera was rebuilt after the file was written
 # (the converter's choices change: Q8_0 files got Q8_0 embeddings).
 for t in $types; do
+  case $t in lq4_*) continue ;; esac
   [ "$work/$model-$t.gguf" -nt "$tessera" ] ||
     "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
+done
+for t in $types; do
+  case $t in lq4_0) q=Q4_0 ;; lq4_k_m) q=Q4_K_M ;; *) continue ;; esac
+  [ "$work/$model-f32.gguf" -nt "$tessera" ] ||
+    "$tessera" quantize --weights "$dir" --out "$work/$model-f32.gguf" --dtype f32 >&2
+  [ "$work/$model-$t.gguf" -nt "$work/$model-f32.gguf" ] ||
+    "$LLAMA_QUANTIZE" "$work/$model-f32.gguf" "$work/$model-$t.gguf" "$q" 2 >/dev/null 2>&1
 done
 isa=${TESSERA_LLAMACPP_ISA:-native}
 out=$work/$model-runs.jsonl
@@ -65,7 +76,7 @@ fi
 export OMP_NUM_THREADS=2
 for r in $(seq "$reps"); do
   for t in $types; do
-    case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0) d=int4 ;; esac
+    case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0 | lq4_*) d=int4 ;; esac
     f=$work/$model-$t.gguf
     /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
       "${cap[@]}" "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
@@ -109,7 +120,8 @@ runs = [json.loads(l) for l in open(sys.argv[1])]
 def med(engine, t, b, key):
     v = [r[key] for r in runs if r["engine"] == engine and r["type"] == t and r["batch"] == b]
     return statistics.median(v) if v else float("nan")
-names = {"f32": ("fp32", "F32"), "q8_0": ("int8", "Q8_0"), "q4_0": ("int4", "Q4_0")}
+names = {"f32": ("fp32", "F32"), "q8_0": ("int8", "Q8_0"), "q4_0": ("int4", "Q4_0"),
+         "lq4_0": ("int4 (llama.cpp's file)", "Q4_0"), "lq4_k_m": ("int4 (llama.cpp's file)", "Q4_K_M")}
 print(f"\n{sys.argv[2]}: medians of {max(r['rep'] for r in runs)} interleaved runs, tokens/s")
 print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MB |")
 print("|---|---|---|---|---|---|")

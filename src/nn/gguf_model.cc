@@ -152,6 +152,18 @@ Status keep_quantized_embeddings(const io::GgufFile& f, GPT& model, GPT::RowForm
   return model.set_quantized_embeddings(format, std::move(rows)).With(f.path());
 }
 
+// n rows of `cols` values of entry e in the model's column order: the rows
+// themselves, or for the attention projection (kOCols, columns in Hugging
+// Face's head order) the rows with their columns moved, in *moved.
+const float* in_model_columns(const DecoderConfig& c, const Entry& e, const float* in, int64_t n, int64_t cols,
+                              std::vector<float>* moved) {
+  if (e.kind != Entry::kOCols) return in;
+  moved->resize(static_cast<size_t>(n * cols));
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t col = 0; col < cols; col++) (*moved)[r * cols + piece_col(c, e, col)] = in[r * cols + col];
+  return moved->data();
+}
+
 // Tensor t as fp32, a few rows at a time (rows of ne[0] elements, about
 // 4 MB of fp32 a chunk): fn(r0, n, rows) for rows r0 .. r0 + n - 1, in
 // order, with *buf holding them. Loading never holds a whole large tensor
@@ -448,12 +460,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
         if (t == nullptr) return Status::Internal(fmt::format("tensor '{}' went missing", e.name));
         const int64_t cols = e.shape[1];
         RETURN_IF_ERROR(each_rows(f, *t, &buf, [&](int64_t r0, int64_t n, const float* in) -> Status {
-          if (e.kind == Entry::kOCols) {
-            moved.resize(static_cast<size_t>(n * cols));
-            for (int64_t r = 0; r < n; r++)
-              for (int64_t col = 0; col < cols; col++) moved[r * cols + piece_col(c, e, col)] = in[r * cols + col];
-            in = moved.data();
-          }
+          in = in_model_columns(c, e, in, n, cols, &moved);
           codes.resize(static_cast<size_t>(n * cols));
           scales.resize(static_cast<size_t>(n));
           model->quantize_matrix_int8(in, static_cast<int>(n), static_cast<int>(cols), codes.data(), scales.data());
@@ -503,12 +510,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
         // moves them (so no in_perm).
         const int64_t cols = e.shape[1];
         RETURN_IF_ERROR(each_rows(f, *t, &buf, [&](int64_t r0, int64_t n, const float* in) -> Status {
-          if (e.kind == Entry::kOCols) {
-            moved.resize(static_cast<size_t>(n * cols));
-            for (int64_t r = 0; r < n; r++)
-              for (int64_t col = 0; col < cols; col++) moved[r * cols + piece_col(c, e, col)] = in[r * cols + col];
-            in = moved.data();
-          }
+          in = in_model_columns(c, e, in, n, cols, &moved);
           for (int64_t r = 0; r < n; r++)
             q4::quantize_rows(m->type, m->w.data() + (e.row0 + piece_row(c, e, r0 + r)) * rb, in + r * cols, 1, K);
           return Status::OK();

@@ -168,7 +168,13 @@ Result<Round> Rendezvous::join(int64_t epoch, int prev_rank, const comm::CommOpt
       continue;
     }
     const int slot = static_cast<int>(n - 1);
-    if (slot == 1) fault_point(o_.faults, "rdzv-record", epoch);
+    if (slot >= 1 && o_.faults != nullptr && o_.faults->elastic_point == "rdzv-record" &&
+        o_.faults->elastic_epoch == epoch) {
+      // The first member past the leader that carries the fault: a
+      // restarted worker, which does not, may have taken slot 1.
+      ASSIGN_OR_RETURN(int64_t nth, store_.add(key(epoch, "record-fault"), 1));
+      if (nth == 1) fault_point(o_.faults, "rdzv-record", epoch);
+    }
     RETURN_IF_ERROR(store_.set(key(epoch, fmt::format("m{}", slot)), fmt::format("{} {}", prev_rank, id_)));
     int size = 0;
     if (slot == 0) {

@@ -350,7 +350,10 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
         q6_tensors++;
         continue;
       }
-      if (!is_q4(ty)) all_q4 = false;
+      if (!is_q4(ty)) {
+        all_q4 = false;
+        continue;
+      }
       q4_tensors++;
       auto [it, added] = matrix_type.emplace(e.matrix, ty);
       if (!added && it->second != ty) all_q4 = false;  // one fused matrix, two 4-bit block types
@@ -392,7 +395,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     if (t == nullptr) continue;
     if (all_q4 && e.matrix >= 0) continue;  // into the int4 matrices below
     if (to_int8 && e.matrix >= 0 && (e.matrix < 4 * L || !c.gpt2())) continue;  // into the INT8 matrices below
-    if (kept && e.id == kWte && e.layer < 0 && e.matrix < 0) continue;  // kept as the file's rows below
+    if (kept && e.id == kWte && e.matrix < 0) continue;  // token_embd: kept as the file's rows below
     if (c.gpt2() && e.matrix == 4 * L) {
       // GPT-2's output layer is wte: a copy at the same precision that
       // differs is another model; one at another precision (the matrices',

@@ -63,7 +63,8 @@ for t in $types; do
   [ "$work/$model-f32.gguf" -nt "$tessera" ] ||
     "$tessera" quantize --weights "$dir" --out "$work/$model-f32.gguf" --dtype f32 >&2
   [ "$work/$model-$t.gguf" -nt "$work/$model-f32.gguf" ] ||
-    "$LLAMA_QUANTIZE" "$work/$model-f32.gguf" "$work/$model-$t.gguf" "$q" 2 >/dev/null 2>&1
+    "$LLAMA_QUANTIZE" "$work/$model-f32.gguf" "$work/$model-$t.gguf" "$q" 2 >"$work/quantize.log" 2>&1 ||
+    { tail -5 "$work/quantize.log" >&2; echo "llamacpp_vs: llama-quantize to $q failed (log: $work/quantize.log)" >&2; exit 1; }
 done
 isa=${TESSERA_LLAMACPP_ISA:-native}
 out=$work/$model-runs.jsonl

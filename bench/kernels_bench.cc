@@ -145,8 +145,9 @@ BENCHMARK(BM_MatmulF32Rows)
 // weight bytes are the blocks' (4.5 bits a weight).
 void BM_MatmulQ4(benchmark::State& s) {
   const int N = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
-  // range(3): 0 Q4_0, 1 Q4_K, 2 Q4_0 interleaved by 16 rows (what the model runs).
-  const q4::Type t = s.range(3) == 1 ? q4::Type::kQ4_K : q4::Type::kQ4_0;
+  // range(3): 0 Q4_0, 1 Q4_K, 2 Q4_0 and 3 Q4_K interleaved by 16 rows (what
+  // the model runs).
+  const q4::Type t = s.range(3) % 2 == 1 ? q4::Type::kQ4_K : q4::Type::kQ4_0;
   if (s.range(4) == 1 && !cpu::set_int8_kernel(cpu::Int8Kernel::kAvx2).ok()) {
     s.SkipWithError("this CPU cannot run that kernel");
     return;
@@ -155,11 +156,11 @@ void BM_MatmulQ4(benchmark::State& s) {
   std::vector<uint8_t> wq(OC * q4::row_bytes(t, C));
   q4::quantize_rows(t, wq.data(), w.data(), OC, C);
   q4::Type run = t;
-  if (s.range(3) == 2) {
+  if (s.range(3) >= 2) {
     std::vector<uint8_t> packed(wq.size());
-    q4::pack_q4_0x16(packed.data(), wq.data(), OC, C);
+    q4::pack_x16(t, packed.data(), wq.data(), OC, C);
     wq = std::move(packed);
-    run = q4::Type::kQ4_0x16;
+    run = q4::x16_of(t);
   }
   std::vector<float> out(size_t(N) * OC);
   for (auto _ : s) cpu::matmul_q4_forward(out.data(), x.data(), wq.data(), run, nullptr, N, C, OC);
@@ -173,7 +174,10 @@ BENCHMARK(BM_MatmulQ4)
     ->Args({1, 3072, 768, 0, 0})->Args({1, 3072, 768, 1, 0})
     ->Args({1, 2048, 11264, 2, 0})->Args({1, 5632, 2048, 2, 0})->Args({1, 2048, 32000, 2, 0})
     ->Args({1, 2048, 11264, 1, 0})->Args({1, 5632, 2048, 1, 0})->Args({1, 2048, 32000, 1, 0})
-    ->Args({32, 2048, 11264, 1, 0})->Args({32, 2048, 11264, 2, 0})
+    ->Args({1, 2048, 11264, 3, 0})->Args({1, 5632, 2048, 3, 0})->Args({1, 2048, 32000, 3, 0})
+    ->Args({1, 2048, 11264, 3, 1})->Args({1, 5632, 2048, 3, 1})
+    ->Args({32, 2048, 11264, 1, 0})->Args({32, 2048, 11264, 2, 0})->Args({32, 2048, 11264, 3, 0})
+    ->Args({32, 2048, 11264, 3, 1})->Args({128, 2048, 2048, 3, 0})->Args({128, 2048, 2048, 2, 0})
     ->Unit(benchmark::kMicrosecond);
 
 // A decode step's matmul (N = range(3) rows: 1, or 8 sequences decoding
@@ -181,7 +185,7 @@ BENCHMARK(BM_MatmulQ4)
 // rest of the model's weights have evicted them): each iteration takes the
 // next of several copies of the weights (together over 256 MB). dtype 0 =
 // fp32 (cpu::matmul_f32_rows), 1 = INT8 per-channel (matmul_int8_forward),
-// 2 = Q4_0 interleaved by 16 rows (the model's int4 layout). weight_B/s: the
+// 2 = Q4_0 and 3 = Q4_K interleaved by 16 rows (the model's int4 layouts). weight_B/s: the
 // bytes of one copy read per second, to compare with the machine's read
 // roof (tessera bench decode's read_gb_s; BM_ReadRoof below).
 void BM_MatmulDecodeCold(benchmark::State& s) {
@@ -198,10 +202,11 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
     one.resize(w.size());
     cpu::quantize_weights_int8(reinterpret_cast<int8_t*>(one.data()), scales.data(), w.data(), OC, C);
   } else {
-    std::vector<uint8_t> rows(OC * q4::row_bytes(q4::Type::kQ4_0, C));
-    q4::quantize_rows(q4::Type::kQ4_0, rows.data(), w.data(), OC, C);
+    const q4::Type t = dtype == 2 ? q4::Type::kQ4_0 : q4::Type::kQ4_K;
+    std::vector<uint8_t> rows(OC * q4::row_bytes(t, C));
+    q4::quantize_rows(t, rows.data(), w.data(), OC, C);
     one.resize(rows.size());
-    q4::pack_q4_0x16(one.data(), rows.data(), OC, C);
+    q4::pack_x16(t, one.data(), rows.data(), OC, C);
   }
   const size_t bytes = one.size();
   const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
@@ -216,7 +221,8 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
       cpu::matmul_int8_forward(out.data(), x.data(), reinterpret_cast<const int8_t*>(wc), scales.data(), nullptr, N,
                                C, OC);
     } else {
-      cpu::matmul_q4_forward(out.data(), x.data(), wc, q4::Type::kQ4_0x16, nullptr, N, C, OC);
+      cpu::matmul_q4_forward(out.data(), x.data(), wc, dtype == 2 ? q4::Type::kQ4_0x16 : q4::Type::kQ4_Kx16, nullptr,
+                             N, C, OC);
     }
     copy = (copy + 1) % copies;
   }
@@ -227,10 +233,10 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
 BENCHMARK(BM_MatmulDecodeCold)
     ->ArgsProduct({{0, 1, 2}, {768}, {2304, 3072, 50304}, {1}})
     ->ArgsProduct({{0, 1, 2}, {3072}, {768}, {1}})
-    ->ArgsProduct({{0, 1, 2}, {2048}, {11264, 32000}, {1}})
-    ->ArgsProduct({{0, 1, 2}, {5632}, {2048}, {1}})
+    ->ArgsProduct({{0, 1, 2, 3}, {2048}, {11264, 32000}, {1}})
+    ->ArgsProduct({{0, 1, 2, 3}, {5632}, {2048}, {1}})
     ->ArgsProduct({{0, 1, 2}, {768}, {3072}, {8}})
-    ->ArgsProduct({{0, 1, 2}, {2048}, {11264}, {8}})
+    ->ArgsProduct({{0, 1, 2, 3}, {2048}, {11264}, {8}})
     ->Unit(benchmark::kMicrosecond);
 
 // The read roof the cold products above are held to (perf::read_gb_per_s,

@@ -122,7 +122,8 @@ def med(engine, t, b, key):
     v = [r[key] for r in runs if r["engine"] == engine and r["type"] == t and r["batch"] == b]
     return statistics.median(v) if v else float("nan")
 names = {"f32": ("fp32", "F32"), "q8_0": ("int8", "Q8_0"), "q4_0": ("int4", "Q4_0"),
-         "lq4_0": ("int4 (llama.cpp's file)", "Q4_0"), "lq4_k_m": ("int4 (llama.cpp's file)", "Q4_K_M")}
+         "lq4_0": ("int4 (llama.cpp's Q4_0 file)", "Q4_0"),
+         "lq4_k_m": ("int4 (llama.cpp's Q4_K_M file)", "Q4_K_M")}
 print(f"\n{sys.argv[2]}: medians of {max(r['rep'] for r in runs)} interleaved runs, tokens/s")
 print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MB |")
 print("|---|---|---|---|---|---|")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -168,39 +169,64 @@ const char* type_name(Type t) {
     case Type::kQ4_0: return "q4_0";
     case Type::kQ4_K: return "q4_k";
     case Type::kQ4_0x16: return "q4_0x16";
+    case Type::kQ4_Kx16: return "q4_kx16";
   }
   return "?";
 }
 
-void pack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
-  CHECK(fits_x16(OC, C));
-  const int64_t nb = C / 32, rb = nb * kQ4_0Bytes;
-  for (int64_t g = 0; g < OC / 16; g++)
-    for (int64_t b = 0; b < nb; b++) {
-      uint8_t* out = dst + (g * nb + b) * 16 * kQ4_0Bytes;
-      for (int r = 0; r < 16; r++) {
-        const uint8_t* y = src + (g * 16 + r) * rb + b * kQ4_0Bytes;
-        std::memcpy(out + 2 * r, y, 2);
-        // y[2 + i]: weight i (low) and weight 16 + i (high), i = 4q + j.
-        for (int q = 0; q < 4; q++)
-          for (int j = 0; j < 4; j++) out[32 + 64 * q + 4 * r + j] = y[2 + 4 * q + j];
-      }
-    }
+namespace {
+
+// Where each byte of a group's block goes: the rows' block bytes (row r's
+// byte i, 0 <= i < block_bytes) at packed offset x16_offset(t, r, i).
+int x16_offset(Type t, int r, int i) {
+  if (t == Type::kQ4_0) {
+    if (i < 2) return 2 * r + i;
+    const int q = (i - 2) / 4, j = (i - 2) % 4;  // y[2 + i]: weights i and 16 + i, i = 4q + j
+    return 32 + 64 * q + 4 * r + j;
+  }
+  if (i < 2) return 2 * r + i;                  // d
+  if (i < 4) return 32 + 2 * r + (i - 2);       // dmin
+  if (i < 16) return 64 + 64 * ((i - 4) / 4) + 4 * r + (i - 4) % 4;  // scale words
+  const int q = i - 16;                         // code byte 32p + 4c + j
+  return 256 + 64 * (q / 4) + 4 * r + q % 4;    // chunk (p, c) = q / 4
 }
 
-void unpack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
-  CHECK(fits_x16(OC, C));
-  const int64_t nb = C / 32, rb = nb * kQ4_0Bytes;
-  for (int64_t g = 0; g < OC / 16; g++)
+// A group's bytes are the same range in both layouts (16 rows' blocks), so
+// each group is copied aside and moved back: dst may be src.
+template <bool kPack>
+void move_x16(Type t, uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
+  const int eb = block_bytes(t), gb = 16 * eb;
+  const int64_t nb = C / block_elems(t), rb = nb * eb;
+  std::vector<int> at(gb);
+  for (int r = 0; r < 16; r++)
+    for (int i = 0; i < eb; i++) at[r * eb + i] = x16_offset(t, r, i);
+  std::vector<uint8_t> group(16 * rb);
+  for (int64_t g = 0; g < OC / 16; g++) {
+    std::memcpy(group.data(), src + g * 16 * rb, 16 * rb);
+    uint8_t* out = dst + g * 16 * rb;
     for (int64_t b = 0; b < nb; b++) {
-      const uint8_t* in = src + (g * nb + b) * 16 * kQ4_0Bytes;
+      const int64_t blocks = b * gb;  // the group's block b in the interleaved layout
       for (int r = 0; r < 16; r++) {
-        uint8_t* y = dst + (g * 16 + r) * rb + b * kQ4_0Bytes;
-        std::memcpy(y, in + 2 * r, 2);
-        for (int q = 0; q < 4; q++)
-          for (int j = 0; j < 4; j++) y[2 + 4 * q + j] = in[32 + 64 * q + 4 * r + j];
+        const int64_t row = r * rb + b * eb;  // row r's block b in the rows' layout
+        for (int i = 0; i < eb; i++) {
+          if (kPack) out[blocks + at[r * eb + i]] = group[row + i];
+          else out[row + i] = group[blocks + at[r * eb + i]];
+        }
       }
     }
+  }
+}
+
+}  // namespace
+
+void pack_x16(Type t, uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
+  CHECK(!interleaved(t) && fits_x16(t, OC, C));
+  move_x16<true>(t, dst, src, OC, C);
+}
+
+void unpack_x16(Type t, uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C) {
+  CHECK(interleaved(t) && fits_x16(t, OC, C));
+  move_x16<false>(rows_type(t), dst, src, OC, C);
 }
 
 float fp16_to_f32(uint16_t h) {
@@ -237,7 +263,7 @@ uint16_t f32_to_fp16(float f) {
 }
 
 void quantize_rows(Type t, uint8_t* dst, const float* src, int64_t rows, int64_t C) {
-  CHECK(t != Type::kQ4_0x16);  // rows are Q4_0's; pack_q4_0x16 moves them
+  CHECK(!interleaved(t));  // rows; pack_x16 moves them
   const int64_t blocks = C / block_elems(t), rb = row_bytes(t, C);
 #pragma omp parallel for schedule(static) if (rows * C > 65536)
   for (int64_t r = 0; r < rows; r++)
@@ -250,7 +276,7 @@ void quantize_rows(Type t, uint8_t* dst, const float* src, int64_t rows, int64_t
 }
 
 void dequantize_row(Type t, float* dst, const uint8_t* src, int64_t C) {
-  CHECK(t != Type::kQ4_0x16);
+  CHECK(!interleaved(t));
   const int64_t blocks = C / block_elems(t);
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t* y = src + b * block_bytes(t);
@@ -297,7 +323,7 @@ void quantize_activations(Type t, const float* x, int64_t C, int8_t* codes, floa
 }
 
 Status check_row(Type t, const uint8_t* row, int64_t C) {
-  CHECK(t != Type::kQ4_0x16);
+  CHECK(!interleaved(t));
   const int64_t blocks = C / block_elems(t);
   for (int64_t b = 0; b < blocks; b++) {
     const uint8_t* y = row + b * block_bytes(t);

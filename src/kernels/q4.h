@@ -32,12 +32,18 @@ constexpr int kQ4_0Elems = 32, kQ4_0Bytes = 18;
 constexpr int kQ4_KElems = 256, kQ4_KBytes = 144;
 constexpr int kSubBlock = 32;  // Q4_K's sub-blocks; the activation sums' span
 
-inline int block_elems(Type t) { return t == Type::kQ4_K ? kQ4_KElems : kQ4_0Elems; }
-inline int block_bytes(Type t) { return t == Type::kQ4_K ? kQ4_KBytes : kQ4_0Bytes; }
+// The blocks an interleaved layout holds (Q4_0 or Q4_K); t itself otherwise.
+inline Type rows_type(Type t) {
+  return t == Type::kQ4_0x16 ? Type::kQ4_0 : t == Type::kQ4_Kx16 ? Type::kQ4_K : t;
+}
+inline bool interleaved(Type t) { return t != rows_type(t); }
+inline bool is_k(Type t) { return rows_type(t) == Type::kQ4_K; }
+inline int block_elems(Type t) { return is_k(t) ? kQ4_KElems : kQ4_0Elems; }
+inline int block_bytes(Type t) { return is_k(t) ? kQ4_KBytes : kQ4_0Bytes; }
 // A row of C weights (C a multiple of block_elems).
 inline int64_t row_bytes(Type t, int64_t C) { return C / block_elems(t) * block_bytes(t); }
 inline bool fits(Type t, int64_t C) { return C > 0 && C % block_elems(t) == 0; }
-const char* type_name(Type t);  // "q4_0", "q4_k", "q4_0x16"
+const char* type_name(Type t);  // "q4_0", "q4_k", "q4_0x16", "q4_kx16"
 // The --dtype names of the int4 tiers: "int4" is Q4_0, "int4k" Q4_K; false
 // for any other name.
 inline bool dtype_type(std::string_view dtype, Type* t) {
@@ -75,23 +81,33 @@ void dequantize_row(Type t, float* dst, const uint8_t* src, int64_t C);
 // matmul_q4_forward): per act_block(t) values an fp32 scale max|x| / 127
 // (1 for zeros) and codes round(x / scale) in [-127, 127]; and the sum of
 // every 32 codes. codes: C, scales: C / act_block(t), sums: C / 32.
-inline int act_block(Type t) { return t == Type::kQ4_K ? kQ4_KElems : kQ4_0Elems; }
+inline int act_block(Type t) { return is_k(t) ? kQ4_KElems : kQ4_0Elems; }
 void quantize_activations(Type t, const float* x, int64_t C, int8_t* codes, float* scales, int32_t* sums);
 
-// The CPU kernel's layout of a Q4_0 matrix (Type::kQ4_0x16): OC rows (a
-// multiple of 16) in groups of 16, each group's blocks one after another,
-// and per group and block of 32 inputs 288 bytes, the 16 rows' 18 bytes
-// rearranged:
-//   16 fp16 scales, row r's at 2r (32 bytes), then
-//   4 chunks q = 0..3 of 64 bytes, byte 4r + j of chunk q holding
-//   weight (r, 4q + j) in its low nibble and weight (r, 16 + 4q + j) in
-//   its high nibble.
-// So one 64-byte load gives 16 rows x 4 inputs (and 16 rows x the 4
-// inputs 16 further on): a vpdpbusd per 4 inputs for 16 rows. The same
-// bytes as Q4_0, moved: pack and unpack are exact inverses.
-inline bool fits_x16(int64_t OC, int64_t C) { return OC > 0 && OC % 16 == 0 && fits(Type::kQ4_0, C); }
-void pack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C);
-void unpack_q4_0x16(uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C);
+// The CPU kernel's layouts of a Q4_0 or Q4_K matrix (Type::kQ4_0x16,
+// kQ4_Kx16): OC rows (a multiple of 16) in groups of 16, each group's
+// blocks one after another, a block of the group being the 16 rows'
+// blocks' bytes rearranged (16 x 18 = 288 bytes for Q4_0, 16 x 144 = 2304
+// for Q4_K) so that one 64-byte load holds 16 rows x 4 inputs, a vpdpbusd
+// per 4 inputs for 16 rows (8 rows, the 32 bytes of a half, on AVX2):
+//   Q4_0x16: 16 fp16 scales, row r's at 2r (32 bytes), then 4 chunks
+//   q = 0..3 of 64 bytes, byte 4r + j of chunk q holding weight (r, 4q + j)
+//   in its low nibble and weight (r, 16 + 4q + j) in its high nibble.
+//   Q4_Kx16: 16 fp16 d (32 bytes), 16 fp16 dmin (32 bytes), then the 12
+//   bytes of packed 6-bit scales and mins as three 64-byte parts, part w
+//   holding row r's bytes 4w .. 4w + 3 at 4r (the 32-bit words llama.cpp's
+//   kmasks unpack, 16 rows a register), then for each pair of sub-blocks
+//   p = 0..3 8 chunks c = 0..7 of 64 bytes, byte 4r + j of chunk (p, c)
+//   being byte 32p + 4c + j of row r's codes: weight (r, 64p + 4c + j) in
+//   its low nibble, (r, 64p + 32 + 4c + j) in its high nibble.
+// The same bytes as the rows', moved (a group's in the same range of the
+// matrix): pack and unpack are exact inverses, and dst may be src.
+// t is the rows' type (Q4_0 or Q4_K) for pack, the interleaved type for
+// unpack; x16_of gives the interleaved type of a rows' type.
+inline Type x16_of(Type t) { return t == Type::kQ4_K ? Type::kQ4_Kx16 : Type::kQ4_0x16; }
+inline bool fits_x16(Type t, int64_t OC, int64_t C) { return OC > 0 && OC % 16 == 0 && fits(rows_type(t), C); }
+void pack_x16(Type t, uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C);
+void unpack_x16(Type t, uint8_t* dst, const uint8_t* src, int64_t OC, int64_t C);
 
 // One error line for a row's blocks that no quantizer writes (scales that
 // are not finite): GGUF files and int4 files are checked as they are read.

@@ -1131,14 +1131,12 @@ Status GPT::load_q4(const std::function<Status(int index, int OC, int C, Q4Matri
     const int64_t rb = q4::row_bytes(m.type, K);
     for (int o = 0; o < OC; o++)
       RETURN_IF_ERROR(q4::check_row(m.type, m.w.data() + o * rb, K).With(fmt::format("int4 {} matrix {} row {}", name, k, o)));
-    // Q4_0 in the CPU kernel's interleaved layout where it runs faster
-    // (the same bytes, moved; for_each_q4 moves them back).
-    if ((backend_ == Backend::kCPU || backend_ == Backend::kCPUProfiled) && m.type == q4::Type::kQ4_0 &&
-        q4::fits_x16(OC, K) && cpu::q4_prefers_x16()) {
-      std::vector<uint8_t> packed(m.w.size());
-      q4::pack_q4_0x16(packed.data(), m.w.data(), OC, K);
-      m.w = std::move(packed);
-      m.type = q4::Type::kQ4_0x16;
+    // Q4_0 and Q4_K in the CPU kernel's interleaved layouts where they run
+    // faster (the same bytes, moved in place; for_each_q4 moves them back).
+    if ((backend_ == Backend::kCPU || backend_ == Backend::kCPUProfiled) && q4::fits_x16(m.type, OC, K) &&
+        cpu::q4_prefers_x16()) {
+      q4::pack_x16(m.type, m.w.data(), m.w.data(), OC, K);
+      m.type = q4::x16_of(m.type);
     }
     q->push_back(std::move(m));
   }
@@ -1151,12 +1149,12 @@ void GPT::for_each_q4(const std::function<void(int index, int OC, int C, const Q
   for (size_t k = 0; k < q4_->size(); k++) {
     const auto [OC, K] = matmul_shape(static_cast<int>(k));
     const Q4Matrix& m = (*q4_)[k];
-    if (m.type != q4::Type::kQ4_0x16) {
+    if (!q4::interleaved(m.type)) {
       f(static_cast<int>(k), OC, K, m);
       continue;
     }
-    Q4Matrix rows{q4::Type::kQ4_0, std::vector<uint8_t>(m.w.size()), m.in_perm};
-    q4::unpack_q4_0x16(rows.w.data(), m.w.data(), OC, K);
+    Q4Matrix rows{q4::rows_type(m.type), std::vector<uint8_t>(m.w.size()), m.in_perm};
+    q4::unpack_x16(m.type, rows.w.data(), m.w.data(), OC, K);
     f(static_cast<int>(k), OC, K, rows);
   }
 }

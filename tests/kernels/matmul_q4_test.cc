@@ -261,70 +261,142 @@ TEST(MatmulQ4, EveryKernelMatchesTheOracleOnEveryShape) {
   }
 }
 
-// The interleaved layout (q4::pack_q4_0x16) holds the same bytes: unpack
-// gives the rows back, and every kernel's products from it are the rows'
-// own, the integer parts exactly.
+// The interleaved layouts (q4::pack_x16) hold the same bytes: unpack gives
+// the rows back, and every kernel's products from them are the rows' own,
+// the integer parts exactly.
 TEST(MatmulQ4, InterleavedLayoutIsTheSameBlocks) {
-  const int OC = 48, C = 96;
-  std::vector<float> wf = gaussian(int64_t{OC} * C, 3, 0.05f);
-  std::vector<uint8_t> rows(OC * q4::row_bytes(Type::kQ4_0, C)), packed(rows.size()), back(rows.size());
-  q4::quantize_rows(Type::kQ4_0, rows.data(), wf.data(), OC, C);
-  q4::pack_q4_0x16(packed.data(), rows.data(), OC, C);
-  EXPECT_NE(packed, rows);
-  q4::unpack_q4_0x16(back.data(), packed.data(), OC, C);
-  EXPECT_EQ(back, rows);
-  // Row 17's block 1 scale sits at group 1, block 1, slot 1.
-  EXPECT_EQ(std::memcmp(packed.data() + (1 * 3 + 1) * 288 + 2, rows.data() + 17 * 54 + 18, 2), 0);
-  EXPECT_FALSE(q4::fits_x16(40, C));
-  EXPECT_FALSE(q4::fits_x16(48, 48));
+  const int OC = 48;
+  for (Type t : {Type::kQ4_0, Type::kQ4_K}) {
+    const int C = t == Type::kQ4_0 ? 96 : 768;
+    std::vector<float> wf = gaussian(int64_t{OC} * C, 3, 0.05f);
+    std::vector<uint8_t> rows(OC * q4::row_bytes(t, C)), packed(rows.size()), back(rows.size());
+    q4::quantize_rows(t, rows.data(), wf.data(), OC, C);
+    q4::pack_x16(t, packed.data(), rows.data(), OC, C);
+    EXPECT_NE(packed, rows);
+    q4::unpack_x16(q4::x16_of(t), back.data(), packed.data(), OC, C);
+    EXPECT_EQ(back, rows) << q4::type_name(t);
+    // In place, both ways.
+    q4::pack_x16(t, back.data(), back.data(), OC, C);
+    EXPECT_EQ(back, packed) << q4::type_name(t);
+    q4::unpack_x16(q4::x16_of(t), back.data(), back.data(), OC, C);
+    EXPECT_EQ(back, rows) << q4::type_name(t);
+    EXPECT_FALSE(q4::fits_x16(t, 40, C));
+    EXPECT_FALSE(q4::fits_x16(t, 48, 48));
+  }
+  // Q4_0: row 17's block 1 scale sits at group 1, block 1, slot 1.
+  {
+    const int C = 96;
+    std::vector<float> wf = gaussian(int64_t{OC} * C, 3, 0.05f);
+    std::vector<uint8_t> rows(OC * q4::row_bytes(Type::kQ4_0, C)), packed(rows.size());
+    q4::quantize_rows(Type::kQ4_0, rows.data(), wf.data(), OC, C);
+    q4::pack_x16(Type::kQ4_0, packed.data(), rows.data(), OC, C);
+    EXPECT_EQ(std::memcmp(packed.data() + (1 * 3 + 1) * 288 + 2, rows.data() + 17 * 54 + 18, 2), 0);
+  }
+  // Q4_K, written out by hand (q4.h): row 21 = group 1 slot 5, super-block 2 of 3.
+  {
+    const int C = 768;
+    std::vector<float> wf = gaussian(int64_t{OC} * C, 4, 0.05f);
+    std::vector<uint8_t> rows(OC * q4::row_bytes(Type::kQ4_K, C)), packed(rows.size());
+    q4::quantize_rows(Type::kQ4_K, rows.data(), wf.data(), OC, C);
+    q4::pack_x16(Type::kQ4_K, packed.data(), rows.data(), OC, C);
+    const uint8_t* y = rows.data() + 21 * 3 * 144 + 2 * 144;
+    const uint8_t* g = packed.data() + (1 * 3 + 2) * 2304;
+    EXPECT_EQ(std::memcmp(g + 2 * 5, y, 2), 0);             // d
+    EXPECT_EQ(std::memcmp(g + 32 + 2 * 5, y + 2, 2), 0);    // dmin
+    for (int w = 0; w < 3; w++) EXPECT_EQ(std::memcmp(g + 64 + 64 * w + 4 * 5, y + 4 + 4 * w, 4), 0) << w;
+    for (int pc = 0; pc < 32; pc++)  // codes of pair pc / 8, chunk pc % 8
+      EXPECT_EQ(std::memcmp(g + 256 + 64 * pc + 4 * 5, y + 16 + 4 * pc, 4), 0) << pc;
+  }
+}
+
+// Random Q4_0 or Q4_K rows whose scales are 1: integer products.
+std::vector<uint8_t> unit_rows(Type t, int OC, int C, uint64_t seed) {
+  if (t == Type::kQ4_K) return q4_k_unit_blocks(OC, C, seed);
+  std::vector<float> wf(static_cast<size_t>(OC) * C);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < wf.size(); i++) wf[i] = static_cast<float>(static_cast<int>(rng() % 16) - 8);
+  for (size_t i = 0; i < wf.size(); i += 32) wf[i] = -8.0f;  // d = 1
+  std::vector<uint8_t> w(OC * q4::row_bytes(t, C));
+  q4::quantize_rows(t, w.data(), wf.data(), OC, C);
+  return w;
 }
 
 TEST(MatmulQ4, InterleavedKernelsAreExact) {
   const int C = 1024, OC = 48;
-  std::vector<float> wf(static_cast<size_t>(OC) * C);
-  std::mt19937_64 rng(5);
-  for (size_t i = 0; i < wf.size(); i++) wf[i] = static_cast<float>(static_cast<int>(rng() % 16) - 8);
-  for (size_t i = 0; i < wf.size(); i += 32) wf[i] = -8.0f;  // d = 1
-  std::vector<uint8_t> w(OC * q4::row_bytes(Type::kQ4_0, C)), packed(w.size());
-  q4::quantize_rows(Type::kQ4_0, w.data(), wf.data(), OC, C);
-  q4::pack_q4_0x16(packed.data(), w.data(), OC, C);
-  for (int N : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {
-    const std::vector<float> x = unit_activations(N, C, 200 + N);
-    const std::vector<double> want = int64_oracle(Type::kQ4_0, x, w, N, C, OC);
-    std::vector<float> ref(want.size());
-    ref::matmul_q4_forward(ref.data(), x.data(), packed.data(), Type::kQ4_0x16, nullptr, N, C, OC);
-    for (size_t i = 0; i < want.size(); i++) ASSERT_EQ(ref[i], want[i]) << "ref " << i;
+  for (Type t : {Type::kQ4_0, Type::kQ4_K}) {
+    const std::vector<uint8_t> w = unit_rows(t, OC, C, 5);
+    std::vector<uint8_t> packed(w.size());
+    q4::pack_x16(t, packed.data(), w.data(), OC, C);
+    for (int N : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {
+      const std::vector<float> x = unit_activations(N, C, 200 + N);
+      const std::vector<double> want = int64_oracle(t, x, w, N, C, OC);
+      std::vector<float> ref(want.size());
+      ref::matmul_q4_forward(ref.data(), x.data(), packed.data(), q4::x16_of(t), nullptr, N, C, OC);
+      for (size_t i = 0; i < want.size(); i++) ASSERT_EQ(ref[i], want[i]) << q4::type_name(t) << " ref " << i;
+      for (cpu::Int8Kernel k : kKernels) {
+        ForcedKernel f(k);
+        if (!f.ok()) continue;
+        std::vector<float> ours(want.size(), -1.0f);
+        cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), q4::x16_of(t), nullptr, N, C, OC);
+        for (size_t i = 0; i < want.size(); i++)
+          ASSERT_EQ(ours[i], want[i]) << q4::type_name(t) << " N=" << N << " " << cpu::q4_kernel_summary() << " at "
+                                      << i;
+      }
+    }
+  }
+}
+
+// Extreme codes and scales: every weight code 15, scales and mins 63,
+// activations all 127 or all -127: the int32 sums' largest magnitudes.
+TEST(MatmulQ4, InterleavedQ4_KSumsAtTheirLimits) {
+  const int C = 2048, OC = 16;
+  std::vector<uint8_t> w = q4_k_unit_blocks(OC, C, 9);
+  for (size_t b = 0; b < w.size(); b += q4::kQ4_KBytes) {
+    std::memset(w.data() + b + 4, 0xFF, 12);  // every 6-bit scale and min 63
+    std::memset(w.data() + b + 16, 0xFF, 128);
+  }
+  std::vector<uint8_t> packed(w.size());
+  q4::pack_x16(Type::kQ4_K, packed.data(), w.data(), OC, C);
+  for (float v : {127.0f, -127.0f}) {
+    const int N = 2;
+    std::vector<float> x(static_cast<size_t>(N) * C, v);
+    std::vector<float> want(static_cast<size_t>(N) * OC);
+    ref::matmul_q4_forward(want.data(), x.data(), w.data(), Type::kQ4_K, nullptr, N, C, OC);
     for (cpu::Int8Kernel k : kKernels) {
       ForcedKernel f(k);
       if (!f.ok()) continue;
       std::vector<float> ours(want.size(), -1.0f);
-      cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), Type::kQ4_0x16, nullptr, N, C, OC);
+      cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), Type::kQ4_Kx16, nullptr, N, C, OC);
       for (size_t i = 0; i < want.size(); i++)
-        ASSERT_EQ(ours[i], want[i]) << "N=" << N << " " << cpu::q4_kernel_summary() << " at " << i;
+        ASSERT_NEAR(ours[i], want[i], 1e-6 * std::fabs(want[i])) << v << " " << cpu::q4_kernel_summary();
     }
   }
 }
 
 TEST(MatmulQ4, InterleavedKernelsMatchTheOracle) {
-  for (int C : {32, 96, 768}) {
-    for (int OC : {16, 64}) {
-      std::vector<float> wf = gaussian(int64_t{OC} * C, C + OC, 0.05f);
-      std::vector<uint8_t> w(OC * q4::row_bytes(Type::kQ4_0, C)), packed(w.size());
-      q4::quantize_rows(Type::kQ4_0, w.data(), wf.data(), OC, C);
-      q4::pack_q4_0x16(packed.data(), w.data(), OC, C);
-      const std::vector<float> bias = gaussian(OC, 6);
-      for (int N : {1, 3, 8, 65}) {
-        const std::vector<float> x = gaussian(int64_t{N} * C, N * 3 + C);
-        std::vector<float> want(static_cast<size_t>(N) * OC);
-        ref::matmul_q4_forward(want.data(), x.data(), w.data(), Type::kQ4_0, bias.data(), N, C, OC);
-        for (cpu::Int8Kernel k : kKernels) {
-          ForcedKernel f(k);
-          if (!f.ok()) continue;
-          std::vector<float> ours(want.size(), -1.0f);
-          cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), Type::kQ4_0x16, bias.data(), N, C, OC);
-          for (size_t i = 0; i < want.size(); i++)
-            ASSERT_NEAR(ours[i], want[i], 1e-5 * (std::fabs(want[i]) + 1.0))
-                << "N=" << N << " C=" << C << " OC=" << OC << " " << cpu::q4_kernel_summary();
+  for (Type t : {Type::kQ4_0, Type::kQ4_K}) {
+    for (int C : {32, 96, 256, 768}) {
+      if (!q4::fits(t, C)) continue;
+      for (int OC : {16, 64}) {
+        std::vector<float> wf = gaussian(int64_t{OC} * C, C + OC, 0.05f);
+        std::vector<uint8_t> w(OC * q4::row_bytes(t, C)), packed(w.size());
+        q4::quantize_rows(t, w.data(), wf.data(), OC, C);
+        q4::pack_x16(t, packed.data(), w.data(), OC, C);
+        const std::vector<float> bias = gaussian(OC, 6);
+        for (int N : {1, 3, 4, 8, 65}) {
+          const std::vector<float> x = gaussian(int64_t{N} * C, N * 3 + C);
+          std::vector<float> want(static_cast<size_t>(N) * OC);
+          ref::matmul_q4_forward(want.data(), x.data(), w.data(), t, bias.data(), N, C, OC);
+          for (cpu::Int8Kernel k : kKernels) {
+            ForcedKernel f(k);
+            if (!f.ok()) continue;
+            std::vector<float> ours(want.size(), -1.0f);
+            cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), q4::x16_of(t), bias.data(), N, C, OC);
+            for (size_t i = 0; i < want.size(); i++)
+              ASSERT_NEAR(ours[i], want[i], 1e-5 * (std::fabs(want[i]) + 1.0))
+                  << q4::type_name(t) << " N=" << N << " C=" << C << " OC=" << OC << " "
+                  << cpu::q4_kernel_summary();
+          }
         }
       }
     }

@@ -45,7 +45,7 @@ Int8Kernel forced_int8_kernel();
 // "avx2 (vpmaddubsw, exact int32 block sums)" and the like, for the log.
 std::string q4_kernel_summary();
 // Whether this CPU's kernels run Q4_0 matrices faster in the interleaved
-// layout (q4::pack_q4_0x16): true with AVX2.
+// layouts (q4::pack_x16): true with AVX2.
 bool q4_prefers_x16();
 
 }  // namespace tessera::cpu

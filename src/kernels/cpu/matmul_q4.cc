@@ -229,7 +229,7 @@ void generic_tile(const Operands& p, q4::Type t, int i0, int o0) {
     }
 }
 
-// ---- Q4_0x16 (q4::pack_q4_0x16): 16 weight rows a vector, no horizontal
+// ---- Q4_0x16 (q4::pack_x16): 16 weight rows a vector, no horizontal
 // sums. Per block and activation row: the 4-bit codes of 16 rows x 4
 // inputs in a register, times 4 activation codes broadcast, 8 times
 // (32 inputs); the -8 offset enters as 8 x the block's activation sum,
@@ -347,6 +347,203 @@ TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
   }
 }
 
+// ---- Q4_Kx16 (q4::pack_x16): a super-block of 16 rows at a time. The
+// packed 6-bit scales and mins of 16 rows are three registers of 32-bit
+// words, unpacked with llama.cpp's kmasks once a super-block for the tile's
+// rows. Per sub-block j (32 inputs) and activation row, 8 products of 4
+// inputs for 16 rows (the codes of sub-block j are the low nibbles of pair
+// j / 2's chunks for even j, the high for odd), then times sub-block j's 16
+// scales into the super-block's int32 sums; the mins' term sum_j m_j sums_j
+// from the activations' sums of 32 as int16 pairs (|sum| <= 32 x 127),
+// 2 sub-blocks a multiply-add; then d and dmin times the activations'
+// scale, 16 rows a lane. Exact int32 sums: |sum_j sc_j sum q a| <= 8 x 63
+// x 32 x 15 x 127.
+
+constexpr int kX16KBytes = 16 * q4::kQ4_KBytes;
+
+// The super-block's 6-bit scales (sub-blocks 0-3 and 4-7, a byte each in
+// every 32-bit lane) and mins, from the three words of packed bytes:
+// q4::scale_min for 16 (or 8) rows at once.
+struct ScalesMins512 {
+  __m512i sc[2], m[2];
+};
+struct ScalesMins256 {
+  __m256i sc[2], m[2];
+};
+
+// Bits 6-7 of each byte of u, moved to bits 4-5: the scales' and mins' high
+// bits of sub-blocks 4-7.
+TESSERA_TARGET_VNNI512 inline __m512i high2_512(__m512i u) {
+  const __m512i two = _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, u, 6), _mm512_set1_epi32(0x03030303));
+  return _mm512_maskz_slli_epi32(0xFFFF, two, 4);
+}
+TESSERA_TARGET_AVX2 inline __m256i high2_256(__m256i u) {
+  return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 6), _mm256_set1_epi32(0x03030303)), 4);
+}
+
+TESSERA_TARGET_VNNI512 inline ScalesMins512 scales_mins_512(const uint8_t* words) {
+  const __m512i u0 = _mm512_loadu_si512(words), u1 = _mm512_loadu_si512(words + 64),
+                u2 = _mm512_loadu_si512(words + 128);
+  const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f);
+  ScalesMins512 r;
+  r.sc[0] = _mm512_and_si512(u0, low6);
+  r.m[0] = _mm512_and_si512(u1, low6);
+  r.sc[1] = _mm512_or_si512(_mm512_and_si512(u2, low4), high2_512(u0));
+  r.m[1] = _mm512_or_si512(_mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, u2, 4), low4), high2_512(u1));
+  return r;
+}
+
+TESSERA_TARGET_AVX2 inline ScalesMins256 scales_mins_256(const uint8_t* words, int h) {
+  const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 32 * h));
+  const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 64 + 32 * h));
+  const __m256i u2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 128 + 32 * h));
+  const __m256i low6 = _mm256_set1_epi32(0x3f3f3f3f), low4 = _mm256_set1_epi32(0x0f0f0f0f);
+  ScalesMins256 r;
+  r.sc[0] = _mm256_and_si256(u0, low6);
+  r.m[0] = _mm256_and_si256(u1, low6);
+  r.sc[1] = _mm256_or_si256(_mm256_and_si256(u2, low4), high2_256(u0));
+  r.m[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), low4), high2_256(u1));
+  return r;
+}
+
+// Byte j % 4 of each lane of v (scales or mins of sub-block j) as int32,
+// and the byte pair (2k, 2k + 1) % 4 as two int16 in each lane.
+TESSERA_TARGET_VNNI512 inline __m512i byte_512(__m512i v, int j) {
+  return _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, v, 8 * (j % 4)), _mm512_set1_epi32(0xFF));
+}
+TESSERA_TARGET_VNNI512 inline __m512i pair_512(__m512i v, int k) {
+  const __m512i two = _mm512_maskz_srli_epi32(0xFFFF, v, 16 * (k % 2));  // bytes (2k, 2k + 1) % 4 low
+  return _mm512_or_si512(_mm512_and_si512(two, _mm512_set1_epi32(0xFF)),
+                         _mm512_and_si512(_mm512_maskz_slli_epi32(0xFFFF, two, 8), _mm512_set1_epi32(0xFF0000)));
+}
+TESSERA_TARGET_AVX2 inline __m256i byte_256(__m256i v, int j) {
+  return _mm256_and_si256(_mm256_srli_epi32(v, 8 * (j % 4)), _mm256_set1_epi32(0xFF));
+}
+TESSERA_TARGET_AVX2 inline __m256i pair_256(__m256i v, int k) {
+  const __m256i two = _mm256_srli_epi32(v, 16 * (k % 2));
+  return _mm256_or_si256(_mm256_and_si256(two, _mm256_set1_epi32(0xFF)),
+                         _mm256_and_si256(_mm256_slli_epi32(two, 8), _mm256_set1_epi32(0xFF0000)));
+}
+
+// The activations' sums of sub-blocks 2k and 2k + 1 of super-block b as
+// two int16 in one int32 (each |sum| <= 32 x 127).
+inline int32_t sum_pair(const int32_t* sums, int k) {
+  return static_cast<int32_t>((static_cast<uint32_t>(sums[2 * k]) & 0xFFFF) | (static_cast<uint32_t>(sums[2 * k + 1]) << 16));
+}
+
+// R activation rows from i0, the 16 weight rows of group g.
+template <int R>
+TESSERA_TARGET_VNNI512 void x16k_vnni(const Operands& p, int i0, int g) {
+  const int nb = p.C / 256, ns = p.C / 32;
+  const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
+  const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
+  __m512 acc[R], macc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), macc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
+    const ScalesMins512 sm = scales_mins_512(y + 64);
+    __m512i isum[R];
+    for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+      const uint8_t* chunks = y + 256 + 512 * (j / 2);
+      __m512i w[8];
+      for (int c = 0; c < 8; c++) {
+        const __m512i raw = _mm512_loadu_si512(chunks + 64 * c);
+        w[c] = _mm512_and_si512(j % 2 ? _mm512_maskz_srli_epi32(0xFFFF, raw, 4) : raw, low);
+      }
+      const __m512i sc = byte_512(sm.sc[j / 4], j);
+      for (int r = 0; r < R; r++) {
+        const int8_t* a = p.a + (i0 + r) * static_cast<int64_t>(p.C) + 256 * b + 32 * j;
+        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(load32(a)));
+        for (int c = 1; c < 8; c++) s = _mm512_dpbusd_epi32(s, w[c], _mm512_set1_epi32(load32(a + 4 * c)));
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(s, sc));
+      }
+    }
+    const __m512 d = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)));
+    const __m512 dmin = _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32)));
+    __m512i mp[4];
+    for (int k = 0; k < 4; k++) mp[k] = pair_512(sm.m[k / 2], k);
+    for (int r = 0; r < R; r++) {
+      const int64_t i = i0 + r;
+      const int32_t* sums = p.sums + i * ns + 8 * b;
+      __m512i msum = _mm512_setzero_si512();
+      for (int k = 0; k < 4; k++) msum = _mm512_dpwssd_epi32(msum, mp[k], _mm512_set1_epi32(sum_pair(sums, k)));
+      const __m512 xs = _mm512_set1_ps(p.xs[i * nb + b]);
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, isum[r]), _mm512_mul_ps(d, xs), acc[r]);
+      macc[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, msum), _mm512_mul_ps(dmin, xs), macc[r]);
+    }
+  }
+  const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + g * 16) : _mm512_setzero_ps();
+  for (int r = 0; r < R; r++)
+    _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16,
+                     _mm512_add_ps(_mm512_sub_ps(acc[r], macc[r]), bias));
+}
+
+// AVX2: each half of the group (8 rows) on its own, as x16_avx2: per
+// sub-block 8 vpmaddubsw add in int16 (|sum| <= 8 x 2 x 15 x 127 = 30480)
+// and one vpmaddwd by the sub-block's scale in both int16 halves of each
+// lane gives scale x the sub-block's int32 sum. H halves a walk over the
+// group's super-blocks (one row takes both: each line read once).
+template <int R, int H = (R == 1 ? 2 : 1)>
+TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
+  const int nb = p.C / 256, ns = p.C / 32;
+  const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int h0 = 0; h0 < 2; h0 += H) {
+    __m256 acc[H][R];
+    for (int e = 0; e < H; e++)
+      for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+      const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
+      for (int e = 0; e < H; e++) {
+        const int h = h0 + e;
+        const ScalesMins256 sm = scales_mins_256(y + 64, h);
+        __m256i isum[R];
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+          const uint8_t* chunks = y + 256 + 512 * (j / 2) + 32 * h;
+          __m256i w[8];
+          for (int c = 0; c < 8; c++) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c));
+            w[c] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
+          }
+          const __m256i sc1 = byte_256(sm.sc[j / 4], j);
+          const __m256i sc = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));  // in both int16 halves
+          for (int r = 0; r < R; r++) {
+            const int8_t* a = p.a + (i0 + r) * static_cast<int64_t>(p.C) + 256 * b + 32 * j;
+            __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load32(a)));
+            for (int c = 1; c < 8; c++)
+              pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(load32(a + 4 * c))));
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, sc));
+          }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 32 + 16 * h)));
+        __m256i mp[4];
+        for (int k = 0; k < 4; k++) mp[k] = pair_256(sm.m[k / 2], k);
+        for (int r = 0; r < R; r++) {
+          const int64_t i = i0 + r;
+          const int32_t* sums = p.sums + i * ns + 8 * b;
+          __m256i msum = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(sum_pair(sums, 0)));
+          for (int k = 1; k < 4; k++)
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(sum_pair(sums, k))));
+          const __m256 xs = _mm256_set1_ps(p.xs[i * nb + b]);
+          // The mins' term subtracted block by block: one accumulator a row.
+          acc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, xs), acc[e][r]);
+          acc[e][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, xs), acc[e][r]);
+        }
+      }
+    }
+    for (int e = 0; e < H; e++) {
+      const int h = h0 + e;
+      const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
+      for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h,
+                         _mm256_add_ps(acc[e][r], bias));
+    }
+  }
+}
+
 enum class X16Kind { kGeneric, kAvx2, kVnni512 };
 
 X16Kind pick_x16() {
@@ -358,8 +555,18 @@ X16Kind pick_x16() {
 }
 
 // Rows [i_begin, i_end) of group g, R rows at a time.
-void x16_rows(X16Kind kind, const Operands& p, int i_begin, int i_end, int g) {
+void x16_rows(X16Kind kind, q4::Type t, const Operands& p, int i_begin, int i_end, int g) {
   int i = i_begin;
+  if (t == q4::Type::kQ4_Kx16) {
+    if (kind == X16Kind::kVnni512) {
+      for (; i + 4 <= i_end; i += 4) x16k_vnni<4>(p, i, g);
+      for (; i < i_end; i++) x16k_vnni<1>(p, i, g);
+    } else {
+      for (; i + 4 <= i_end; i += 4) x16k_avx2<4>(p, i, g);
+      for (; i < i_end; i++) x16k_avx2<1>(p, i, g);
+    }
+    return;
+  }
   if (kind == X16Kind::kVnni512) {
     for (; i + 8 <= i_end; i += 8) x16_vnni<1, 8>(p, i, g);
     for (; i + 4 <= i_end; i += 4) x16_vnni<1, 4>(p, i, g);
@@ -384,7 +591,7 @@ Kind pick(q4::Type t) {
   const CpuFeatures& f = cpu_features();
   const Int8Kernel forced = forced_int8_kernel();
   if (forced == Int8Kernel::kGeneric || !f.avx2 || !f.fma || !f.f16c) return Kind::kGeneric;
-  if (t == q4::Type::kQ4_K) return Kind::kQ4_KAvx2;
+  if (q4::is_k(t)) return Kind::kQ4_KAvx2;
   const bool vnni = f.avx512_vnni && f.avx512vl;
   if (forced == Int8Kernel::kAvx2 || !vnni) return Kind::kQ4_0Avx2;
   return Kind::kQ4_0Vnni;
@@ -449,7 +656,7 @@ std::string q4_kernel_summary() {
   const char* x16 = pick_x16() == X16Kind::kVnni512 ? "avx512-vnni (vpdpbusd, 16 rows a register)"
                     : pick_x16() == X16Kind::kAvx2   ? "avx2 (vpmaddubsw, 8 rows a register)"
                                                      : "generic";
-  return fmt::format("q4_0 (rows interleaved by 16) {}; q4_0 {}; q4_k {}; exact int32 block sums", x16,
+  return fmt::format("q4_0 and q4_k (rows interleaved by 16) {}; q4_0 {}; q4_k {}; exact int32 block sums", x16,
                      name(pick(q4::Type::kQ4_0)), name(pick(q4::Type::kQ4_K)));
 }
 
@@ -458,12 +665,12 @@ bool q4_prefers_x16() { return pick_x16() != X16Kind::kGeneric; }
 void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type type, const float* bias, int N,
                        int C, int OC) {
   if (N <= 0 || OC <= 0) return;
-  if (type == q4::Type::kQ4_0x16 && pick_x16() == X16Kind::kGeneric) {
+  if (q4::interleaved(type) && pick_x16() == X16Kind::kGeneric) {
     // Without AVX2: the blocks in their rows again, through the loops below.
     thread_local std::vector<uint8_t> rows;
-    rows.resize(static_cast<size_t>(OC) * q4::row_bytes(q4::Type::kQ4_0, C));
-    q4::unpack_q4_0x16(rows.data(), wq, OC, C);
-    return matmul_q4_forward(out, inp, rows.data(), q4::Type::kQ4_0, bias, N, C, OC);
+    rows.resize(static_cast<size_t>(OC) * q4::row_bytes(type, C));
+    q4::unpack_x16(type, rows.data(), wq, OC, C);
+    return matmul_q4_forward(out, inp, rows.data(), q4::rows_type(type), bias, N, C, OC);
   }
   thread_local ThreadState st;
   const int na = C / q4::act_block(type), ns = C / q4::kSubBlock;
@@ -478,7 +685,7 @@ void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type
     quantize_activations(type, inp + static_cast<int64_t>(i) * C, C, a + static_cast<int64_t>(i) * C,
                              xs + static_cast<int64_t>(i) * na, sums + static_cast<int64_t>(i) * ns);
   const Operands p{a, xs, sums, wq, bias, out, C, OC, q4::row_bytes(type, C)};
-  if (type == q4::Type::kQ4_0x16) {
+  if (q4::interleaved(type)) {
     const X16Kind kind = pick_x16();
     const int groups = OC / 16, rblocks = (N + kRowBlock - 1) / kRowBlock;
     // From 4 rows, VNNI takes two groups a tile (x16_vnni<2, R>): 128 rows x 2304 x
@@ -486,19 +693,19 @@ void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type
     // ms instead of 0.95-1.14 (BM_MatmulQ4, 2 threads). One row stays on
     // one group: it reads the weights once either way, and half the work
     // items balance worse (the head: 0.24 ms against 0.28-0.34).
-    if (kind == X16Kind::kVnni512 && N >= 4) {
+    if (kind == X16Kind::kVnni512 && N >= 4 && type == q4::Type::kQ4_0x16) {
       const int pairs = groups / 2;
 #pragma omp parallel for collapse(2) schedule(static)
       for (int rb = 0; rb < rblocks; rb++)
         for (int gp = 0; gp < pairs; gp++) pair_rows(p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), 2 * gp);
       if (groups % 2)
         for (int rb = 0; rb < rblocks; rb++)
-          x16_rows(kind, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), groups - 1);
+          x16_rows(kind, type, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), groups - 1);
       return;
     }
 #pragma omp parallel for collapse(2) schedule(static) if (int64_t{N} * OC * C > 65536)
     for (int rb = 0; rb < rblocks; rb++)
-      for (int g = 0; g < groups; g++) x16_rows(kind, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), g);
+      for (int g = 0; g < groups; g++) x16_rows(kind, type, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), g);
     return;
   }
   const Kind kind = pick(type);

@@ -10,11 +10,11 @@ namespace tessera::ref {
 
 void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type type, const float* bias, int N,
                        int C, int OC) {
-  if (type == q4::Type::kQ4_0x16) {
+  if (q4::interleaved(type)) {
     // The same blocks in their rows again.
-    std::vector<uint8_t> rows(static_cast<size_t>(OC) * q4::row_bytes(q4::Type::kQ4_0, C));
-    q4::unpack_q4_0x16(rows.data(), wq, OC, C);
-    return matmul_q4_forward(out, inp, rows.data(), q4::Type::kQ4_0, bias, N, C, OC);
+    std::vector<uint8_t> rows(static_cast<size_t>(OC) * q4::row_bytes(type, C));
+    q4::unpack_x16(type, rows.data(), wq, OC, C);
+    return matmul_q4_forward(out, inp, rows.data(), q4::rows_type(type), bias, N, C, OC);
   }
   const int64_t rb = q4::row_bytes(type, C);
   const int nb = C / q4::block_elems(type);

@@ -708,6 +708,104 @@ void dequantize_q6_k(const uint8_t* src, size_t n, float* dst) {
   }
 }
 
+namespace {
+
+// ggml's get_scale_min_k4: Q4_K's and Q5_K's 6-bit scale and min of
+// sub-block j from the 12 packed bytes.
+void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+}  // namespace
+
+void dequantize_q5_k(const uint8_t* src, size_t n, float* dst) {
+  for (size_t b = 0; b < n / 256; ++b) {
+    const uint8_t* block = src + 176 * b;
+    const float d = f16_at(block), dmin = f16_at(block + 2);
+    const uint8_t* scales = block + 4;
+    const uint8_t* qh = block + 16;
+    const uint8_t* ql = block + 48;
+    float* y = dst + 256 * b;
+    // Four pairs of sub-blocks: 32 bytes of ql (low nibbles the first
+    // sub-block, high the second), the fifth bits from qh's bits 2p, 2p + 1.
+    for (int p = 0; p < 4; ++p, ql += 32, y += 64) {
+      int sc1, m1, sc2, m2;
+      scale_min_k4(2 * p, scales, &sc1, &m1);
+      scale_min_k4(2 * p + 1, scales, &sc2, &m2);
+      const float d1 = d * static_cast<float>(sc1), min1 = dmin * static_cast<float>(m1);
+      const float d2 = d * static_cast<float>(sc2), min2 = dmin * static_cast<float>(m2);
+      for (int l = 0; l < 32; ++l) {
+        const int q1 = (ql[l] & 0xF) + ((qh[l] >> (2 * p)) & 1 ? 16 : 0);
+        const int q2 = (ql[l] >> 4) + ((qh[l] >> (2 * p + 1)) & 1 ? 16 : 0);
+        y[l] = d1 * static_cast<float>(q1) - min1;
+        y[l + 32] = d2 * static_cast<float>(q2) - min2;
+      }
+    }
+  }
+}
+
+void dequantize_q4_1(const uint8_t* src, size_t n, float* dst) {
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* block = src + 20 * b;
+    const float d = f16_at(block), m = f16_at(block + 2);
+    for (int j = 0; j < 16; ++j) {
+      dst[32 * b + j] = static_cast<float>(block[4 + j] & 0xF) * d + m;
+      dst[32 * b + j + 16] = static_cast<float>(block[4 + j] >> 4) * d + m;
+    }
+  }
+}
+
+void dequantize_q5_0(const uint8_t* src, size_t n, float* dst) {
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* block = src + 22 * b;
+    const float d = f16_at(block);
+    uint32_t qh;
+    std::memcpy(&qh, block + 2, 4);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = ((block[6 + j] & 0xF) | (((qh >> j) << 4) & 0x10)) - 16;
+      const int x1 = ((block[6 + j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+      dst[32 * b + j] = static_cast<float>(x0) * d;
+      dst[32 * b + j + 16] = static_cast<float>(x1) * d;
+    }
+  }
+}
+
+void dequantize_q5_1(const uint8_t* src, size_t n, float* dst) {
+  for (size_t b = 0; b < n / 32; ++b) {
+    const uint8_t* block = src + 24 * b;
+    const float d = f16_at(block), m = f16_at(block + 2);
+    uint32_t qh;
+    std::memcpy(&qh, block + 4, 4);
+    for (int j = 0; j < 16; ++j) {
+      const int x0 = (block[8 + j] & 0xF) | (((qh >> j) << 4) & 0x10);
+      const int x1 = (block[8 + j] >> 4) | ((qh >> (j + 12)) & 0x10);
+      dst[32 * b + j] = static_cast<float>(x0) * d + m;
+      dst[32 * b + j + 16] = static_cast<float>(x1) * d + m;
+    }
+  }
+}
+
+bool read_by_values(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32: case GgmlType::kF16: case GgmlType::kBF16: case GgmlType::kQ8_0:
+    case GgmlType::kQ4_1: case GgmlType::kQ5_0: case GgmlType::kQ5_1: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
+      return true;
+    default: return false;
+  }
+}
+
 Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
   const GgufTensorInfo* t = find_tensor(name);
   if (t == nullptr) return Status::NotFound(fmt::format("{}: no tensor named {}", path_, quote(name)));
@@ -719,9 +817,9 @@ Status GgufFile::read_f32(std::string_view name, std::span<float> dst) const {
 }
 
 Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<float> dst) const {
-  if (t.type != GgmlType::kF32 && t.type != GgmlType::kF16 && t.type != GgmlType::kBF16 &&
-      t.type != GgmlType::kQ8_0 && t.type != GgmlType::kQ6_K)
-    return Status::InvalidArgument(fmt::format("{}: tensor {} is {}; read_f32 converts F32, F16, BF16, Q8_0 and Q6_K only",
+  if (!read_by_values(t.type))
+    return Status::InvalidArgument(fmt::format("{}: tensor {} is {}; read_f32 converts F32, F16, BF16, Q8_0, Q4_1, "
+                                               "Q5_0, Q5_1, Q5_K and Q6_K only",
                                                path_, quote(t.name), ggml_type_name(t.type)));
   if (dst.empty()) return Status::OK();  // nothing to read (a tensor of no elements too)
   const size_t block_elems = ggml_block_elems(t.type), block_bytes = ggml_block_bytes(t.type);
@@ -759,6 +857,10 @@ Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<
         break;
       case GgmlType::kQ8_0: dequantize_q8_0(p, i1 - i0, out); break;
       case GgmlType::kQ6_K: dequantize_q6_k(p, i1 - i0, out); break;
+      case GgmlType::kQ5_K: dequantize_q5_k(p, i1 - i0, out); break;
+      case GgmlType::kQ4_1: dequantize_q4_1(p, i1 - i0, out); break;
+      case GgmlType::kQ5_0: dequantize_q5_0(p, i1 - i0, out); break;
+      case GgmlType::kQ5_1: dequantize_q5_1(p, i1 - i0, out); break;
       default: CHECK(false && "type checked above");
     }
     drop_range(p, (i1 - i0) / block_elems * block_bytes);

@@ -146,6 +146,23 @@ void dequantize_q8_0(const uint8_t* src, size_t n, float* dst);
 // writes for the output layer of Q4_0 and Q4_K files, and for some
 // attn_v and ffn_down of Q4_K_M ones).
 void dequantize_q6_k(const uint8_t* src, size_t n, float* dst);
+// The other types llama-quantize writes into 4- and 5-bit files, each as
+// ggml's dequantize_row_* computes it (n a multiple of the block):
+//   Q5_K: 176 bytes a 256: fp16 d and dmin, Q4_K's 12 bytes of 6-bit scales
+//     and mins, 32 bytes of fifth bits, 128 of nibbles; x = d*sc * q - dmin*m
+//     (Q4_K_S puts some attn_v at Q5_K, Q5_K_M its matrices);
+//   Q4_1: 20 bytes a 32: fp16 d and m, 16 bytes of nibbles; x = q * d + m;
+//   Q5_0: 22 bytes a 32: fp16 d, 4 bytes of fifth bits, 16 of nibbles;
+//     x = (q - 16) * d (llama.cpp's fallback for Q4_K where 256 does not
+//     divide a row);
+//   Q5_1: 24 bytes a 32: fp16 d and m, fifth bits, nibbles; x = q * d + m.
+void dequantize_q5_k(const uint8_t* src, size_t n, float* dst);
+void dequantize_q4_1(const uint8_t* src, size_t n, float* dst);
+void dequantize_q5_0(const uint8_t* src, size_t n, float* dst);
+void dequantize_q5_1(const uint8_t* src, size_t n, float* dst);
+// Whether read_f32 / read_f32_rows convert type t: F32, F16, BF16, Q8_0,
+// Q4_1, Q5_0, Q5_1, Q5_K and Q6_K.
+bool read_by_values(GgmlType t);
 
 class GgufFile {
  public:
@@ -197,8 +214,8 @@ class GgufFile {
     drop_range(b.data(), b.size());
   }
   // Copies tensor `name` into dst (numel floats), converting F32, F16, BF16,
-  // Q8_0 (dequantized: each block's 32 int8 codes times its fp16 scale) and
-  // Q6_K (dequantize_q6_k),
+  // Q8_0 (dequantized: each block's 32 int8 codes times its fp16 scale),
+  // Q6_K, Q5_K, Q4_1, Q5_0 and Q5_1 (dequantize_*),
   // in ggml's element order (ne[0] fastest), giving back each block of pages
   // of a mapped file once converted. NotFound if absent; InvalidArgument for
   // another type or when dst.size() != numel.

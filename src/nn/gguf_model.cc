@@ -119,6 +119,13 @@ float* slice_of(const Arena& a, const Entry& e, int layers) {
 }
 
 bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
+// The other block types llama-quantize writes into 4-bit files (Q6_K
+// heads, Q4_K_M's and Q4_K_S's wider attn_v and ffn_down, the Q5_0
+// fallback): read by their values, requantized in the int4 tier.
+bool requantized(GgmlType t) {
+  return t == GgmlType::kQ6_K || t == GgmlType::kQ5_K || t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 ||
+         t == GgmlType::kQ4_1;
+}
 q4::Type q4_of(GgmlType t) { return t == GgmlType::kQ4_K ? q4::Type::kQ4_K : q4::Type::kQ4_0; }
 GgmlType ggml_of(q4::Type t) { return t == q4::Type::kQ4_K ? GgmlType::kQ4_K : GgmlType::kQ4_0; }
 
@@ -323,12 +330,13 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   std::set<std::string> wanted;
   const int L = c.layers;
   // The 4-bit tier takes a file whose matmul weights are all Q4_0, Q4_K or
-  // Q6_K with more 4-bit tensors than Q6_K ones (llama-quantize's Q4_K_M
-  // puts some attn_v and ffn_down at Q6_K): each fused matrix is the 4-bit
-  // type of its tensors (Q4_K for one of Q6_K tensors only), and a Q6_K
-  // tensor is requantized to it from its values.
+  // requantized types (Q6_K, Q5_K, Q5_0, Q5_1, Q4_1) with more 4-bit tensors
+  // than the others (llama-quantize's Q4_K_M puts some attn_v and ffn_down
+  // at Q6_K, Q4_K_S some attn_v at Q5_K): each fused matrix is the 4-bit
+  // type of its tensors (Q4_K for one of the other types only), and another
+  // type's tensor is requantized to it from its values.
   std::map<int, GgmlType> matrix_type;  // the 4-bit type of each int4 matrix
-  int q4_tensors = 0, q6_tensors = 0;
+  int q4_tensors = 0, q6_tensors = 0;  // q6: the requantized types
   bool all_q4 = true;
   for (const Entry& e : entries) {
     wanted.insert(e.name);
@@ -341,12 +349,12 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       return Status::InvalidArgument(fmt::format("{}: tensor '{}' has shape {} but {} needs {}", path, e.name,
                                                  shape_str(t->shape()), c.str(), shape_str(e.shape)));
     const GgmlType ty = t->type;
-    if (ty != GgmlType::kF32 && ty != GgmlType::kF16 && ty != GgmlType::kBF16 && ty != GgmlType::kQ8_0 &&
-        ty != GgmlType::kQ6_K && !is_q4(ty))
-      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (F32, F16, BF16, Q8_0, Q6_K, Q4_0 and Q4_K are read)",
+    if (!io::read_by_values(ty) && !is_q4(ty))
+      return Status::InvalidArgument(fmt::format("{}: tensor '{}' is {} (F32, F16, BF16, Q8_0, Q6_K, Q5_K, Q5_0, "
+                                                 "Q5_1, Q4_1, Q4_0 and Q4_K are read)",
                                                  path, e.name, io::ggml_type_name(ty)));
     if (e.matrix >= 0 && e.matrix < 4 * L) {
-      if (ty == GgmlType::kQ6_K) {
+      if (requantized(ty)) {
         q6_tensors++;
         continue;
       }
@@ -361,7 +369,9 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   }
   all_q4 = all_q4 && q4_tensors > q6_tensors;
   if (all_q4)
-    for (int k = 0; k < 4 * L; k++) matrix_type.emplace(k, GgmlType::kQ4_K);  // Q6_K tensors only
+    for (const Entry& e : entries)  // a matrix of requantized tensors only: Q4_K, or Q4_0 where 256 does not fit
+      if (e.matrix >= 0 && e.matrix < 4 * L)
+        matrix_type.emplace(e.matrix, q4::fits(q4::Type::kQ4_K, e.shape[1]) ? GgmlType::kQ4_K : GgmlType::kQ4_0);
   for (const io::GgufTensorInfo& t : f.tensors())
     if (!wanted.count(t.name))
       return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' (not part of {})", path, t.name, c.str()));
@@ -506,9 +516,9 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       if (e.matrix != k) continue;
       const io::GgufTensorInfo* t = f.find_tensor(e.name);
       if (t == nullptr) continue;
-      if (k == 4 * L && !is_q4(t->type)) break;  // an fp32/Q8_0/Q6_K head: quantized below
+      if (k == 4 * L && !is_q4(t->type)) break;  // an fp32/Q8_0/Q6_K/... head: quantized below
       if (k < 4 * L && t->type != ggml_of(m->type)) {
-        // A Q6_K tensor of a mixed file: its values quantized to the
+        // A Q6_K (Q5_K, ...) tensor of a mixed file: its values quantized to the
         // matrix's type a row at a time, columns moved as the INT8 tier
         // moves them (so no in_perm).
         const int64_t cols = e.shape[1];
@@ -561,7 +571,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     // llama-quantize writes for Q4_0 and Q4_K files) becomes Q4_K, the
     // better of the two 4-bit types, whatever the matrices are.
     const io::GgufTensorInfo* head = f.find_tensor(c.tied_head ? "token_embd.weight" : "output.weight");
-    if (head->type == GgmlType::kQ6_K) m->type = q4::Type::kQ4_K;
+    if (requantized(head->type)) m->type = q4::Type::kQ4_K;
     if (!q4::fits(m->type, K)) m->type = q4::Type::kQ4_0;
     m->w.assign(static_cast<size_t>(OC) * q4::row_bytes(m->type, K), 0);
     const int64_t hrb = q4::row_bytes(m->type, K);

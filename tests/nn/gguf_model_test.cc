@@ -3,6 +3,7 @@
 // 4-bit files against the int4 tier's own quantization, the oracle of what
 // the blocks hold), for GPT-2 and Llama shapes (grouped-query attention,
 // untied and tied heads); bad files are refused in one line.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -346,9 +347,9 @@ TEST(GgufModel, RefusalsNameWhatIsWrong) {
 }
 
 TEST(GgufModel, TypesTesseraDoesNotReadAreNamed) {
-  // A Q5_0 matmul weight in a hand-made file.
+  // An IQ4_NL matmul weight in a hand-made file.
   auto m = tiny_gpt2();
-  const std::string path = temp_path("q5");
+  const std::string path = temp_path("iq4");
   ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
   auto f = io::GgufFile::open(path);
   ASSERT_TRUE(f.ok());
@@ -356,17 +357,17 @@ TEST(GgufModel, TypesTesseraDoesNotReadAreNamed) {
   for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
   for (const io::GgufTensorInfo& t : f->tensors()) {
     if (t.name == "blk.0.ffn_up.weight") {
-      w.add_tensor(t.name, io::GgmlType::kQ5_0, t.ne, std::vector<uint8_t>(t.numel() / 32 * 22, 0));
+      w.add_tensor(t.name, io::GgmlType::kIQ4_NL, t.ne, std::vector<uint8_t>(t.numel() / 32 * 18, 0));
     } else {
       auto b = f->tensor_bytes(t);
       w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
     }
   }
-  const std::string path2 = temp_path("q5b");
+  const std::string path2 = temp_path("iq4b");
   ASSERT_TRUE(w.write(path2).ok());
   auto r = load_gguf(path2);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("'blk.0.ffn_up.weight' is Q5_0"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'blk.0.ffn_up.weight' is IQ4_NL"), std::string::npos) << r.status().message();
   std::remove(path.c_str());
   std::remove(path2.c_str());
 }
@@ -381,46 +382,61 @@ TEST(GgufModel, SaveRefusesWhatGgufCannotHold) {
 // llama.cpp's own quantized files (tests/reference/llamacpp, written by
 // llama-quantize: tests/reference/make_llamacpp_quantized.sh): a one-layer
 // grouped-query Llama at Q4_K_M (Q4_K matrices; attn_v, ffn_down, output
-// and, by override, attn_output at Q6_K) and at Q4_0 (Q4_0 token_embd,
-// Q6_K output), as users bring them.
+// and, by override, attn_output at Q6_K), at Q4_0 (Q4_0 token_embd, Q6_K
+// output), at Q4_K_S (attn_v Q5_K, output Q6_K) and at Q5_K_M with attn_q,
+// attn_k and ffn_up overridden to Q5_0, Q5_1 and Q4_1, as users bring them.
 std::string llamacpp_file(const std::string& name) { return TESSERA_TEST_DATA_DIR "/reference/llamacpp/" + name; }
 
-// Every Q6_K tensor read as fp32 equals llama.cpp's own dequantization of
-// it (llama-quantize to F32: ggml's dequantize_row_q6_K), bit for bit.
-TEST(LlamaCppFiles, Q6KTensorsDequantizeAsLlamaCppDoes) {
-  auto f = io::GgufFile::open(llamacpp_file("tiny-q4_k_m.gguf"));
-  ASSERT_TRUE(f.ok()) << f.status().message();
-  std::ifstream index(llamacpp_file("tiny-q6_k-deq.txt"));
-  std::ifstream values(llamacpp_file("tiny-q6_k-deq.bin"), std::ios::binary);
+// Every tensor listed in the index (name and element count a line) read as
+// fp32 equals llama.cpp's own dequantization of it (llama-quantize to F32:
+// ggml's dequantize_row_*), bit for bit; returns the tensors' types.
+std::vector<io::GgmlType> expect_dequantized_as_llamacpp(const std::string& file, const std::string& deq) {
+  std::vector<io::GgmlType> types;
+  auto f = io::GgufFile::open(llamacpp_file(file));
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  if (!f.ok()) return types;
+  std::ifstream index(llamacpp_file(deq + ".txt"));
+  std::ifstream values(llamacpp_file(deq + ".bin"), std::ios::binary);
   std::string name;
   int64_t count = 0;
-  int tensors = 0;
   while (index >> name >> count) {
     SCOPED_TRACE(name);
     const io::GgufTensorInfo* t = f->find_tensor(name);
-    ASSERT_NE(t, nullptr);
-    EXPECT_EQ(t->type, io::GgmlType::kQ6_K);
-    ASSERT_EQ(t->numel(), count);
+    EXPECT_NE(t, nullptr);
+    if (t == nullptr) continue;
+    EXPECT_EQ(t->numel(), count);
     std::vector<float> want(static_cast<size_t>(count)), got(static_cast<size_t>(count));
     values.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(count * sizeof(float)));
-    ASSERT_TRUE(values.good());
-    ASSERT_TRUE(f->read_f32(name, got).ok());
-    EXPECT_EQ(got, want);
-    tensors++;
+    EXPECT_TRUE(values.good());
+    EXPECT_TRUE(f->read_f32(name, got).ok());
+    EXPECT_EQ(got, want) << io::ggml_type_name(t->type);
+    types.push_back(t->type);
   }
-  EXPECT_EQ(tensors, 4);
+  return types;
 }
 
-// The file with every Q6_K tensor replaced by Q4_K blocks of its values
-// (q4::quantize_rows, the int4 tier's own quantizer), everything else as it
-// was: what the 4-bit tier should make of the original.
+TEST(LlamaCppFiles, Q6KTensorsDequantizeAsLlamaCppDoes) {
+  const std::vector<io::GgmlType> types = expect_dequantized_as_llamacpp("tiny-q4_k_m.gguf", "tiny-q6_k-deq");
+  EXPECT_EQ(types, std::vector<io::GgmlType>(4, io::GgmlType::kQ6_K));
+}
+
+TEST(LlamaCppFiles, Q5KQ5_0Q5_1AndQ4_1TensorsDequantizeAsLlamaCppDoes) {
+  const std::vector<io::GgmlType> types = expect_dequantized_as_llamacpp("tiny-q5_k_m.gguf", "tiny-q5-deq");
+  for (io::GgmlType t : {io::GgmlType::kQ5_K, io::GgmlType::kQ5_0, io::GgmlType::kQ5_1, io::GgmlType::kQ4_1})
+    EXPECT_NE(std::find(types.begin(), types.end(), t), types.end()) << io::ggml_type_name(t);
+}
+
+// The file with every tensor of a type the int4 tier requantizes (Q6_K,
+// Q5_K, ...) replaced by Q4_K blocks of its values (q4::quantize_rows, the
+// int4 tier's own quantizer), everything else as it was: what the 4-bit
+// tier should make of the original.
 std::string q6_k_requantized(const std::string& path, const std::string& name) {
   auto f = io::GgufFile::open(path);
   EXPECT_TRUE(f.ok()) << f.status().message();
   io::GgufWriter w;
   for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
   for (const io::GgufTensorInfo& t : f->tensors()) {
-    if (t.type == io::GgmlType::kQ6_K) {
+    if (t.type == io::GgmlType::kQ6_K || t.type == io::GgmlType::kQ5_K) {
       const int64_t cols = t.ne[0], rows = t.numel() / cols;
       std::vector<float> x(static_cast<size_t>(t.numel()));
       EXPECT_TRUE(f->read_f32(t.name, x).ok());
@@ -440,10 +456,11 @@ std::string q6_k_requantized(const std::string& path, const std::string& name) {
 // A Q4_K_M file loads into the 4-bit tier: its Q6_K matrices (a fused
 // qkv's v rows, a projection's permuted columns, ffn_down) requantized to
 // Q4_K, the Q6_K head too; the same logits, bit for bit, as the file whose
-// Q6_K tensors were made Q4_K beforehand. A Q4_0 file with a Q6_K head
-// (its matrices Q4_0) keeps its Q4_0 embeddings.
+// Q6_K tensors were made Q4_K beforehand. The same for a Q4_K_S file (its
+// Q5_K attn_v). A Q4_0 file with a Q6_K head (its matrices Q4_0) keeps its
+// Q4_0 embeddings.
 TEST(LlamaCppFiles, MixedQ6KFilesLoadIntoTheInt4Tier) {
-  for (const char* file : {"tiny-q4_k_m.gguf", "tiny-q4_0.gguf"}) {
+  for (const char* file : {"tiny-q4_k_m.gguf", "tiny-q4_k_s.gguf", "tiny-q4_0.gguf"}) {
     SCOPED_TRACE(file);
     auto m = load_gguf(llamacpp_file(file));
     ASSERT_TRUE(m.ok()) << m.status().message();
@@ -497,6 +514,90 @@ TEST(LlamaCppFiles, Q6KFilesLoadIntoTheInt8TierAndFp32) {
   EXPECT_TRUE((*int8)->int8());
   ASSERT_TRUE((*fp32)->quantize_int8().ok());
   const std::vector<int> t = some_tokens(256, 24);
+  EXPECT_EQ(all_logits(**int8, t), all_logits(**fp32, t));
+}
+
+// llama.cpp's Q5_0 stands in for Q4_K where 256 does not divide a row: a
+// Q5_0 matrix of a 4-bit file whose width Q4_K cannot hold (GPT-2 at 64
+// wide) is requantized to Q4_0, and the file gives the same logits, bit for
+// bit, as the file with that tensor made Q4_0 beforehand.
+TEST(LlamaCppFiles, Q5_0MatricesOfANarrowModelBecomeQ4_0) {
+  auto m = tiny_gpt2();
+  ASSERT_FALSE(q4::fits(q4::Type::kQ4_K, m->config().channels));
+  const std::string path = temp_path("q5_0_src");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kQ4_0).ok());
+  auto f = io::GgufFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  const std::string name = "blk.0.ffn_up.weight";
+  const io::GgufTensorInfo* up = f->find_tensor(name);
+  ASSERT_EQ(up->type, io::GgmlType::kQ4_0);
+  const int64_t cols = up->ne[0], rows = up->numel() / cols;
+  // Its Q4_0 values as Q5_0 blocks (d = max / -16, as ggml's quantizer),
+  // then those blocks' values as Q4_0 again: the oracle.
+  std::vector<float> x(static_cast<size_t>(up->numel()));
+  for (int64_t r = 0; r < rows; r++)
+    q4::dequantize_row(q4::Type::kQ4_0, x.data() + r * cols,
+                       f->tensor_bytes(*up).data() + r * q4::row_bytes(q4::Type::kQ4_0, cols), cols);
+  std::vector<uint8_t> q5(static_cast<size_t>(up->numel() / 32 * 22), 0);
+  for (int64_t b = 0; b < up->numel() / 32; b++) {
+    const float* xb = x.data() + 32 * b;
+    float max = 0.0f;
+    for (int i = 0; i < 32; i++)
+      if (std::fabs(xb[i]) > std::fabs(max)) max = xb[i];
+    const float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = q4::f32_to_fp16(d);
+    uint8_t* y = q5.data() + 22 * b;
+    std::memcpy(y, &dh, 2);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+      const int a = std::min(31, static_cast<int>(xb[j] * id + 16.5f)), c = std::min(31, static_cast<int>(xb[j + 16] * id + 16.5f));
+      y[6 + j] = static_cast<uint8_t>((a & 0xF) | ((c & 0xF) << 4));
+      qh |= static_cast<uint32_t>((a >> 4) & 1) << j;
+      qh |= static_cast<uint32_t>((c >> 4) & 1) << (j + 16);
+    }
+    std::memcpy(y + 2, &qh, 4);
+  }
+  std::vector<float> back(x.size());
+  io::dequantize_q5_0(q5.data(), back.size(), back.data());
+  std::vector<uint8_t> oracle_rows(static_cast<size_t>(rows * q4::row_bytes(q4::Type::kQ4_0, cols)));
+  q4::quantize_rows(q4::Type::kQ4_0, oracle_rows.data(), back.data(), rows, cols);
+  auto write = [&](const std::string& out, io::GgmlType type, const std::vector<uint8_t>& bytes) {
+    io::GgufWriter w;
+    for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
+    for (const io::GgufTensorInfo& t : f->tensors()) {
+      auto b = f->tensor_bytes(t);
+      if (t.name == name) w.add_tensor(t.name, type, t.ne, bytes);
+      else w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
+    }
+    return w.write(out);
+  };
+  const std::string q5_path = temp_path("q5_0_file"), oracle_path = temp_path("q5_0_oracle");
+  ASSERT_TRUE(write(q5_path, io::GgmlType::kQ5_0, q5).ok());
+  ASSERT_TRUE(write(oracle_path, io::GgmlType::kQ4_0, oracle_rows).ok());
+  auto got = load_gguf(q5_path);
+  auto want = load_gguf(oracle_path);
+  for (const std::string& p : {path, q5_path, oracle_path}) std::remove(p.c_str());
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  ASSERT_TRUE(want.ok()) << want.status().message();
+  EXPECT_TRUE((*got)->int4());
+  const std::vector<int> t = some_tokens(m->config().vocab, 20);
+  EXPECT_EQ(all_logits(**got, t), all_logits(**want, t));
+}
+
+// A Q5_K_M file (Q5_K, Q6_K, Q5_0, Q5_1 and Q4_1 tensors, no 4-bit ones)
+// loads as the fp32 model, its matrices llama.cpp's dequantized values, and
+// into the INT8 tier (those values quantized).
+TEST(LlamaCppFiles, Q5FilesLoadIntoTheInt8TierAndFp32) {
+  auto fp32 = load_gguf(llamacpp_file("tiny-q5_k_m.gguf"), Backend::kCPU, ModelUse::kInference);
+  auto int8 = load_gguf(llamacpp_file("tiny-q5_k_m.gguf"), Backend::kCPU, ModelUse::kInt8Inference);
+  ASSERT_TRUE(fp32.ok()) << fp32.status().message();
+  ASSERT_TRUE(int8.ok()) << int8.status().message();
+  EXPECT_FALSE((*fp32)->int4());
+  EXPECT_TRUE((*int8)->int8());
+  const std::vector<int> t = some_tokens(256, 24);
+  const std::vector<float> logits = all_logits(**fp32, t);
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  ASSERT_TRUE((*fp32)->quantize_int8().ok());
   EXPECT_EQ(all_logits(**int8, t), all_logits(**fp32, t));
 }
 

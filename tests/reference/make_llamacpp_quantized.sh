@@ -14,6 +14,15 @@
 #                     F32: ggml's dequantize_row_q6_K), float32 little-endian,
 #                     the tensors in the order of tiny-q6_k-deq.txt (name and
 #                     element count a line)
+#   tiny-q4_k_s.gguf  Q4_K_S: Q4_K matrices, attn_v Q5_K (llama.cpp's choice
+#                     for the first 4 layers' attn_v), output Q6_K
+#   tiny-q5_k_m.gguf  Q5_K_M with attn_q Q5_0, attn_k Q5_1 and ffn_up Q4_1 (by
+#                     --tensor-type): Q5_K matrices and token_embd, attn_v,
+#                     ffn_down and output Q6_K: every other type llama-quantize
+#                     writes into 4- and 5-bit files
+#   tiny-q5-deq.bin   llama.cpp's dequantization of every Q5_K, Q5_0, Q5_1
+#                     and Q4_1 tensor of tiny-q5_k_m.gguf, as
+#                     tiny-q6_k-deq.bin (index tiny-q5-deq.txt)
 # Regenerate (needs the build tools bench/llamacpp_build.sh needs; not CI):
 #   bash tests/reference/make_llamacpp_quantized.sh
 set -euo pipefail
@@ -31,9 +40,15 @@ mkdir -p "$out"
 "$tessera" quantize --weights "$work/hf" --out "$work/tiny-f32.gguf" --dtype f32 >&2
 "$LLAMA_QUANTIZE" --tensor-type attn_output=q6_k "$work/tiny-f32.gguf" "$out/tiny-q4_k_m.gguf" Q4_K_M 1 >&2
 "$LLAMA_QUANTIZE" "$work/tiny-f32.gguf" "$out/tiny-q4_0.gguf" Q4_0 1 >&2
+"$LLAMA_QUANTIZE" "$work/tiny-f32.gguf" "$out/tiny-q4_k_s.gguf" Q4_K_S 1 >&2
+"$LLAMA_QUANTIZE" --tensor-type attn_q=q5_0 --tensor-type attn_k=q5_1 --tensor-type ffn_up=q4_1 \
+  "$work/tiny-f32.gguf" "$out/tiny-q5_k_m.gguf" Q5_K_M 1 >&2
 "$LLAMA_QUANTIZE" --allow-requantize "$out/tiny-q4_k_m.gguf" "$work/deq.gguf" F32 1 >&2
-# The Q6_K tensors' names from the Q4_K_M file, their F32 values from deq.gguf.
-python3 - "$out/tiny-q4_k_m.gguf" "$work/deq.gguf" "$out/tiny-q6_k-deq.bin" "$out/tiny-q6_k-deq.txt" <<'PY'
+"$LLAMA_QUANTIZE" --allow-requantize "$out/tiny-q5_k_m.gguf" "$work/deq5.gguf" F32 1 >&2
+# The Q6_K tensors' names from the Q4_K_M file, their F32 values from
+# deq.gguf; the Q5_K_M file's other types from deq5.gguf.
+dump() {
+python3 - "$@" <<'PY'
 import struct, sys
 
 def tensors(path):
@@ -76,9 +91,10 @@ def tensors(path):
 
 _, quant = tensors(sys.argv[1])
 deq_bytes, deq = tensors(sys.argv[2])
-Q6_K, F32 = 14, 0
-names = [n for n, (t, _, _) in quant.items() if t == Q6_K]
-assert names, "no Q6_K tensor in the Q4_K_M file"
+F32 = 0
+types = {int(t) for t in sys.argv[5].split(",")}
+names = [n for n, (t, _, _) in quant.items() if t in types]
+assert names, f"no tensor of types {types} in {sys.argv[1]}"
 with open(sys.argv[3], "wb") as f, open(sys.argv[4], "w") as index:
     for n in names:
         t, count, off = deq[n]
@@ -86,4 +102,9 @@ with open(sys.argv[3], "wb") as f, open(sys.argv[4], "w") as index:
         f.write(deq_bytes[off:off + 4 * count])
         index.write(f"{n} {count}\n")
 PY
+}
+Q4_1=3 Q5_0=6 Q5_1=7 Q5_K=13 Q6_K=14  # ggml type ids
+dump "$out/tiny-q4_k_m.gguf" "$work/deq.gguf" "$out/tiny-q6_k-deq.bin" "$out/tiny-q6_k-deq.txt" $Q6_K
+dump "$out/tiny-q5_k_m.gguf" "$work/deq5.gguf" "$out/tiny-q5-deq.bin" "$out/tiny-q5-deq.txt" \
+  $Q4_1,$Q5_0,$Q5_1,$Q5_K
 ls -l "$out" >&2

@@ -5,9 +5,10 @@
 # F32 / Q8_0 / Q4_0, plus each process's peak resident memory.
 #   bench/llamacpp_vs.sh [MODEL=gpt2|tinyllama] [REPS=3] [PROMPT=128] [TOKENS=32]
 #   TYPES="f32" bench/llamacpp_vs.sh ...   (a subset of f32 q8_0 q4_0, or
-#       lq4_0 lq4_k_m: llama.cpp's own Q4_0 and Q4_K_M files, made by
-#       llama-quantize from the F32 file, as users bring them; Tessera runs
-#       them as the int4 tier, its Q6_K tensors requantized to Q4_K)
+#       lq4_0 lq4_k_m lq4_k_s: llama.cpp's own Q4_0, Q4_K_M and Q4_K_S files,
+#       made by llama-quantize from the F32 file, as users bring them;
+#       Tessera runs them as the int4 tier, its Q6_K and Q5_K tensors
+#       requantized to Q4_K)
 #   KV=fp32 bench/llamacpp_vs.sh ...       (Tessera's KV cache type; default f16,
 #                                           llama.cpp's default cache type)
 #
@@ -59,7 +60,7 @@ for t in $types; do
     "$tessera" quantize --weights "$dir" --out "$work/$model-$t.gguf" --dtype "$t" >&2
 done
 for t in $types; do
-  case $t in lq4_0) q=Q4_0 ;; lq4_k_m) q=Q4_K_M ;; *) continue ;; esac
+  case $t in lq4_0) q=Q4_0 ;; lq4_k_m) q=Q4_K_M ;; lq4_k_s) q=Q4_K_S ;; *) continue ;; esac
   [ "$work/$model-f32.gguf" -nt "$tessera" ] ||
     "$tessera" quantize --weights "$dir" --out "$work/$model-f32.gguf" --dtype f32 >&2
   [ "$work/$model-$t.gguf" -nt "$work/$model-f32.gguf" ] ||
@@ -123,7 +124,8 @@ def med(engine, t, b, key):
     return statistics.median(v) if v else float("nan")
 names = {"f32": ("fp32", "F32"), "q8_0": ("int8", "Q8_0"), "q4_0": ("int4", "Q4_0"),
          "lq4_0": ("int4 (llama.cpp's Q4_0 file)", "Q4_0"),
-         "lq4_k_m": ("int4 (llama.cpp's Q4_K_M file)", "Q4_K_M")}
+         "lq4_k_m": ("int4 (llama.cpp's Q4_K_M file)", "Q4_K_M"),
+         "lq4_k_s": ("int4 (llama.cpp's Q4_K_S file)", "Q4_K_S")}
 print(f"\n{sys.argv[2]}: medians of {max(r['rep'] for r in runs)} interleaved runs, tokens/s")
 print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MB |")
 print("|---|---|---|---|---|---|")

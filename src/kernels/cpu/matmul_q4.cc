@@ -437,8 +437,8 @@ TESSERA_TARGET_VNNI512 void x16k_vnni(const Operands& p, int i0, int g) {
   const int nb = p.C / 256, ns = p.C / 32;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
   const __m512i low = _mm512_set1_epi32(0x0F0F0F0F);
-  __m512 acc[R], macc[R];
-  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), macc[r] = _mm512_setzero_ps();
+  __m512 acc[R];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
     const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
     const ScalesMins512 sm = scales_mins_512(y + 64);
@@ -469,14 +469,14 @@ TESSERA_TARGET_VNNI512 void x16k_vnni(const Operands& p, int i0, int g) {
       __m512i msum = _mm512_setzero_si512();
       for (int k = 0; k < 4; k++) msum = _mm512_dpwssd_epi32(msum, mp[k], _mm512_set1_epi32(sum_pair(sums, k)));
       const __m512 xs = _mm512_set1_ps(p.xs[i * nb + b]);
+      // The mins' term subtracted block by block: one accumulator a row.
       acc[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, isum[r]), _mm512_mul_ps(d, xs), acc[r]);
-      macc[r] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, msum), _mm512_mul_ps(dmin, xs), macc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, msum), _mm512_mul_ps(dmin, xs), acc[r]);
     }
   }
   const __m512 bias = p.bias ? _mm512_loadu_ps(p.bias + g * 16) : _mm512_setzero_ps();
   for (int r = 0; r < R; r++)
-    _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16,
-                     _mm512_add_ps(_mm512_sub_ps(acc[r], macc[r]), bias));
+    _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16, _mm512_add_ps(acc[r], bias));
 }
 
 // AVX2: each half of the group (8 rows) on its own, as x16_avx2: per
@@ -559,6 +559,7 @@ void x16_rows(X16Kind kind, q4::Type t, const Operands& p, int i_begin, int i_en
   int i = i_begin;
   if (t == q4::Type::kQ4_Kx16) {
     if (kind == X16Kind::kVnni512) {
+      for (; i + 8 <= i_end; i += 8) x16k_vnni<8>(p, i, g);
       for (; i + 4 <= i_end; i += 4) x16k_vnni<4>(p, i, g);
       for (; i < i_end; i++) x16k_vnni<1>(p, i, g);
     } else {

@@ -170,7 +170,8 @@ void BM_MatmulQ4(benchmark::State& s) {
   s.counters["OP/s"] = benchmark::Counter(2.0 * N * C * OC * s.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatmulQ4)
-    ->ArgsProduct({{1, 4, 8, 32, 128}, {768}, {2304, 50304}, {0, 1, 2}, {0, 1}})
+    ->ArgsProduct({{1, 4, 8, 32, 128}, {768}, {2304, 50304}, {0, 1, 2, 3}, {0, 1}})
+    ->Args({1, 2048, 11264, 2, 1})
     ->Args({1, 3072, 768, 0, 0})->Args({1, 3072, 768, 1, 0})
     ->Args({1, 2048, 11264, 2, 0})->Args({1, 5632, 2048, 2, 0})->Args({1, 2048, 32000, 2, 0})
     ->Args({1, 2048, 11264, 1, 0})->Args({1, 5632, 2048, 1, 0})->Args({1, 2048, 32000, 1, 0})

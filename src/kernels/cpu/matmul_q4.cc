@@ -444,6 +444,11 @@ TESSERA_TARGET_VNNI512 void x16k_vnni(const Operands& p, int i0, int g) {
     const ScalesMins512 sm = scales_mins_512(y + 64);
     __m512i isum[R];
     for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+    // Unrolled: each sub-block's nibble half, scale byte and registers are
+    // then constants (GCC 12 kept a loop with a branch and a shift by a
+    // register): a 2048 x 11264 decode row 148 -> 121 us hot, 272 -> 225 on
+    // AVX2; 32 rows within the noise (two sets of interleaved runs disagreed).
+#pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
       const uint8_t* chunks = y + 256 + 512 * (j / 2);
       __m512i w[8];
@@ -500,6 +505,7 @@ TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
         const ScalesMins256 sm = scales_mins_256(y + 64, h);
         __m256i isum[R];
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
           const uint8_t* chunks = y + 256 + 512 * (j / 2) + 32 * h;
           __m256i w[8];

@@ -120,8 +120,10 @@ float* slice_of(const Arena& a, const Entry& e, int layers) {
 
 bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
 // The other block types llama-quantize writes into 4-bit files (Q6_K
-// heads, Q4_K_M's and Q4_K_S's wider attn_v and ffn_down, the Q5_0
-// fallback): read by their values, requantized in the int4 tier.
+// heads, Q4_K_M's and Q4_K_S's wider attn_v and ffn_down, Q5_0 where 256
+// does not divide a Q4_K row): read by their values, requantized in the
+// int4 tier. (Where 256 does not divide a row llama.cpp writes Q6_K's as
+// Q8_0, which makes the file fp32 / INT8 here.)
 bool requantized(GgmlType t) {
   return t == GgmlType::kQ6_K || t == GgmlType::kQ5_K || t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1 ||
          t == GgmlType::kQ4_1;

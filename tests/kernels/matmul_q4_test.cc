@@ -128,7 +128,8 @@ TEST(Q4Format, Q4_KErrorIsBelowQ4_0sAndBounded) {
   EXPECT_NE(st.message().find("not finite"), std::string::npos) << st.message();
 }
 
-// Q4_K blocks with d = dmin = 1, random codes and 6-bit mins, scales 0..15.
+// Q4_K blocks with d = dmin = 1, random codes and 6-bit scales and mins
+// (0..63: the high bits of sub-blocks 4-7 set too).
 std::vector<uint8_t> q4_k_unit_blocks(int OC, int C, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<uint8_t> w(OC * q4::row_bytes(Type::kQ4_K, C));
@@ -138,7 +139,7 @@ std::vector<uint8_t> q4_k_unit_blocks(int OC, int C, uint64_t seed) {
     std::memcpy(y, &one, 2);
     std::memcpy(y + 2, &one, 2);
     int sc[8], m[8];
-    for (int j = 0; j < 8; j++) sc[j] = static_cast<int>(rng() % 16), m[j] = static_cast<int>(rng() % 64);
+    for (int j = 0; j < 8; j++) sc[j] = static_cast<int>(rng() % 64), m[j] = static_cast<int>(rng() % 64);
     uint8_t* s = y + 4;
     std::memset(s, 0, 12);
     for (int j = 0; j < 8; j++) {

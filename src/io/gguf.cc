@@ -671,12 +671,34 @@ void GgufFile::drop_range(const uint8_t* p, size_t n) const {
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
+namespace {
+
+// ggml's get_scale_min_k4: Q4_K's and Q5_K's 6-bit scale and min of
+// sub-block j from the 12 packed bytes (q4::scale_min's formula; io sits
+// below the kernels layer).
+void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// The fp16 at p (any alignment) as fp32.
+float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+}  // namespace
+
 void dequantize_q8_0(const uint8_t* src, size_t n, float* dst) {
   for (size_t b = 0; b < n / 32; ++b) {
     const uint8_t* block = src + 34 * b;
-    uint16_t h;
-    std::memcpy(&h, block, 2);
-    const float d = f16_to_f32(h);
+    const float d = f16_at(block);
     for (size_t k = 0; k < 32; ++k) dst[32 * b + k] = d * static_cast<float>(static_cast<int8_t>(block[2 + k]));
   }
 }
@@ -686,9 +708,7 @@ void dequantize_q6_k(const uint8_t* src, size_t n, float* dst) {
     const uint8_t* ql = src + 210 * b;
     const uint8_t* qh = ql + 128;
     const uint8_t* sc = qh + 64;
-    uint16_t h;
-    std::memcpy(&h, sc + 16, 2);
-    const float d = f16_to_f32(h);
+    const float d = f16_at(sc + 16);
     float* y = dst + 256 * b;
     // Two halves of 128 values: 64 bytes of ql, 32 of qh, 8 scales each.
     for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
@@ -708,27 +728,6 @@ void dequantize_q6_k(const uint8_t* src, size_t n, float* dst) {
   }
 }
 
-namespace {
-
-// ggml's get_scale_min_k4: Q4_K's and Q5_K's 6-bit scale and min of
-// sub-block j from the 12 packed bytes.
-void scale_min_k4(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-float f16_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return f16_to_f32(h);
-}
-
-}  // namespace
 
 void dequantize_q5_k(const uint8_t* src, size_t n, float* dst) {
   for (size_t b = 0; b < n / 256; ++b) {
@@ -842,11 +841,7 @@ Status GgufFile::read_f32_rows(const GgufTensorInfo& t, int64_t row0, std::span<
     switch (t.type) {
       case GgmlType::kF32: std::memcpy(out, p, (i1 - i0) * sizeof(float)); break;
       case GgmlType::kF16:
-        for (size_t k = 0; k < i1 - i0; ++k) {
-          uint16_t h;
-          std::memcpy(&h, p + 2 * k, 2);  // tensors need not be 2-byte aligned
-          out[k] = f16_to_f32(h);
-        }
+        for (size_t k = 0; k < i1 - i0; ++k) out[k] = f16_at(p + 2 * k);  // need not be 2-byte aligned
         break;
       case GgmlType::kBF16:
         for (size_t k = 0; k < i1 - i0; ++k) {

@@ -338,7 +338,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
   // type of its tensors (Q4_K for one of the other types only), and another
   // type's tensor is requantized to it from its values.
   std::map<int, GgmlType> matrix_type;  // the 4-bit type of each int4 matrix
-  int q4_tensors = 0, q6_tensors = 0;  // q6: the requantized types
+  int q4_tensors = 0, requantized_tensors = 0;
   bool all_q4 = true;
   for (const Entry& e : entries) {
     wanted.insert(e.name);
@@ -357,7 +357,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
                                                  path, e.name, io::ggml_type_name(ty)));
     if (e.matrix >= 0 && e.matrix < 4 * L) {
       if (requantized(ty)) {
-        q6_tensors++;
+        requantized_tensors++;
         continue;
       }
       if (!is_q4(ty)) {
@@ -369,7 +369,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       if (!added && it->second != ty) all_q4 = false;  // one fused matrix, two 4-bit block types
     }
   }
-  all_q4 = all_q4 && q4_tensors > q6_tensors;
+  all_q4 = all_q4 && q4_tensors > requantized_tensors;
   if (all_q4)
     for (const Entry& e : entries)  // a matrix of requantized tensors only: Q4_K, or Q4_0 where 256 does not fit
       if (e.matrix >= 0 && e.matrix < 4 * L)

@@ -430,7 +430,7 @@ TEST(LlamaCppFiles, Q5KQ5_0Q5_1AndQ4_1TensorsDequantizeAsLlamaCppDoes) {
 // Q5_K, ...) replaced by Q4_K blocks of its values (q4::quantize_rows, the
 // int4 tier's own quantizer), everything else as it was: what the 4-bit
 // tier should make of the original.
-std::string q6_k_requantized(const std::string& path, const std::string& name) {
+std::string requantized_to_q4_k(const std::string& path, const std::string& name) {
   auto f = io::GgufFile::open(path);
   EXPECT_TRUE(f.ok()) << f.status().message();
   io::GgufWriter w;
@@ -467,7 +467,7 @@ TEST(LlamaCppFiles, MixedQ6KFilesLoadIntoTheInt4Tier) {
     EXPECT_TRUE((*m)->int4());
     EXPECT_EQ((*m)->config().kv(), 2);
     EXPECT_TRUE((*m)->quantized_embeddings()) << "a Q4_K / Q4_0 token_embd kept as its rows";
-    const std::string oracle_path = q6_k_requantized(llamacpp_file(file), "q6k_oracle");
+    const std::string oracle_path = requantized_to_q4_k(llamacpp_file(file), "q6k_oracle");
     auto oracle = load_gguf(oracle_path);
     std::remove(oracle_path.c_str());
     ASSERT_TRUE(oracle.ok()) << oracle.status().message();

@@ -199,6 +199,38 @@ TEST(GlooCommunicator, PeerGoneFailsFastAndBreaksTheCommunicator) {
       milliseconds(60000));
 }
 
+// A send whose bytes are still queued on the socket when its peer leaves
+// fails when the connection does, not at its deadline: Gloo (Debian 12's
+// 2022 snapshot, and upstream) wakes the waits of every queued operation
+// on a broken connection except the unbound buffers' sends queued for the
+// socket, so such a send waited out parallel.timeout (CI: a survivor 30 s
+// in an all-reduce after its peer was killed, cli.elastic_store_lost).
+// Rank 0 receives 512 MiB and leaves half way; rank 1 must fail fast.
+TEST(GlooCommunicator, SendCutOffMidTransferFailsFast) {
+  auto server = StoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  const int64_t bytes = int64_t{512} << 20;
+  std::vector<char> in(bytes), out(bytes, 1);
+  for (int round = 0; round < 2; round++)
+    run_ranks(
+        (*server)->port(), 2, "cut" + std::to_string(round) + "/",
+        [&](int r, Communicator& c) {
+          ASSERT_TRUE(c.barrier().ok());
+          if (r == 0) {  // posts its receive, takes some of it, leaves
+            auto w = c.recv_async(in.data(), bytes, 1, 5);
+            std::this_thread::sleep_for(milliseconds(20));
+            return;
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          Status s = c.send(out.data(), bytes, 0, 5);
+          const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          ASSERT_FALSE(s.ok()) << "the 512 MiB went through in " << waited << " s: nothing was cut off";
+          EXPECT_LT(waited, 5.0) << s.message();  // the deadline is 20 s
+          EXPECT_EQ(s.message().find("Timed out"), std::string::npos) << s.message();
+        },
+        milliseconds(20000));
+}
+
 // A deadline names the rank this one waited on (Gloo's own message names
 // none): rank 1 of 2 never joins the all-reduce; rank 0 receives from it.
 // The connect has its own deadline, apart from the collectives'.

@@ -1,5 +1,6 @@
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/done_work.h"
+#include "comm/gloo/tcp_device.h"
 
 #include <signal.h>
 
@@ -20,7 +21,6 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
 
 namespace tessera::comm {
 
@@ -392,8 +392,7 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(Store& store, const
   const std::chrono::milliseconds connect_timeout =
       connect.timeout.count() > 0 ? connect.timeout : options.timeout;
   try {
-    gloo::transport::tcp::attr attr(host.c_str());
-    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    auto dev = make_tcp_device(host);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(connect_timeout);
     PrefixedStore s(store, prefix, connect_timeout);

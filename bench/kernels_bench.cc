@@ -2,6 +2,7 @@
 // (B=8, T=256, C=768, NH=12, Vp=50304), with bytes or FLOPs processed so
 // Google Benchmark reports GB/s or FLOP/s. Run: build/release/bench/tessera_bench
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -188,7 +189,11 @@ BENCHMARK(BM_MatmulQ4)
 // fp32 (cpu::matmul_f32_rows), 1 = INT8 per-channel (matmul_int8_forward),
 // 2 = Q4_0 and 3 = Q4_K interleaved by 16 rows (the model's int4 layouts). weight_B/s: the
 // bytes of one copy read per second, to compare with the machine's read
-// roof (tessera bench decode's read_gb_s; BM_ReadRoof below).
+// roof (tessera bench decode's read_gb_s; BM_ReadRoof below). of_roof: the
+// median over iterations of the product's rate over the roof's, read
+// (untimed) over another cold copy right after it: this host's bandwidth
+// moves between ~30 and ~55 GB/s from one second to the next, so a roof
+// taken apart from the products (BM_ReadRoof) can be in the other phase.
 void BM_MatmulDecodeCold(benchmark::State& s) {
   const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
   const int N = static_cast<int>(s.range(3));
@@ -214,8 +219,10 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
   std::vector<uint8_t> all(bytes * copies);
   for (int c = 0; c < copies; c++) std::memcpy(all.data() + c * bytes, one.data(), bytes);
   int copy = 0;
+  std::vector<double> of_roof;
   for (auto _ : s) {
     const uint8_t* wc = all.data() + copy * bytes;
+    const auto t0 = std::chrono::steady_clock::now();
     if (dtype == 0) {
       cpu::matmul_f32_rows(out.data(), x.data(), reinterpret_cast<const float*>(wc), nullptr, N, C, OC);
     } else if (dtype == 1) {
@@ -225,9 +232,20 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
       cpu::matmul_q4_forward(out.data(), x.data(), wc, dtype == 2 ? q4::Type::kQ4_0x16 : q4::Type::kQ4_Kx16, nullptr,
                              N, C, OC);
     }
+    const double product_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.PauseTiming();
+    // The copy half the ring away: cold, and not the next product's.
+    const uint8_t* far = all.data() + ((copy + copies / 2) % copies) * bytes;
+    const double roof = perf::read_gb_per_s_over({{far, bytes}}, 1);
+    if (roof > 0 && product_s > 0) of_roof.push_back(static_cast<double>(bytes) / product_s / 1e9 / roof);
+    s.ResumeTiming();
     copy = (copy + 1) % copies;
   }
   s.counters["weight_B/s"] = benchmark::Counter(static_cast<double>(bytes) * s.iterations(), benchmark::Counter::kIsRate);
+  if (!of_roof.empty()) {
+    std::nth_element(of_roof.begin(), of_roof.begin() + of_roof.size() / 2, of_roof.end());
+    s.counters["of_roof"] = of_roof[of_roof.size() / 2];
+  }
 }
 // GPT-2's qkv, fc, fcproj and head; TinyLlama's gate and up, down and head;
 // at 8 rows, GPT-2's fc and TinyLlama's gate and up.

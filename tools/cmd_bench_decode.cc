@@ -60,6 +60,7 @@ struct DecodeArgs {
   std::string dtype = "fp32";
   std::string int8_kernel = "auto";
   bool ops = false;  // --ops: time each kind of op of a decode step
+  bool paired_roof = false;  // --paired-roof: the roof read after every timed step
   std::string kv_dtype = "fp32";
   // Prefill rows a forward: the prompts go through in chunks of this many
   // rows, in order, as the server's steps (max_batch_tokens) and
@@ -253,6 +254,13 @@ int run_decode_bench(const DecodeArgs& args) {
     rows.resize(B);
     for (int b = 0; b < B; b++) rows[b] = b;
     double decode_s = 0.0;
+    // --paired-roof: each timed step's bytes (weights, keys and values) per
+    // second over the roof read over the weights right after it (untimed),
+    // so that both fall in the same second: this host's bandwidth changes
+    // phase (about 30 or 50 GB/s) within seconds, and a roof measured once
+    // after the whole decode can be in the other phase.
+    std::vector<double> paired;
+    const double kv_row_bytes = 2.0 * kv_dtype_bytes(*kv_dtype) * a.model.layers * a.model.kv_dim() * B;
     for (int step = 0; step < a.tokens; step++) {
       for (int b = 0; b < B; b++) {
         if (Status st = cache.extend(ids[b], 1); !st.ok()) return fail(st);
@@ -263,7 +271,14 @@ int run_decode_bench(const DecodeArgs& args) {
       auto ts = Clock::now();
       if (Status st = model.forward_tokens(TokenBatch{tok, seq, pos}, cache, rows, logits.data()); !st.ok())
         return fail(st);
-      if (step > 0) decode_s += std::chrono::duration<double>(Clock::now() - ts).count();
+      if (step > 0) {
+        const double dt = std::chrono::duration<double>(Clock::now() - ts).count();
+        decode_s += dt;
+        if (a.paired_roof && !weight_blocks.empty()) {
+          const double r = perf::read_gb_per_s_over(weight_blocks, 1) * 1e9;
+          if (r > 0.0 && dt > 0.0) paired.push_back((weight_bytes + kv_row_bytes * (a.prompt + step + 1)) / dt / r);
+        }
+      }
       if (step == 0) op_times().reset();  // the timed steps' kernels only
     }
     const int timed = std::max(1, a.tokens - 1);
@@ -280,13 +295,20 @@ int run_decode_bench(const DecodeArgs& args) {
     keys /= std::max(1, a.tokens - 1);
     const double kv_bytes = 2.0 * kv_dtype_bytes(*kv_dtype) * a.model.layers * a.model.kv_dim() * keys * B;
     const double of_roof = (weight_bytes + kv_bytes) / roof / (decode_s / timed);
+    double of_roof_paired = 0.0;  // the median step's; 0: not measured
+    if (!paired.empty()) {
+      std::nth_element(paired.begin(), paired.begin() + paired.size() / 2, paired.end());
+      of_roof_paired = paired[paired.size() / 2];
+    }
     std::printf(
         "{\"batch\": %d, \"dtype\": \"%s\", \"prompt\": %d, \"decode_tokens_per_s\": %.1f, \"step_ms\": %.2f, "
         "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"kv_read_mb\": %.1f, \"of_roof\": %.3f, "
+        "\"of_roof_paired\": %.3f, "
         "\"prefill_tokens_per_s\": %.1f, "
         "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
         "\"read_gb_s\": %.2f, \"weights_read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"kv_dtype\": \"%s\", \"int8_kernel\": \"%s\"}\n",
         B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, kv_bytes / 1e6, of_roof,
+        of_roof_paired,
         B * a.prompt / prefill_s,
         weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
         rss_bytes() / 1e6, bandwidth / 1e9, weights_read / 1e9, triad / 1e9, omp_get_max_threads(), kv_dtype_name(*kv_dtype),
@@ -348,6 +370,9 @@ void add_bench_decode_command(CLI::App& bench) {
   cmd->add_flag("--ops", d->ops,
                 "time each kind of op of a decode step (a second JSON line per batch: matmul, attention, norm, "
                 "elementwise and embedding ms, and the GB/s the matmuls and attention stream)");
+  cmd->add_flag("--paired-roof", d->paired_roof,
+                "read the weights once after every timed step (untimed) and report of_roof_paired, the median "
+                "step's bytes per second over that read's: robust to a read roof that changes within seconds");
   cmd->callback([d] { exit_code() = run_decode_bench(*d); });
 }
 

@@ -36,6 +36,36 @@ PY
   else fail "bench decode --ops ($d) exited $?"; cat "$tmp/err"; fi
 done
 
+# --paired-roof: of_roof_paired, each step against a read of the weights
+# right after it; 0 (not measured) where the weights are under 4x the
+# last-level cache, as for the roof after the decode. A 234 MB model (tied
+# head of 32768 x 1024) clears that on this machine's 32 MiB L3.
+llc=0
+for f in /sys/devices/system/cpu/cpu0/cache/index*/size; do
+  [ -r "$f" ] || continue
+  sz=$(cat "$f"); n=${sz%[KM]}
+  case $sz in *K) v=$((n * 1024)) ;; *M) v=$((n * 1048576)) ;; *) v=$n ;; esac
+  [ "$v" -gt "$llc" ] && llc=$v
+done
+for m in tiny big; do
+  if [ $m = tiny ]; then args=("${tiny[@]}")
+  else args=(--layers 2 --heads 8 --dim 1024 --vocab 32768 --context 96); fi
+  if "$tessera" bench decode "${args[@]}" --batch 1 --prompt 40 --tokens 6 --paired-roof >"$tmp/out" 2>"$tmp/err"; then
+    line=$(grep '"of_roof_paired"' "$tmp/out")
+    if [ -n "$line" ] && python3 - "$line" "$llc" <<'PY'
+import json, sys
+j = json.loads(sys.argv[1]); llc = int(sys.argv[2]); weights = j["weight_mb"] * 1e6
+p = j["of_roof_paired"]
+measured = 0.2 < p < 2.0
+if llc == 0:  # no sysfs cache sizes: either
+    sys.exit(0 if measured or p == 0 else 1)
+sys.exit(0 if (measured if weights >= 4 * llc else p == 0) else 1)
+PY
+    then echo "ok   bench decode --paired-roof ($m, LLC $llc B): $(echo "$line" | grep -o '"of_roof_paired": [0-9.]*')"
+    else fail "bench decode --paired-roof ($m):"; cat "$tmp/out" "$tmp/err"; fi
+  else fail "bench decode --paired-roof ($m) exited $?"; cat "$tmp/err"; fi
+done
+
 "$tessera" bench decode "${tiny[@]}" --prompt 90 --tokens 10 >"$tmp/out" 2>"$tmp/err"; rc=$?
 if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "must fit in --context 96" "$tmp/err"; then
   echo "ok   prompt past the context: $(cat "$tmp/err")"

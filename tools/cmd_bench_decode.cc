@@ -260,6 +260,7 @@ int run_decode_bench(const DecodeArgs& args) {
     // phase (about 30 or 50 GB/s) within seconds, and a roof measured once
     // after the whole decode can be in the other phase.
     std::vector<double> paired;
+    // The keys and values of one position of every sequence, all layers.
     const double kv_row_bytes = 2.0 * kv_dtype_bytes(*kv_dtype) * a.model.layers * a.model.kv_dim() * B;
     for (int step = 0; step < a.tokens; step++) {
       for (int b = 0; b < B; b++) {
@@ -293,7 +294,7 @@ int run_decode_bench(const DecodeArgs& args) {
     double keys = 0.0;
     for (int step = 1; step < std::max(2, a.tokens); step++) keys += a.prompt + step + 1;
     keys /= std::max(1, a.tokens - 1);
-    const double kv_bytes = 2.0 * kv_dtype_bytes(*kv_dtype) * a.model.layers * a.model.kv_dim() * keys * B;
+    const double kv_bytes = kv_row_bytes * keys;
     const double of_roof = (weight_bytes + kv_bytes) / roof / (decode_s / timed);
     double of_roof_paired = 0.0;  // the median step's; 0: not measured
     if (!paired.empty()) {

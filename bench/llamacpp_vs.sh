@@ -2,7 +2,7 @@
 # Tessera against llama.cpp on the same weights (issue #31, "Measure";
 # docs/performance.md "Against llama.cpp"): decode of 1 and 8 sequences
 # after a prompt, and prefill, at fp32 / int8 / int4 against llama.cpp's
-# F32 / Q8_0 / Q4_0, plus each process's peak resident memory.
+# F32 / Q8_0 / Q4_0, plus each process's peak and steady resident memory.
 #   bench/llamacpp_vs.sh [MODEL=gpt2|tinyllama] [REPS=3] [PROMPT=128] [TOKENS=32]
 #   TYPES="f32" bench/llamacpp_vs.sh ...   (a subset of f32 q8_0 q4_0, or
 #       lq4_0 lq4_k_m lq4_k_s: llama.cpp's own Q4_0, Q4_K_M and Q4_K_S files,
@@ -76,15 +76,40 @@ if [ "$isa" = avx2 ]; then
 fi
 : > "$out"
 export OMP_NUM_THREADS=2
+# Steady resident memory: the process's VmRSS every 0.2 s while it runs
+# (under /usr/bin/time: its child; read by the shell's builtins, no process
+# started but sleep), the median of the second half of the samples (both
+# engines have loaded by then and are prefilling or decoding: llama.cpp's
+# 8 sequences and its last single one, Tessera's 8 sequences); the peak is
+# /usr/bin/time's (VmHWM).
+measure() {
+  /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" "$@" &
+  local pid=$! child=""
+  : > "$work/rss.txt"
+  while kill -0 "$pid" 2>/dev/null; do
+    [ -n "$child" ] || child=$(awk '{print $1}' "/proc/$pid/task/$pid/children" 2>/dev/null || true)
+    if [ -n "$child" ]; then
+      while read -r key kb _; do [ "$key" != VmRSS: ] || echo "$kb"; done < "/proc/$child/status" >> "$work/rss.txt" 2>/dev/null || true
+    fi
+    sleep 0.2
+  done
+  wait "$pid" || return $?
+}
+rss_mb() {
+  python3 - "$work/time.json" "$work/rss.txt" <<'PY'
+import json, statistics, sys
+s = [int(x) / 1024 for x in open(sys.argv[2]).read().split()]
+print(json.load(open(sys.argv[1]))["peak_rss_mb"] / 1024, statistics.median(s[len(s) // 2:]) if s else 0.0)
+PY
+}
 for r in $(seq "$reps"); do
   for t in $types; do
     case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0 | lq4_*) d=int4 ;; esac
     f=$work/$model-$t.gguf
-    /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
-      "${cap[@]}" "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
+    measure "${cap[@]}" "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
       --kv-dtype "$kv" 2>/dev/null > "$work/t.jsonl"
-    peak=$(python3 -c "import json; print(json.load(open('$work/time.json'))['peak_rss_mb'] / 1024)")
-    python3 - "$work/t.jsonl" "$t" "$r" "$peak" >> "$out" <<'PY'
+    read -r peak steady < <(rss_mb)
+    python3 - "$work/t.jsonl" "$t" "$r" "$peak" "$steady" >> "$out" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     j = json.loads(line)
@@ -92,14 +117,13 @@ for line in open(sys.argv[1]):
                       "decode": j["decode_tokens_per_s"], "prefill": j["prefill_tokens_per_s"],
                       "read_gb_s": j["read_gb_s"], "weight_mb": j["weight_mb"], "kv_read_mb": j["kv_read_mb"],
                       "of_roof": j["of_roof"], "weights_read_gb_s": j.get("weights_read_gb_s", 0.0),
-                      "peak_rss_mb": float(sys.argv[4])}))
+                      "peak_rss_mb": float(sys.argv[4]), "steady_rss_mb": float(sys.argv[5])}))
 PY
     # -npl 1,8,1: batched-bench's logger may drop its last line at exit.
-    /usr/bin/time -f '{"peak_rss_mb": %M}' -o "$work/time.json" \
-      "$LLAMA_BATCHED_BENCH" -m "$f" -t 2 -tb 2 -c 2048 -npp "$prompt" -ntg "$tokens" -npl 1,8,1 \
+    measure "$LLAMA_BATCHED_BENCH" -m "$f" -t 2 -tb 2 -c 2048 -npp "$prompt" -ntg "$tokens" -npl 1,8,1 \
       --output-format jsonl 2>/dev/null > "$work/l.jsonl" || true
-    peak=$(python3 -c "import json; print(json.load(open('$work/time.json'))['peak_rss_mb'] / 1024)")
-    python3 - "$work/l.jsonl" "$t" "$r" "$peak" >> "$out" <<'PY'
+    read -r peak steady < <(rss_mb)
+    python3 - "$work/l.jsonl" "$t" "$r" "$peak" "$steady" >> "$out" <<'PY'
 import json, sys
 seen = set()
 for line in open(sys.argv[1]):
@@ -111,7 +135,8 @@ for line in open(sys.argv[1]):
         continue
     seen.add(j["pl"])
     print(json.dumps({"engine": "llama.cpp", "type": sys.argv[2], "rep": int(sys.argv[3]), "batch": j["pl"],
-                      "decode": j["speed_tg"], "prefill": j["speed_pp"], "peak_rss_mb": float(sys.argv[4])}))
+                      "decode": j["speed_tg"], "prefill": j["speed_pp"], "peak_rss_mb": float(sys.argv[4]),
+                      "steady_rss_mb": float(sys.argv[5])}))
 PY
   done
 done
@@ -127,8 +152,8 @@ names = {"f32": ("fp32", "F32"), "q8_0": ("int8", "Q8_0"), "q4_0": ("int4", "Q4_
          "lq4_k_m": ("int4 (llama.cpp's Q4_K_M file)", "Q4_K_M"),
          "lq4_k_s": ("int4 (llama.cpp's Q4_K_S file)", "Q4_K_S")}
 print(f"\n{sys.argv[2]}: medians of {max(r['rep'] for r in runs)} interleaved runs, tokens/s")
-print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MB |")
-print("|---|---|---|---|---|---|")
+print("| Tessera / llama.cpp | decode, 1 seq | decode, 8 seqs | prefill, 1 x prompt | prefill, 8 x prompt | peak RSS MiB | steady RSS MiB |")
+print("|---|---|---|---|---|---|---|")
 for t, (ours, theirs) in names.items():
     if not any(r["type"] == t for r in runs):
         continue
@@ -137,7 +162,8 @@ for t, (ours, theirs) in names.items():
         a, l = med("tessera", t, b, key), med("llama.cpp", t, b, key)
         cells.append(f"{a:.1f} / {l:.1f} = **{a / l:.2f}x**")
     rss = f"{med('tessera', t, 1, 'peak_rss_mb'):.0f} / {med('llama.cpp', t, 1, 'peak_rss_mb'):.0f}"
-    print(f"| {ours} / {theirs} | " + " | ".join(cells) + f" | {rss} |")
+    steady = f"{med('tessera', t, 1, 'steady_rss_mb'):.0f} / {med('llama.cpp', t, 1, 'steady_rss_mb'):.0f}"
+    print(f"| {ours} / {theirs} | " + " | ".join(cells) + f" | {rss} | {steady} |")
 reads = [r["read_gb_s"] for r in runs if r["engine"] == "tessera"]
 for t, (ours, _) in names.items():
     w = [r["weight_mb"] for r in runs if r["engine"] == "tessera" and r["type"] == t]

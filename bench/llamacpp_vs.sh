@@ -17,7 +17,7 @@
 # 2's vocabulary), converted by the project's own converter (tessera
 # quantize --out FILE.gguf) to F32, Q8_0 and Q4_0 GGUF files that both
 # engines load. Per file and repetition, interleaved:
-#   tessera bench decode --model FILE.gguf --batch 1,8 --prompt P --tokens T --kv-dtype f16
+#   tessera bench decode --model FILE.gguf --batch 1,8 --prompt P --tokens T --kv-dtype f16 --paired-roof
 #     (fp32 for F32; the INT8 tier, per-channel int8 from the Q8_0 file's
 #     values, for Q8_0; the file's own Q4_0 blocks for Q4_0)
 #   llama-batched-bench -m FILE.gguf -npp P -ntg T -npl 1,8 -t 2
@@ -107,7 +107,7 @@ for r in $(seq "$reps"); do
     case $t in f32) d=fp32 ;; q8_0) d=int8 ;; q4_0 | lq4_*) d=int4 ;; esac
     f=$work/$model-$t.gguf
     measure "${cap[@]}" "$tessera" bench decode --model "$f" --dtype "$d" --batch 1,8 --prompt "$prompt" --tokens "$tokens" \
-      --kv-dtype "$kv" 2>/dev/null > "$work/t.jsonl"
+      --kv-dtype "$kv" --paired-roof 2>/dev/null > "$work/t.jsonl"
     read -r peak steady < <(rss_mb)
     python3 - "$work/t.jsonl" "$t" "$r" "$peak" "$steady" >> "$out" <<'PY'
 import json, sys
@@ -117,6 +117,7 @@ for line in open(sys.argv[1]):
                       "decode": j["decode_tokens_per_s"], "prefill": j["prefill_tokens_per_s"],
                       "read_gb_s": j["read_gb_s"], "weight_mb": j["weight_mb"], "kv_read_mb": j["kv_read_mb"],
                       "of_roof": j["of_roof"], "weights_read_gb_s": j.get("weights_read_gb_s", 0.0),
+                      "of_roof_paired": j.get("of_roof_paired", 0.0),
                       "peak_rss_mb": float(sys.argv[4]), "steady_rss_mb": float(sys.argv[5])}))
 PY
     # -npl 1,8,1: batched-bench's logger may drop its last line at exit.
@@ -184,4 +185,12 @@ for t, (ours, _) in names.items():
         if own:
             print(f"{ours}: one-sequence decode against the roof each run measured over its weights right after: "
                   f"median {statistics.median(own):.2f} (runs: {', '.join(f'{x:.2f}' for x in own)})")
+        # --paired-roof: each timed step against a read of the weights right
+        # after it (the median step), robust to a roof that moves within seconds.
+        paired = [r["of_roof_paired"] for r in runs if r["engine"] == "tessera" and r["type"] == t and r["batch"] == 1
+                  and r.get("of_roof_paired", 0) > 0]
+        if paired:
+            print(f"{ours}: one-sequence decode, each step against a read of its weights right after it "
+                  f"(of_roof_paired): median {statistics.median(paired):.2f} "
+                  f"(runs: {', '.join(f'{x:.2f}' for x in paired)})")
 PY

@@ -7,7 +7,11 @@
 #include <random>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include <benchmark/benchmark.h>
+
+#include "core/huge_pages.h"
 
 #include "kernels/cpu/int8_kernel.h"
 #include "kernels/cpu/matmul.h"
@@ -194,44 +198,64 @@ BENCHMARK(BM_MatmulQ4)
 // (untimed) over another cold copy right after it: this host's bandwidth
 // moves between ~30 and ~55 GB/s from one second to the next, so a roof
 // taken apart from the products (BM_ReadRoof) can be in the other phase.
-void BM_MatmulDecodeCold(benchmark::State& s) {
-  const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
-  const int N = static_cast<int>(s.range(3));
-  const auto w = random_vec(static_cast<size_t>(OC) * C, 2), x = random_vec(static_cast<size_t>(N) * C, 1);
-  std::vector<float> out(static_cast<size_t>(N) * OC);
-  std::vector<uint8_t> one;  // one copy's bytes
-  std::vector<float> scales(OC);
+// One copy of an (OC, C) matrix's stored bytes in the layout of `dtype`
+// (0 fp32, 1 INT8 per-channel with its scales, 2 Q4_0x16, 3 Q4_Kx16), and
+// its product with N rows.
+struct DecodeWeights {
+  std::vector<uint8_t> one;
+  std::vector<float> scales;
+};
+DecodeWeights decode_weights(int dtype, int C, int OC) {
+  const auto w = random_vec(static_cast<size_t>(OC) * C, 2);
+  DecodeWeights d;
+  d.scales.resize(OC);
   if (dtype == 0) {
-    one.resize(w.size() * 4);
-    std::memcpy(one.data(), w.data(), one.size());
+    d.one.resize(w.size() * 4);
+    std::memcpy(d.one.data(), w.data(), d.one.size());
   } else if (dtype == 1) {
-    one.resize(w.size());
-    cpu::quantize_weights_int8(reinterpret_cast<int8_t*>(one.data()), scales.data(), w.data(), OC, C);
+    d.one.resize(w.size());
+    cpu::quantize_weights_int8(reinterpret_cast<int8_t*>(d.one.data()), d.scales.data(), w.data(), OC, C);
   } else {
     const q4::Type t = dtype == 2 ? q4::Type::kQ4_0 : q4::Type::kQ4_K;
     std::vector<uint8_t> rows(OC * q4::row_bytes(t, C));
     q4::quantize_rows(t, rows.data(), w.data(), OC, C);
-    one.resize(rows.size());
-    q4::pack_x16(t, one.data(), rows.data(), OC, C);
+    d.one.resize(rows.size());
+    q4::pack_x16(t, d.one.data(), rows.data(), OC, C);
   }
-  const size_t bytes = one.size();
+  return d;
+}
+void decode_product(int dtype, float* out, const float* x, const uint8_t* w, const float* scales, int N, int C,
+                    int OC) {
+  if (dtype == 0) {
+    cpu::matmul_f32_rows(out, x, reinterpret_cast<const float*>(w), nullptr, N, C, OC);
+  } else if (dtype == 1) {
+    cpu::matmul_int8_forward(out, x, reinterpret_cast<const int8_t*>(w), scales, nullptr, N, C, OC);
+  } else {
+    cpu::matmul_q4_forward(out, x, w, dtype == 2 ? q4::Type::kQ4_0x16 : q4::Type::kQ4_Kx16, nullptr, N, C, OC);
+  }
+}
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+void BM_MatmulDecodeCold(benchmark::State& s) {
+  const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
+  const int N = static_cast<int>(s.range(3));
+  const auto x = random_vec(static_cast<size_t>(N) * C, 1);
+  std::vector<float> out(static_cast<size_t>(N) * OC);
+  const DecodeWeights dw = decode_weights(dtype, C, OC);
+  const size_t bytes = dw.one.size();
   const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
   std::vector<uint8_t> all(bytes * copies);
-  for (int c = 0; c < copies; c++) std::memcpy(all.data() + c * bytes, one.data(), bytes);
+  for (int c = 0; c < copies; c++) std::memcpy(all.data() + c * bytes, dw.one.data(), bytes);
   int copy = 0;
   std::vector<double> of_roof;
   for (auto _ : s) {
     const uint8_t* wc = all.data() + copy * bytes;
     const auto t0 = std::chrono::steady_clock::now();
-    if (dtype == 0) {
-      cpu::matmul_f32_rows(out.data(), x.data(), reinterpret_cast<const float*>(wc), nullptr, N, C, OC);
-    } else if (dtype == 1) {
-      cpu::matmul_int8_forward(out.data(), x.data(), reinterpret_cast<const int8_t*>(wc), scales.data(), nullptr, N,
-                               C, OC);
-    } else {
-      cpu::matmul_q4_forward(out.data(), x.data(), wc, dtype == 2 ? q4::Type::kQ4_0x16 : q4::Type::kQ4_Kx16, nullptr,
-                             N, C, OC);
-    }
+    decode_product(dtype, out.data(), x.data(), wc, dw.scales.data(), N, C, OC);
     const double product_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     s.PauseTiming();
     // The copy half the ring away: cold, and not the next product's.
@@ -242,10 +266,7 @@ void BM_MatmulDecodeCold(benchmark::State& s) {
     copy = (copy + 1) % copies;
   }
   s.counters["weight_B/s"] = benchmark::Counter(static_cast<double>(bytes) * s.iterations(), benchmark::Counter::kIsRate);
-  if (!of_roof.empty()) {
-    std::nth_element(of_roof.begin(), of_roof.begin() + of_roof.size() / 2, of_roof.end());
-    s.counters["of_roof"] = of_roof[of_roof.size() / 2];
-  }
+  if (!of_roof.empty()) s.counters["of_roof"] = median_of(of_roof);
 }
 // GPT-2's qkv, fc, fcproj and head; TinyLlama's gate and up, down and head;
 // at 8 rows, GPT-2's fc and TinyLlama's gate and up.
@@ -257,6 +278,78 @@ BENCHMARK(BM_MatmulDecodeCold)
     ->ArgsProduct({{0, 1, 2}, {768}, {3072}, {8}})
     ->ArgsProduct({{0, 1, 2, 3}, {2048}, {11264}, {8}})
     ->Unit(benchmark::kMicrosecond);
+
+// The cold products above from 4 KiB pages and from 2 MiB ones
+// (collapse_to_huge_pages, what the inference tiers do with their weights),
+// two rings of copies (each over 256 MB) taken in turn: huge_over_4k is the
+// median over pairs of iterations of the huge copy's rate over the rate of
+// the 4 KiB copy just before it, so both fall in the same second of a host
+// whose bandwidth changes from one second to the next. The same for a plain
+// read (dtype 4: perf::read_gb_per_s_over, the read roof). Skipped where
+// the kernel gives no huge pages.
+struct Mapping {
+  void* p = MAP_FAILED;
+  size_t n = 0;
+  explicit Mapping(size_t bytes) : n(bytes) {
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  ~Mapping() {
+    if (p != MAP_FAILED) munmap(p, n);
+  }
+  uint8_t* at(size_t off) const { return static_cast<uint8_t*>(p) + off; }
+};
+void BM_MatmulDecodeHuge(benchmark::State& s) {
+  const int dtype = static_cast<int>(s.range(0)), C = static_cast<int>(s.range(1)), OC = static_cast<int>(s.range(2));
+  const int N = 1;
+  const auto x = random_vec(static_cast<size_t>(C), 1);
+  std::vector<float> out(static_cast<size_t>(OC));
+  const DecodeWeights dw = decode_weights(dtype == 4 ? 0 : dtype, C, OC);
+  const size_t bytes = dw.one.size();
+  const int copies = static_cast<int>(std::max<size_t>(2, (size_t{256} << 20) / bytes + 1));
+  const size_t huge = size_t{2} << 20, ring = bytes * copies;
+  Mapping small(ring), big(ring + huge);
+  if (small.p == MAP_FAILED || big.p == MAP_FAILED) {
+    s.SkipWithError("cannot map the copies");
+    return;
+  }
+  madvise(small.p, ring, MADV_NOHUGEPAGE);
+  // The huge ring starts on a 2 MiB boundary, so all of it can be huge.
+  const size_t skew = (huge - reinterpret_cast<uintptr_t>(big.p) % huge) % huge;
+  uint8_t* hring = big.at(skew);
+  for (int c = 0; c < copies; c++) {
+    std::memcpy(small.at(c * bytes), dw.one.data(), bytes);
+    std::memcpy(hring + c * bytes, dw.one.data(), bytes);
+  }
+  if (collapse_to_huge_pages(hring, static_cast<int64_t>(ring / huge * huge)) == 0) {
+    s.SkipWithError("no huge pages here (kernel older than 6.1, THP never, or TESSERA_HUGE_PAGES=0)");
+    return;
+  }
+  int copy = 0;
+  int64_t i = 0;
+  double small_s = 0.0;
+  std::vector<double> ratio;
+  for (auto _ : s) {
+    const bool from_huge = i % 2 == 1;
+    const uint8_t* wc = (from_huge ? hring : small.at(0)) + copy * bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (dtype == 4)
+      benchmark::DoNotOptimize(perf::read_gb_per_s_over({{wc, bytes}}, 1));
+    else
+      decode_product(dtype, out.data(), x.data(), wc, dw.scales.data(), N, C, OC);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!from_huge) {
+      small_s = t;
+    } else {
+      if (t > 0) ratio.push_back(small_s / t);
+      copy = (copy + 1) % copies;
+    }
+    i++;
+  }
+  s.counters["weight_B/s"] = benchmark::Counter(static_cast<double>(bytes) * s.iterations(), benchmark::Counter::kIsRate);
+  s.counters["huge_over_4k"] = median_of(ratio);
+}
+// TinyLlama's gate and up (one row), each dtype, and the plain read.
+BENCHMARK(BM_MatmulDecodeHuge)->ArgsProduct({{0, 1, 2, 3, 4}, {2048}, {11264}})->Unit(benchmark::kMicrosecond);
 
 // The read roof the cold products above are held to (perf::read_gb_per_s,
 // what bench decode and doctor report), in the same run: run it between

@@ -154,6 +154,8 @@ int run_decode_bench(const DecodeArgs& args) {
     std::fprintf(stderr, "int8 matmul: %s\n", cpu::int8_kernel_info().summary.c_str());
   }
   if (Status st = serve::apply_int4_dtype(model, a.dtype, "bench decode", true); !st.ok()) return fail(st);
+  // As the server's weights are (serve::apply_inference_dtype).
+  const int64_t huge_bytes = serve::weights_to_huge_pages(model, "bench decode");
   const int64_t rss_model = rss_bytes();
   // Bytes a decode step reads: the matmul weights (int8 when quantized) and
   // the norms; an untied model reads only B rows of its embedding table.
@@ -306,12 +308,14 @@ int run_decode_bench(const DecodeArgs& args) {
         "\"bandwidth_limit_tokens_per_s\": %.1f, \"of_limit\": %.3f, \"kv_read_mb\": %.1f, \"of_roof\": %.3f, "
         "\"of_roof_paired\": %.3f, "
         "\"prefill_tokens_per_s\": %.1f, "
-        "\"weight_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, \"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
+        "\"weight_mb\": %.1f, \"huge_pages_mb\": %.1f, \"kv_pool_mb\": %.1f, \"scratch_mb\": %.1f, "
+        "\"rss_model_mb\": %.1f, \"rss_mb\": %.1f, "
         "\"read_gb_s\": %.2f, \"weights_read_gb_s\": %.2f, \"triad_gb_s\": %.2f, \"threads\": %d, \"kv_dtype\": \"%s\", \"int8_kernel\": \"%s\"}\n",
         B, a.dtype.c_str(), a.prompt, tps, decode_s / timed * 1e3, limit, tps / limit, kv_bytes / 1e6, of_roof,
         of_roof_paired,
         B * a.prompt / prefill_s,
-        weight_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6, (rss_model - rss0) / 1e6,
+        weight_bytes / 1e6, huge_bytes / 1e6, cache.bytes() / 1e6, model.inference_scratch_bytes() / 1e6,
+        (rss_model - rss0) / 1e6,
         rss_bytes() / 1e6, bandwidth / 1e9, weights_read / 1e9, triad / 1e9, omp_get_max_threads(), kv_dtype_name(*kv_dtype),
         a.dtype == "int8" ? cpu::int8_kernel_info().summary.c_str() : model.int4() ? cpu::q4_kernel_summary().c_str() : "");
     if (a.ops) {

@@ -1,0 +1,48 @@
+#include "core/huge_pages.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1; glibc 2.36's headers predate it
+#endif
+
+namespace tessera {
+
+namespace {
+constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+}  // namespace
+
+bool huge_pages_wanted() {
+  const char* v = std::getenv("TESSERA_HUGE_PAGES");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+int64_t collapse_to_huge_pages(const void* p, int64_t bytes) {
+  if (p == nullptr || bytes <= 0 || !huge_pages_wanted()) return 0;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge, last = (begin + static_cast<uintptr_t>(bytes)) / kHuge * kHuge;
+  if (last <= first) return 0;
+  void* at = reinterpret_cast<void*>(first);
+  const size_t n = last - first;
+  // MADV_HUGEPAGE first: khugepaged and later faults keep the range huge
+  // (and "madvise", this host's THP mode, needs it); MADV_COLLAPSE then
+  // moves what is there now. Either may fail (old kernel, THP off): the
+  // memory stays as it was.
+  // The range may span several mappings (matrices allocated one after
+  // another) and the holes between them: the advice applies to what is
+  // mapped (ENOMEM says some was not), and each huge page is collapsed on
+  // its own, so a hole or a page the kernel cannot find loses that page.
+  if (madvise(at, n, MADV_HUGEPAGE) != 0 && errno != ENOMEM) return 0;
+  int64_t done = 0;
+  for (size_t off = 0; off < n; off += kHuge) {
+    if (madvise(static_cast<char*>(at) + off, kHuge, MADV_COLLAPSE) == 0) done += static_cast<int64_t>(kHuge);
+    else if (off == 0 && errno == EINVAL) return 0;  // no MADV_COLLAPSE in this kernel
+  }
+  return done;
+}
+
+}  // namespace tessera

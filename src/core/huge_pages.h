@@ -1,0 +1,28 @@
+// Transparent huge pages for memory that is streamed whole, again and again:
+// a decode step reads every weight once, so 2 MiB pages in place of 4 KiB
+// ones take the TLB misses (one a page) and the hardware prefetchers' stops
+// at page boundaries off its path. On this project's Zen 4 host, paired
+// against 4 KiB copies of the same matrix in the same second
+// (BM_MatmulDecodeHuge, docs/performance.md "Huge pages for the weights"):
+// see there for the figures.
+// Thread safety: may be called from any thread, on memory no other thread
+// is writing.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera {
+
+// Marks the whole 2 MiB pages inside [p, p + bytes) for huge pages
+// (MADV_HUGEPAGE) and collapses the 4 KiB pages already there into them
+// (MADV_COLLAPSE, Linux 6.1: a copy, about a second for 4 GB; pages not
+// yet present are filled, so call it on memory that is all written). Best
+// effort: returns the bytes now in huge pages, 0 where the kernel cannot
+// (older than 6.1, THP "never", no huge page free) or TESSERA_HUGE_PAGES=0
+// asks not to. The values in the range do not change.
+int64_t collapse_to_huge_pages(const void* p, int64_t bytes);
+
+// False when TESSERA_HUGE_PAGES=0 (4 KiB pages, as before).
+bool huge_pages_wanted();
+
+}  // namespace tessera

@@ -8,10 +8,16 @@
 
 #include <fmt/format.h>
 
+#include "core/huge_pages.h"
 #include "runtime/cuda_device.h"
 #include "tensor/device_memory.h"
 
 namespace tessera {
+
+namespace {
+// Arenas from this size up are advised into huge pages.
+constexpr size_t kHugeArenaBytes = size_t{8} << 20;
+}  // namespace
 
 void Arena::FreeDeleter::operator()(char* p) const {
   if (device == Device::kCPU) {
@@ -50,6 +56,11 @@ Status Arena::try_allocate() {
     if (m == MAP_FAILED)
       return Status::ResourceExhausted(fmt::format("cannot allocate a {:.1f} MB host arena: {}", total / 1e6,
                                                    errno == ENOMEM ? "out of memory" : std::strerror(errno)));
+    // Large arenas in 2 MiB pages as they are first written (core/huge_pages.h:
+    // the weights, the KV cache, activations are streamed whole). A page
+    // never written stays unbacked, as with 4 KiB pages; advice only, so a
+    // kernel that refuses it leaves them as they were.
+    if (total >= kHugeArenaBytes && huge_pages_wanted()) madvise(m, total, MADV_HUGEPAGE);
     base_ = std::unique_ptr<char, FreeDeleter>(static_cast<char*>(m), FreeDeleter{device_, total});
     return Status::OK();
   }

@@ -53,7 +53,9 @@ double triad_gb_per_s(int64_t n = int64_t{1} << 25, int reps = 5);
 // writing nothing; best of `reps`. A decode step reads its weights the same
 // way, so this, not the triad (which also writes, and counts its write-
 // allocate traffic as STREAM does), is the bound bench decode reports
-// against. GB/s (1e9 bytes).
+// against. The buffer is in 2 MiB pages, as the weights of the inference
+// tiers are (core/huge_pages.h; 4 KiB under TESSERA_HUGE_PAGES=0, as they
+// then are). GB/s (1e9 bytes).
 double read_gb_per_s(int64_t n = int64_t{1} << 26, int reps = 5);
 
 // The same read roof over memory that is already there (a model's weights:

@@ -3,6 +3,7 @@
 // Google Benchmark reports GB/s or FLOP/s. Run: build/release/bench/tessera_bench
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -287,6 +288,14 @@ BENCHMARK(BM_MatmulDecodeCold)
 // whose bandwidth changes from one second to the next. The same for a plain
 // read (dtype 4: perf::read_gb_per_s_over, the read roof). Skipped where
 // the kernel gives no huge pages.
+// TESSERA_HUGE_PAGES=0 as the CLI reads it (tools/fault_env.cc): the read
+// roof (BM_ReadRoof) and the arenas in 4 KiB pages.
+const bool kHugePagesFromEnv = [] {
+  if (const char* v = std::getenv("TESSERA_HUGE_PAGES"); v != nullptr && std::strcmp(v, "0") == 0)
+    set_huge_pages(false);
+  return true;
+}();
+
 struct Mapping {
   void* p = MAP_FAILED;
   size_t n = 0;
@@ -321,7 +330,7 @@ void BM_MatmulDecodeHuge(benchmark::State& s) {
     std::memcpy(hring + c * bytes, dw.one.data(), bytes);
   }
   if (collapse_to_huge_pages(hring, static_cast<int64_t>(ring / huge * huge)) == 0) {
-    s.SkipWithError("no huge pages here (kernel older than 6.1, THP never, or TESSERA_HUGE_PAGES=0)");
+    s.SkipWithError("no huge pages here (a kernel older than 6.1, THP never, or TESSERA_HUGE_PAGES=0)");
     return;
   }
   int copy = 0;

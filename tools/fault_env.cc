@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/huge_pages.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cuda/ops.h"
 
@@ -40,6 +41,9 @@ void apply_kernel_choices_from_env() {
   }
   if (const char* v = std::getenv("TESSERA_VERBOSE_MATMUL"); v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0)
     cpu::set_verbose_matmul(true);
+  // 0: the weights, arenas and read roof in 4 KiB pages (core/huge_pages.h).
+  if (const char* v = std::getenv("TESSERA_HUGE_PAGES"); v != nullptr && std::strcmp(v, "0") == 0)
+    set_huge_pages(false);
 }
 
 bool elastic_options_from_env(elastic::ElasticOptions* o) {

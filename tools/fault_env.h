@@ -20,8 +20,10 @@ Result<const FaultPlan*> process_fault_plan();
 void stop_at_start_if_asked(const FaultPlan& plan);
 
 // TESSERA_CUDA_ATTENTION=flash|plain (cuda::set_attention_preference; another
-// value is a warning and flash) and TESSERA_VERBOSE_MATMUL=1
-// (cpu::set_verbose_matmul). Called once at start-up, before any model.
+// value is a warning and flash), TESSERA_VERBOSE_MATMUL=1
+// (cpu::set_verbose_matmul) and TESSERA_HUGE_PAGES=0 (set_huge_pages(false):
+// weights, arenas and the read roof in 4 KiB pages). Called once at
+// start-up, before any model.
 void apply_kernel_choices_from_env();
 
 // The options `tessera elastic` passes its worker in the environment

@@ -2,9 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
-#include <cstdlib>
-#include <cstring>
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25  // Linux 6.1; glibc 2.36's headers predate it
@@ -16,10 +15,12 @@ namespace {
 constexpr uintptr_t kHuge = uintptr_t{2} << 20;
 }  // namespace
 
-bool huge_pages_wanted() {
-  const char* v = std::getenv("TESSERA_HUGE_PAGES");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+namespace {
+std::atomic<bool> g_huge_pages{true};
+}  // namespace
+
+bool huge_pages_wanted() { return g_huge_pages.load(std::memory_order_relaxed); }
+void set_huge_pages(bool on) { g_huge_pages.store(on, std::memory_order_relaxed); }
 
 int64_t collapse_to_huge_pages(const void* p, int64_t bytes) {
   if (p == nullptr || bytes <= 0 || !huge_pages_wanted()) return 0;

@@ -18,11 +18,15 @@ namespace tessera {
 // (MADV_COLLAPSE, Linux 6.1: a copy, about a second for 4 GB; pages not
 // yet present are filled, so call it on memory that is all written). Best
 // effort: returns the bytes now in huge pages, 0 where the kernel cannot
-// (older than 6.1, THP "never", no huge page free) or TESSERA_HUGE_PAGES=0
-// asks not to. The values in the range do not change.
+// (older than 6.1, THP "never", no huge page free) or set_huge_pages(false)
+// asked not to. The values in the range do not change.
 int64_t collapse_to_huge_pages(const void* p, int64_t bytes);
 
-// False when TESSERA_HUGE_PAGES=0 (4 KiB pages, as before).
+// Whether the process puts its large streamed memory in huge pages (this
+// function, Arena's host arenas, the read roof): true unless
+// set_huge_pages(false), which the CLI calls for TESSERA_HUGE_PAGES=0
+// (4 KiB pages, as before). Process-wide; set it before allocating.
 bool huge_pages_wanted();
+void set_huge_pages(bool on);
 
 }  // namespace tessera

@@ -1,13 +1,12 @@
 // collapse_to_huge_pages() (core/huge_pages.h): the values stay, only whole
 // 2 MiB pages inside the range move, the kernel's own accounting
-// (/proc/self/smaps) shows them, and TESSERA_HUGE_PAGES=0 leaves the memory
-// alone. A kernel without MADV_COLLAPSE (before 6.1) or with THP "never"
+// (/proc/self/smaps) shows them, and set_huge_pages(false) (the CLI's
+// TESSERA_HUGE_PAGES=0) leaves the memory alone. A kernel without MADV_COLLAPSE (before 6.1) or with THP "never"
 // returns 0, which is allowed: then only the values are checked.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -41,8 +40,6 @@ int64_t anon_huge_kb_at(const void* p) {
 class HugePages : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (const char* v = std::getenv("TESSERA_HUGE_PAGES")) saved_ = v, had_ = true;
-    unsetenv("TESSERA_HUGE_PAGES");
     // 8 MiB and a bit, starting 1 MiB into a huge page: the whole huge
     // pages inside are [2 MiB, 8 MiB) of the mapping, 3 of them.
     map_ = mmap(nullptr, kMapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -53,8 +50,7 @@ class HugePages : public ::testing::Test {
   }
   void TearDown() override {
     if (map_ != MAP_FAILED) munmap(map_, kMapped);
-    if (had_) setenv("TESSERA_HUGE_PAGES", saved_.c_str(), 1);
-    else unsetenv("TESSERA_HUGE_PAGES");
+    set_huge_pages(true);
   }
   bool values_kept() const {
     for (size_t i = 0; i < kBytes; i++)
@@ -65,8 +61,6 @@ class HugePages : public ::testing::Test {
   static constexpr size_t kMapped = 10 * kHuge;
   void* map_ = MAP_FAILED;
   uint8_t* data_ = nullptr;
-  std::string saved_;
-  bool had_ = false;
 };
 
 TEST_F(HugePages, WholePagesInsideMoveAndValuesStay) {
@@ -90,11 +84,11 @@ TEST_F(HugePages, LessThanAWholePageMovesNothing) {
 }
 
 TEST_F(HugePages, ZeroLeavesThePagesAlone) {
-  setenv("TESSERA_HUGE_PAGES", "0", 1);
+  set_huge_pages(false);
   EXPECT_FALSE(huge_pages_wanted());
   EXPECT_EQ(collapse_to_huge_pages(data_, kBytes), 0);
   EXPECT_TRUE(values_kept());
-  setenv("TESSERA_HUGE_PAGES", "1", 1);
+  set_huge_pages(true);
   EXPECT_TRUE(huge_pages_wanted());
 }
 

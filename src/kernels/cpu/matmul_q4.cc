@@ -484,6 +484,39 @@ TESSERA_TARGET_VNNI512 void x16k_vnni(const Operands& p, int i0, int g) {
     _mm512_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16, _mm512_add_ps(acc[r], bias));
 }
 
+// The end of super-block b for half h of the group (8 rows) and R
+// activation rows from i0: each row's int32 sums times d x the row's scale,
+// less the mins' term sum_j m_j sums_j times dmin x the scale, into its
+// accumulator (the AVX2 tile's and one-row kernel's same steps).
+template <int R>
+TESSERA_TARGET_AVX2 inline void x16k_avx2_super_block(const Operands& p, const uint8_t* y, const ScalesMins256& sm,
+                                                      int h, int i0, int b, const __m256i* isum, __m256* acc) {
+  const int nb = p.C / 256, ns = p.C / 32;
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 32 + 16 * h)));
+  __m256i mp[4];
+  for (int k = 0; k < 4; k++) mp[k] = pair_256(sm.m[k / 2], k);
+  for (int r = 0; r < R; r++) {
+    const int64_t i = i0 + r;
+    const int32_t* sums = p.sums + i * ns + 8 * b;
+    __m256i msum = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(sum_pair(sums, 0)));
+    for (int k = 1; k < 4; k++)
+      msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(sum_pair(sums, k))));
+    const __m256 xs = _mm256_set1_ps(p.xs[i * nb + b]);
+    // The mins' term subtracted block by block: one accumulator a row.
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, xs), acc[r]);
+    acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, xs), acc[r]);
+  }
+}
+
+// Half h of group g's outputs for R rows from i0, plus the bias.
+template <int R>
+TESSERA_TARGET_AVX2 inline void x16k_avx2_store(const Operands& p, int g, int h, int i0, const __m256* acc) {
+  const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
+  for (int r = 0; r < R; r++)
+    _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h, _mm256_add_ps(acc[r], bias));
+}
+
 // AVX2: each half of the group (8 rows) on its own, as x16_avx2: per
 // sub-block 8 vpmaddubsw add in int16 (|sum| <= 8 x 2 x 15 x 127 = 30480)
 // and one vpmaddwd by the sub-block's scale in both int16 halves of each
@@ -491,7 +524,7 @@ TESSERA_TARGET_VNNI512 void x16k_vnni(const Operands& p, int i0, int g) {
 // group's super-blocks (one row takes both: each line read once).
 template <int R, int H = (R == 1 ? 2 : 1)>
 TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
-  const int nb = p.C / 256, ns = p.C / 32;
+  const int nb = p.C / 256;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int h0 = 0; h0 < 2; h0 += H) {
@@ -523,30 +556,10 @@ TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
             isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, sc));
           }
         }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 32 + 16 * h)));
-        __m256i mp[4];
-        for (int k = 0; k < 4; k++) mp[k] = pair_256(sm.m[k / 2], k);
-        for (int r = 0; r < R; r++) {
-          const int64_t i = i0 + r;
-          const int32_t* sums = p.sums + i * ns + 8 * b;
-          __m256i msum = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(sum_pair(sums, 0)));
-          for (int k = 1; k < 4; k++)
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(sum_pair(sums, k))));
-          const __m256 xs = _mm256_set1_ps(p.xs[i * nb + b]);
-          // The mins' term subtracted block by block: one accumulator a row.
-          acc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, xs), acc[e][r]);
-          acc[e][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, xs), acc[e][r]);
-        }
+        x16k_avx2_super_block<R>(p, y, sm, h, i0, b, isum, acc[e]);
       }
     }
-    for (int e = 0; e < H; e++) {
-      const int h = h0 + e;
-      const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
-      for (int r = 0; r < R; r++)
-        _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h,
-                         _mm256_add_ps(acc[e][r], bias));
-    }
+    for (int e = 0; e < H; e++) x16k_avx2_store<R>(p, g, h0 + e, i0, acc[e]);
   }
 }
 
@@ -564,7 +577,7 @@ TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
 // tile's, in its order.
 TESSERA_TARGET_AVX2 void x16k_avx2_row(const Operands& p, int i0, int g) {
   constexpr int R = 1, H = 2;
-  const int nb = p.C / 256, ns = p.C / 32;
+  const int nb = p.C / 256;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int h0 = 0; h0 < 2; h0 += H) {
@@ -607,33 +620,10 @@ TESSERA_TARGET_AVX2 void x16k_avx2_row(const Operands& p, int i0, int g) {
         for (int e = 0; e < H; e++)
           for (int r = 0; r < R; r++) isum[e][r] = _mm256_add_epi32(isum[e][r], _mm256_madd_epi16(pairs[e][r], sc[e][j]));
       }
-      for (int e = 0; e < H; e++) {
-        const int h = h0 + e;
-        const ScalesMins256 sm = scales_mins_256(y + 64, h);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 32 + 16 * h)));
-        __m256i mp[4];
-        for (int k = 0; k < 4; k++) mp[k] = pair_256(sm.m[k / 2], k);
-        for (int r = 0; r < R; r++) {
-          const int64_t i = i0 + r;
-          const int32_t* sums = p.sums + i * ns + 8 * b;
-          __m256i msum = _mm256_madd_epi16(mp[0], _mm256_set1_epi32(sum_pair(sums, 0)));
-          for (int k = 1; k < 4; k++)
-            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[k], _mm256_set1_epi32(sum_pair(sums, k))));
-          const __m256 xs = _mm256_set1_ps(p.xs[i * nb + b]);
-          // The mins' term subtracted block by block: one accumulator a row.
-          acc[e][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[e][r]), _mm256_mul_ps(d, xs), acc[e][r]);
-          acc[e][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, xs), acc[e][r]);
-        }
-      }
+      for (int e = 0; e < H; e++)
+        x16k_avx2_super_block<R>(p, y, scales_mins_256(y + 64, h0 + e), h0 + e, i0, b, isum[e], acc[e]);
     }
-    for (int e = 0; e < H; e++) {
-      const int h = h0 + e;
-      const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
-      for (int r = 0; r < R; r++)
-        _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h,
-                         _mm256_add_ps(acc[e][r], bias));
-    }
+    for (int e = 0; e < H; e++) x16k_avx2_store<R>(p, g, h0 + e, i0, acc[e]);
   }
 }
 

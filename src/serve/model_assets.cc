@@ -237,29 +237,10 @@ Status apply_inference_dtype(GPT& model, const InferenceDtype& d) {
 
 int64_t weights_to_huge_pages(const GPT& model, const std::string& who) {
   if (!huge_pages_wanted()) return 0;
-  // Blocks less than a huge page apart go together: the model's matrices
-  // are allocated one after another, most of TinyLlama's attention ones
-  // smaller than a huge page (2048 x 256 in 4-bit blocks: 0.3 MB) and so
-  // never whole huge pages on their own (alone, 394 of its 582 MB of int4
-  // weights moved). What lies between two of them is the allocator's
-  // headers and page tails, or another of the model's allocations.
-  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  const std::vector<std::span<const uint8_t>> blocks = model.stored_weights();
   int64_t total = 0;
-  for (std::span<const uint8_t> b : model.stored_weights()) {
-    if (b.empty()) continue;
-    total += static_cast<int64_t>(b.size());
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(b.data());
-    spans.push_back({begin, begin + b.size()});
-  }
-  std::sort(spans.begin(), spans.end());
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  int64_t huge = 0;
-  for (size_t i = 0; i < spans.size();) {
-    uintptr_t begin = spans[i].first, end = spans[i].second;
-    for (i++; i < spans.size() && spans[i].first < end + kHuge; i++) end = std::max(end, spans[i].second);
-    huge += collapse_to_huge_pages(reinterpret_cast<const void*>(begin), static_cast<int64_t>(end - begin));
-  }
-  huge = std::min(huge, total);
+  for (std::span<const uint8_t> b : blocks) total += static_cast<int64_t>(b.size());
+  const int64_t huge = collapse_to_huge_pages(blocks);
   if (total > 0)
     std::fprintf(stderr, "%s: weights in 2 MiB pages: %.1f of %.1f MB%s\n", who.c_str(), huge / 1e6, total / 1e6,
                  huge == 0 ? " (the kernel gave none: 4 KiB pages, as before)" : "");

@@ -517,49 +517,44 @@ TESSERA_TARGET_AVX2 inline void x16k_avx2_store(const Operands& p, int g, int h,
     _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h, _mm256_add_ps(acc[r], bias));
 }
 
-// AVX2: each half of the group (8 rows) on its own, as x16_avx2: per
-// sub-block 8 vpmaddubsw add in int16 (|sum| <= 8 x 2 x 15 x 127 = 30480)
-// and one vpmaddwd by the sub-block's scale in both int16 halves of each
-// lane gives scale x the sub-block's int32 sum. H halves a walk over the
-// group's super-blocks (one row takes both: each line read once).
-template <int R, int H = (R == 1 ? 2 : 1)>
+// AVX2, R activation rows (prefill): each half of the group (8 rows) on its
+// own, as x16_avx2: per sub-block 8 vpmaddubsw add in int16 (|sum| <= 8 x 2
+// x 15 x 127 = 30480) and one vpmaddwd by the sub-block's scale in both
+// int16 halves of each lane gives scale x the sub-block's int32 sum.
+template <int R>
 TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
   const int nb = p.C / 256;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int h0 = 0; h0 < 2; h0 += H) {
-    __m256 acc[H][R];
-    for (int e = 0; e < H; e++)
-      for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
+  for (int h = 0; h < 2; h++) {
+    __m256 acc[R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
       const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
-      for (int e = 0; e < H; e++) {
-        const int h = h0 + e;
-        const ScalesMins256 sm = scales_mins_256(y + 64, h);
-        __m256i isum[R];
-        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+      const ScalesMins256 sm = scales_mins_256(y + 64, h);
+      __m256i isum[R];
+      for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-          const uint8_t* chunks = y + 256 + 512 * (j / 2) + 32 * h;
-          __m256i w[8];
-          for (int c = 0; c < 8; c++) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c));
-            w[c] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
-          }
-          const __m256i sc1 = byte_256(sm.sc[j / 4], j);
-          const __m256i sc = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));  // in both int16 halves
-          for (int r = 0; r < R; r++) {
-            const int8_t* a = p.a + (i0 + r) * static_cast<int64_t>(p.C) + 256 * b + 32 * j;
-            __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load32(a)));
-            for (int c = 1; c < 8; c++)
-              pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(load32(a + 4 * c))));
-            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, sc));
-          }
+      for (int j = 0; j < 8; j++) {
+        const uint8_t* chunks = y + 256 + 512 * (j / 2) + 32 * h;
+        __m256i w[8];
+        for (int c = 0; c < 8; c++) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c));
+          w[c] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
         }
-        x16k_avx2_super_block<R>(p, y, sm, h, i0, b, isum, acc[e]);
+        const __m256i sc1 = byte_256(sm.sc[j / 4], j);
+        const __m256i sc = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));  // in both int16 halves
+        for (int r = 0; r < R; r++) {
+          const int8_t* a = p.a + (i0 + r) * static_cast<int64_t>(p.C) + 256 * b + 32 * j;
+          __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load32(a)));
+          for (int c = 1; c < 8; c++)
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(load32(a + 4 * c))));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, sc));
+        }
       }
+      x16k_avx2_super_block<R>(p, y, sm, h, i0, b, isum, acc);
     }
-    for (int e = 0; e < H; e++) x16k_avx2_store<R>(p, g, h0 + e, i0, acc[e]);
+    x16k_avx2_store<R>(p, g, h, i0, acc);
   }
 }
 
@@ -567,64 +562,48 @@ TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
 // in one walk over its super-blocks (each line read once, in address
 // order), and within a sub-block the 8 chunks of 4 inputs the outer loop: a
 // chunk's codes for the two halves feed the row's two int16 sums, then the
-// next chunk's are loaded. x16k_avx2<1, 2>, which loads a sub-block's 8 code
-// registers first as the tile does, made GCC spill them and the 64
-// activation broadcasts of a super-block (the same for both halves) to a
-// 2.3 KB stack frame: 1 x 768 x 2304 in L2, one thread, 37.6 -> 32.3 us
-// (BM_MatmulQ4/1/768/2304/3/1; the same loop order for 4 rows was slower,
-// 600 -> 745 us at 32 rows, so the tile keeps its own). The int16 and
-// int32 sums are the same integers in any order; the fp32 steps are the
-// tile's, in its order.
-TESSERA_TARGET_AVX2 void x16k_avx2_row(const Operands& p, int i0, int g) {
-  constexpr int R = 1, H = 2;
+// next chunk's are loaded. Loading a sub-block's 8 code registers first, as
+// the tile does, made GCC spill them and the 64 activation broadcasts of a
+// super-block (the same for both halves) to a 2.3 KB stack frame: 1 x 768 x
+// 2304 in L2, one thread, 37.6 -> 32.3 us (BM_MatmulQ4/1/768/2304/3/1; the
+// same loop order for 4 rows was slower, 600 -> 745 us at 32 rows, so the
+// tile keeps its own). The int16 and int32 sums are the same integers in
+// any order; the fp32 steps are the tile's, in its order.
+TESSERA_TARGET_AVX2 void x16k_avx2_row(const Operands& p, int i, int g) {
   const int nb = p.C / 256;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int h0 = 0; h0 < 2; h0 += H) {
-    __m256 acc[H][R];
-    for (int e = 0; e < H; e++)
-      for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-      const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
-      // Sub-block j's scales of the H halves, in both int16 halves of each lane.
-      __m256i sc[H][8];
-      for (int e = 0; e < H; e++) {
-        const ScalesMins256 sm = scales_mins_256(y + 64, h0 + e);
-        for (int j = 0; j < 8; j++) {
-          const __m256i sc1 = byte_256(sm.sc[j / 4], j);
-          sc[e][j] = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
-        }
-      }
-      __m256i isum[H][R];
-      for (int e = 0; e < H; e++)
-        for (int r = 0; r < R; r++) isum[e][r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // a half each
+  for (int b = 0; b < nb; b++) {
+    const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
+    // Sub-block j's scales of each half, in both int16 halves of each lane.
+    __m256i sc[2][8];
+    for (int h = 0; h < 2; h++) {
+      const ScalesMins256 sm = scales_mins_256(y + 64, h);
       for (int j = 0; j < 8; j++) {
-        const uint8_t* chunks = y + 256 + 512 * (j / 2) + 32 * h0;
-        __m256i pairs[H][R];
-        for (int c = 0; c < 8; c++) {
-          __m256i w[H];
-          for (int e = 0; e < H; e++) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c + 32 * e));
-            w[e] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low);
-          }
-          for (int r = 0; r < R; r++) {
-            const int8_t* a = p.a + (i0 + r) * static_cast<int64_t>(p.C) + 256 * b + 32 * j + 4 * c;
-            const __m256i av = _mm256_set1_epi32(load32(a));
-            for (int e = 0; e < H; e++) {
-              const __m256i m = _mm256_maddubs_epi16(w[e], av);
-              pairs[e][r] = c == 0 ? m : _mm256_add_epi16(pairs[e][r], m);
-            }
-          }
-        }
-        for (int e = 0; e < H; e++)
-          for (int r = 0; r < R; r++) isum[e][r] = _mm256_add_epi32(isum[e][r], _mm256_madd_epi16(pairs[e][r], sc[e][j]));
+        const __m256i sc1 = byte_256(sm.sc[j / 4], j);
+        sc[h][j] = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
       }
-      for (int e = 0; e < H; e++)
-        x16k_avx2_super_block<R>(p, y, scales_mins_256(y + 64, h0 + e), h0 + e, i0, b, isum[e], acc[e]);
     }
-    for (int e = 0; e < H; e++) x16k_avx2_store<R>(p, g, h0 + e, i0, acc[e]);
+    __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+      const uint8_t* chunks = y + 256 + 512 * (j / 2);
+      const int8_t* a = p.a + static_cast<int64_t>(i) * p.C + 256 * b + 32 * j;
+      __m256i pairs[2];
+      for (int c = 0; c < 8; c++) {
+        const __m256i av = _mm256_set1_epi32(load32(a + 4 * c));
+        for (int h = 0; h < 2; h++) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c + 32 * h));
+          const __m256i m = _mm256_maddubs_epi16(_mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low), av);
+          pairs[h] = c == 0 ? m : _mm256_add_epi16(pairs[h], m);
+        }
+      }
+      for (int h = 0; h < 2; h++) isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(pairs[h], sc[h][j]));
+    }
+    for (int h = 0; h < 2; h++) x16k_avx2_super_block<1>(p, y, scales_mins_256(y + 64, h), h, i, b, &isum[h], &acc[h]);
   }
+  for (int h = 0; h < 2; h++) x16k_avx2_store<1>(p, g, h, i, &acc[h]);
 }
 
 enum class X16Kind { kGeneric, kAvx2, kVnni512 };

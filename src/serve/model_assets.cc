@@ -1,6 +1,7 @@
 #include "serve/model_assets.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -240,10 +241,12 @@ int64_t weights_to_huge_pages(const GPT& model, const std::string& who) {
   const std::vector<std::span<const uint8_t>> blocks = model.stored_weights();
   int64_t total = 0;
   for (std::span<const uint8_t> b : blocks) total += static_cast<int64_t>(b.size());
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t huge = collapse_to_huge_pages(blocks);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (total > 0)
-    std::fprintf(stderr, "%s: weights in 2 MiB pages: %.1f of %.1f MB%s\n", who.c_str(), huge / 1e6, total / 1e6,
-                 huge == 0 ? " (the kernel gave none: 4 KiB pages, as before)" : "");
+    std::fprintf(stderr, "%s: weights in 2 MiB pages: %.1f of %.1f MB in %.2f s%s\n", who.c_str(), huge / 1e6,
+                 total / 1e6, s, huge == 0 ? " (the kernel gave none: 4 KiB pages, as before)" : "");
   return huge;
 }
 

@@ -67,8 +67,8 @@ Status apply_inference_dtype(GPT& model, const InferenceDtype& d);
 // The weights a decode step streams (GPT::stored_weights(): the INT8 or
 // 4-bit matrices, else the fp32 arena; host models only) moved to 2 MiB
 // pages (core/huge_pages.h; TESSERA_HUGE_PAGES=0 leaves them in 4 KiB
-// ones), with a line on stderr ("WHO: weights in 2 MiB pages: 581.9 of
-// 581.9 MB"). Cold products 2-19% faster on Zen 4 (BM_MatmulDecodeHuge,
+// ones), with a line on stderr ("WHO: weights in 2 MiB pages: 576.7 of
+// 581.9 MB in 0.13 s"). Cold products 2-19% faster on Zen 4 (BM_MatmulDecodeHuge,
 // docs/performance.md). apply_inference_dtype ends with it. Returns the
 // bytes moved.
 int64_t weights_to_huge_pages(const GPT& model, const std::string& who);

@@ -170,13 +170,15 @@ inline int32_t dot_tail(const int8_t* x, const int8_t* w, int c0, int C) {
         }                                                                                                      \
       }                                                                                                        \
     }                                                                                                          \
-    for (int r = 0; r < R; r++) {                                                                              \
-      int32_t acc[K];                                                                                          \
+    int32_t acc[R][K];                                                                                         \
+    for (int r = 0; r < R; r++)                                                                                \
       for (int k = 0; k < K; k++)                                                                              \
-        acc[k] = hsum_avx2(s[r][k]) +                                                                          \
-                 dot_tail(x0 + static_cast<int64_t>(r) * C, w0 + static_cast<int64_t>(k) * C, C32, C);         \
+        acc[r][k] = hsum_avx2(s[r][k]) +                                                                       \
+                    dot_tail(x0 + static_cast<int64_t>(r) * C, w0 + static_cast<int64_t>(k) * C, C32, C);      \
+    _mm256_zeroupper(); /* dequantize is SSE code: see TESSERA_INT8_ROW */                                     \
+    for (int r = 0; r < R; r++) {                                                                              \
       const int i = i0 + r;                                                                                    \
-      dequantize(p.out + static_cast<int64_t>(i) * p.OC + o0, acc, K, p.xs[i], p.wscale + o0,                  \
+      dequantize(p.out + static_cast<int64_t>(i) * p.OC + o0, acc[r], K, p.xs[i], p.wscale + o0,               \
                  p.bias ? p.bias + o0 : nullptr);                                                              \
     }                                                                                                          \
   }
@@ -191,6 +193,12 @@ inline int32_t dot_tail(const int8_t* x, const int8_t* w, int c0, int C) {
 TESSERA_INT8_TILE(tile_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
 TESSERA_INT8_TILE(tile_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
 
+// dequantize is compiled for plain x86-64 (SSE encodings, so that nothing
+// contracts into an FMA); the kernels clear the vector registers' upper
+// halves (vzeroupper) before they call it, which GCC 12 leaves out there.
+// Without it, SSE code after 256-bit code stalls on Zen 3: dequantize took
+// 31% of a 32-row product's time, nearly all on its first instruction, and
+// the AVX2 tile ran at 24 GOP/s a core (BM_MatmulInt8/32/768/2304/1).
 // One row (a decode step) against K weight rows, one weight row after the
 // other: the tile's K * C bytes are read in address order, one stream the
 // hardware prefetcher follows, instead of K streams a row apart. Two
@@ -224,6 +232,7 @@ TESSERA_INT8_TILE(tile_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c)));                                \
       acc[k] = hsum_avx2(_mm256_add_epi32(s0, s1)) + dot_tail(x0, w, C32, C);                                   \
     }                                                                                                          \
+    _mm256_zeroupper();                                                                                        \
     dequantize(p.out + static_cast<int64_t>(i0) * p.OC + o0, acc, K, p.xs[i0], p.wscale + o0,                  \
                p.bias ? p.bias + o0 : nullptr);                                                                \
   }

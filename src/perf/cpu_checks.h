@@ -49,8 +49,10 @@ double triad_gb_per_s(int64_t n = int64_t{1} << 25, int reps = 5);
 
 // The read roof a decode step can reach (issue #31 item 1): every OpenMP
 // thread streams its part of one buffer of `n` 64-bit words (512 MB by
-// default, far past any last-level cache) and XORs it into a register,
-// writing nothing; best of `reps`. A decode step reads its weights the same
+// default, far past any last-level cache) and XORs it into registers,
+// writing nothing; best of `reps`, which take turns reading a thread's part
+// as 8, 1 and 4 streams walked together (AVX2; one plain stream without
+// it): a single stream a thread reads 1.2-1.7x less than several on Zen 3. A decode step reads its weights the same
 // way, so this, not the triad (which also writes, and counts its write-
 // allocate traffic as STREAM does), is the bound bench decode reports
 // against. The buffer is in 2 MiB pages, as the weights of the inference
@@ -60,7 +62,8 @@ double read_gb_per_s(int64_t n = int64_t{1} << 26, int reps = 5);
 
 // The same read roof over memory that is already there (a model's weights:
 // what a decode step streams, measured without allocating anything): every
-// thread XORs its share of each block's whole 64-bit words; best of
+// thread XORs its share of each block's whole 64-bit words, the streams
+// of read_gb_per_s in the same turns (one repetition: 8 a thread); best of
 // `reps`. Past the last-level cache only when the blocks add up to several
 // times it. GB/s (1e9 bytes); 0 for no bytes.
 struct ReadBlock {

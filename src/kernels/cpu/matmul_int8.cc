@@ -26,6 +26,7 @@
 // the thread's scratchpad), so concurrent calls share no oneDNN state; each
 // thread keeps at most kMaxPerThread shapes.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -240,6 +241,41 @@ TESSERA_INT8_TILE(tile_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
 TESSERA_INT8_ROW(row_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
 TESSERA_INT8_ROW(row_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
 
+// One row (a decode step) against kStreams weight rows far apart (each a
+// column of its own part of the thread's columns), their 32-byte steps taken
+// together: the memory sees kStreams streams a core, not one. On a 2-core
+// Zen 3 one stream a core read 31-36 GB/s, 8 far apart 50-52, 8 adjacent
+// rows 27 (a read loop, same minutes); cold one-row products there went
+// from 24.6-27.9 to 30.1-36.4 GB/s (BM_MatmulDecodeCold/1) and GPT-2's int8
+// one-sequence decode from 180 to 210 tokens/s (docs/performance.md). int32
+// sums are exact: the row kernel's result, bit for bit.
+constexpr int kStreams = 8;
+#define TESSERA_INT8_STREAMS(NAME, TARGET, STEP)                                                                 \
+  TARGET void NAME(const Operands& p, const int* cols) {                                                       \
+    const int C = p.C, C32 = C & ~31;                                                                          \
+    [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);                                                \
+    const int8_t* w[kStreams];                                                                                 \
+    __m256i s[kStreams];                                                                                       \
+    for (int k = 0; k < kStreams; k++) {                                                                       \
+      w[k] = p.wq + static_cast<int64_t>(cols[k]) * C;                                                         \
+      s[k] = _mm256_setzero_si256();                                                                           \
+    }                                                                                                          \
+    for (int c = 0; c < C32; c += 32) {                                                                        \
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.xq + c));                        \
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.xa + c));                        \
+      _Pragma("GCC unroll 8") for (int k = 0; k < kStreams; k++) s[k] =                                        \
+          STEP(s[k], a, x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[k] + c)));                    \
+    }                                                                                                          \
+    int32_t acc[kStreams];                                                                                     \
+    for (int k = 0; k < kStreams; k++) acc[k] = hsum_avx2(s[k]) + dot_tail(p.xq, w[k], C32, C);                \
+    _mm256_zeroupper();                                                                                        \
+    for (int k = 0; k < kStreams; k++)                                                                         \
+      dequantize(p.out + cols[k], acc + k, 1, p.xs[0], p.wscale + cols[k], p.bias ? p.bias + cols[k] : nullptr); \
+  }
+
+TESSERA_INT8_STREAMS(streams_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
+TESSERA_INT8_STREAMS(streams_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
+
 template <int R, int K>
 void tile_generic(const Operands& p, int i0, int o0) {
   for (int r = 0; r < R; r++) {
@@ -258,6 +294,7 @@ struct GenericTile {
 };
 template <int R, int K>
 struct Avx2Tile {
+  static void streams(const Operands& p, const int* cols) { streams_avx2(p, cols); }
   static void run(const Operands& p, int i, int o) {
     if constexpr (R == 1 && K > 1)
       row_avx2<K>(p, i, o);
@@ -267,6 +304,7 @@ struct Avx2Tile {
 };
 template <int R, int K>
 struct VnniTile {
+  static void streams(const Operands& p, const int* cols) { streams_vnni(p, cols); }
   static void run(const Operands& p, int i, int o) {
     if constexpr (R == 1 && K > 1)
       row_vnni<K>(p, i, o);
@@ -302,6 +340,23 @@ void column_block(const Operands& p, int i_begin, int i_end, int o_begin, int o_
 // of them from L3 once per column block) by kColumnBlock columns.
 template <template <int, int> class Tile>
 void ours(const Operands& p, int N) {
+  if constexpr (requires(const Operands& q, const int* c) { Tile<1, 1>::streams(q, c); }) {
+    if (N == 1) {  // a decode step: each thread's columns as kStreams parts walked together
+#pragma omp parallel if (int64_t{p.OC} * p.C > 65536)
+      {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int o0 = static_cast<int>(int64_t{p.OC} * t / T), o1 = static_cast<int>(int64_t{p.OC} * (t + 1) / T);
+        const int part = (o1 - o0) / kStreams;
+        int cols[kStreams];
+        for (int j = 0; j < part; j++) {
+          for (int k = 0; k < kStreams; k++) cols[k] = o0 + k * part + j;
+          Tile<1, 1>::streams(p, cols);
+        }
+        if (o0 + kStreams * part < o1) column_block<Tile>(p, 0, 1, o0 + kStreams * part, o1);
+      }
+      return;
+    }
+  }
   const int cblocks = (p.OC + kColumnBlock - 1) / kColumnBlock;
   const int rblocks = (N + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for collapse(2) schedule(static) if (int64_t{N} * p.OC * p.C > 65536)

@@ -323,25 +323,29 @@ std::vector<uint8_t> unit_rows(Type t, int OC, int C, uint64_t seed) {
 }
 
 TEST(MatmulQ4, InterleavedKernelsAreExact) {
-  const int C = 1024, OC = 48;
-  for (Type t : {Type::kQ4_0, Type::kQ4_K}) {
-    const std::vector<uint8_t> w = unit_rows(t, OC, C, 5);
-    std::vector<uint8_t> packed(w.size());
-    q4::pack_x16(t, packed.data(), w.data(), OC, C);
-    for (int N : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {
-      const std::vector<float> x = unit_activations(N, C, 200 + N);
-      const std::vector<double> want = int64_oracle(t, x, w, N, C, OC);
-      std::vector<float> ref(want.size());
-      ref::matmul_q4_forward(ref.data(), x.data(), packed.data(), q4::x16_of(t), nullptr, N, C, OC);
-      for (size_t i = 0; i < want.size(); i++) ASSERT_EQ(ref[i], want[i]) << q4::type_name(t) << " ref " << i;
-      for (cpu::Int8Kernel k : kKernels) {
-        ForcedKernel f(k);
-        if (!f.ok()) continue;
-        std::vector<float> ours(want.size(), -1.0f);
-        cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), q4::x16_of(t), nullptr, N, C, OC);
-        for (size_t i = 0; i < want.size(); i++)
-          ASSERT_EQ(ours[i], want[i]) << q4::type_name(t) << " N=" << N << " " << cpu::q4_kernel_summary() << " at "
-                                      << i;
+  // OC = 176: 11 groups, a threaded decode step whose threads' groups do
+  // not split evenly into the one-row kernel's streams.
+  const int C = 1024;
+  for (int OC : {48, 176}) {
+    for (Type t : {Type::kQ4_0, Type::kQ4_K}) {
+      const std::vector<uint8_t> w = unit_rows(t, OC, C, 5);
+      std::vector<uint8_t> packed(w.size());
+      q4::pack_x16(t, packed.data(), w.data(), OC, C);
+      for (int N : {1, 2, 3, 4, 5, 8, 9, 13, 70}) {
+        const std::vector<float> x = unit_activations(N, C, 200 + N);
+        const std::vector<double> want = int64_oracle(t, x, w, N, C, OC);
+        std::vector<float> ref(want.size());
+        ref::matmul_q4_forward(ref.data(), x.data(), packed.data(), q4::x16_of(t), nullptr, N, C, OC);
+        for (size_t i = 0; i < want.size(); i++) ASSERT_EQ(ref[i], want[i]) << q4::type_name(t) << " ref " << i;
+        for (cpu::Int8Kernel k : kKernels) {
+          ForcedKernel f(k);
+          if (!f.ok()) continue;
+          std::vector<float> ours(want.size(), -1.0f);
+          cpu::matmul_q4_forward(ours.data(), x.data(), packed.data(), q4::x16_of(t), nullptr, N, C, OC);
+          for (size_t i = 0; i < want.size(); i++)
+            ASSERT_EQ(ours[i], want[i]) << q4::type_name(t) << " N=" << N << " " << cpu::q4_kernel_summary() << " at "
+                                        << i;
+        }
       }
     }
   }

@@ -11,6 +11,8 @@
 //   (a full tile's 16 sums in one transposing reduction), 1 x 8 at one row.
 // - avx2: tiles of up to 2 input rows x 4 weight rows, 8 ymm accumulators;
 //   1 x 8 at one row, the next tile prefetched.
+// At one row the 8 weight rows of a tile come from the 8 eighths of the
+// thread's share (weight_range), 8 streams a core.
 // - generic: plain loops (CPUs without AVX2).
 // A width that is not a multiple of the vector length ends in masked loads
 // (avx512) or a scalar tail (avx2). Each output is one dot product summed in
@@ -42,8 +44,8 @@ constexpr int kWeightRows = 4;  // weight rows a tile
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f")))
 
 template <int R, int K>
-TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
-  const int64_t C = a.C;
+TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stride) {
+  const int64_t C = a.C, S = stride * C, next = (stride == 1 ? K : 1) * C;
   const float* x = a.x + i * C;
   const float* w = a.w + o * C;
   __m512 acc[R][K];
@@ -52,7 +54,7 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
   int64_t c = 0;
   for (; c + 16 <= C; c += 16) {
     __m512 wv[K];
-    for (int k = 0; k < K; k++) wv[k] = _mm512_loadu_ps(w + k * C + c);
+    for (int k = 0; k < K; k++) wv[k] = _mm512_loadu_ps(w + k * S + c);
     // The next tile's weight rows, at this column, on their way to L2 while
     // these are multiplied (twice the streams in flight). With the
     // hardware prefetcher alone, cold 8-row products read at 18-25 GB/s and
@@ -60,7 +62,7 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
     // L1 (_MM_HINT_T0) helped short rows and cost long ones 5%, with L2
     // as the target all gain: +5-17% at one row, +34-75% at 8 rows on Zen 4
     // (BM_MatmulDecodeCold). A prefetch past the matrix's end does not fault.
-    for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * C + c), _MM_HINT_T1);
+    for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
     for (int r = 0; r < R; r++) {
       const __m512 xv = _mm512_loadu_ps(x + r * C + c);
       for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
@@ -69,13 +71,13 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
   if (c < C) {
     const __mmask16 m = static_cast<__mmask16>((1u << (C - c)) - 1);
     __m512 wv[K];
-    for (int k = 0; k < K; k++) wv[k] = _mm512_maskz_loadu_ps(m, w + k * C + c);
+    for (int k = 0; k < K; k++) wv[k] = _mm512_maskz_loadu_ps(m, w + k * S + c);
     for (int r = 0; r < R; r++) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * C + c);
       for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
     }
   }
-  if constexpr (R == 4 && K == 4) {
+  if constexpr (R == 4 && K == 4) {  // stride 1 only (weight_range)
     alignas(64) float sums[16];
     _mm512_store_ps(sums, hsum512_x16(&acc[0][0]));
     for (int r = 0; r < R; r++)
@@ -84,13 +86,14 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o) {
   } else {
     for (int r = 0; r < R; r++)
       for (int k = 0; k < K; k++)
-        a.out[(i + r) * int64_t{a.OC} + o + k] = hsum512(acc[r][k]) + (a.bias ? a.bias[o + k] : 0.0f);
+        a.out[(i + r) * int64_t{a.OC} + o + k * stride] =
+            hsum512(acc[r][k]) + (a.bias ? a.bias[o + k * stride] : 0.0f);
   }
 }
 
 template <int R, int K>
-TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o) {
-  const int64_t C = a.C;
+TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) {
+  const int64_t C = a.C, S = stride * C, next = (stride == 1 ? K : 1) * C;
   const float* x = a.x + i * C;
   const float* w = a.w + o * C;
   __m256 acc[R][K];
@@ -99,14 +102,14 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o) {
   int64_t c = 0;
   for (; c + 8 <= C; c += 8) {
     __m256 wv[K];
-    for (int k = 0; k < K; k++) wv[k] = _mm256_loadu_ps(w + k * C + c);
+    for (int k = 0; k < K; k++) wv[k] = _mm256_loadu_ps(w + k * S + c);
     // The next tile's rows into L2, as avx512 does, one prefetch a 64-byte
     // line: every other step. The one-row tile too: its half-line loads keep
     // half as many lines in flight as avx512's (without a prefetch the GPT-2
     // head read at 42-45 GB/s, 58-60 with one, on the machine of the time);
     // into L2 rather than L1: +13-34% at one row, +30-56% at 8 rows on Zen 4.
     if ((c & 15) == 0)
-      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * C + c), _MM_HINT_T1);
+      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
     for (int r = 0; r < R; r++) {
       const __m256 xv = _mm256_loadu_ps(x + r * C + c);
       for (int k = 0; k < K; k++) acc[r][k] = _mm256_fmadd_ps(xv, wv[k], acc[r][k]);
@@ -115,32 +118,34 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o) {
   for (int r = 0; r < R; r++)
     for (int k = 0; k < K; k++) {
       float s = hsum256_ps(acc[r][k]);
-      for (int64_t t = c; t < C; t++) s += x[r * C + t] * w[k * C + t];
-      a.out[(i + r) * int64_t{a.OC} + o + k] = s + (a.bias ? a.bias[o + k] : 0.0f);
+      for (int64_t t = c; t < C; t++) s += x[r * C + t] * w[k * S + t];
+      a.out[(i + r) * int64_t{a.OC} + o + k * stride] = s + (a.bias ? a.bias[o + k * stride] : 0.0f);
     }
 }
 
 template <int R, int K>
-void tile_generic(const Args& a, int i, int o) {
+void tile_generic(const Args& a, int i, int o, int64_t stride) {
   const int64_t C = a.C;
   for (int r = 0; r < R; r++)
     for (int k = 0; k < K; k++) {
       const float* x = a.x + (i + r) * C;
-      const float* w = a.w + (o + k) * C;
+      const float* w = a.w + (o + k * stride) * C;
       float s = 0;
       for (int64_t c = 0; c < C; c++) s += x[c] * w[c];
-      a.out[(i + r) * int64_t{a.OC} + o + k] = s + (a.bias ? a.bias[o + k] : 0.0f);
+      a.out[(i + r) * int64_t{a.OC} + o + k * stride] = s + (a.bias ? a.bias[o + k * stride] : 0.0f);
     }
 }
 
 using Kind = Fp32Isa;
 
+// Input rows [i, i + R) against the K weight rows o, o + stride, ..., o +
+// (K - 1) * stride.
 template <int R, int K>
-void tile(Kind kind, const Args& a, int i, int o) {
+void tile(Kind kind, const Args& a, int i, int o, int64_t stride = 1) {
   switch (kind) {
-    case Kind::kAvx512: tile_avx512<R, K>(a, i, o); break;
-    case Kind::kAvx2: tile_avx2<R, K>(a, i, o); break;
-    case Kind::kGeneric: tile_generic<R, K>(a, i, o); break;
+    case Kind::kAvx512: tile_avx512<R, K>(a, i, o, stride); break;
+    case Kind::kAvx2: tile_avx2<R, K>(a, i, o, stride); break;
+    case Kind::kGeneric: tile_generic<R, K>(a, i, o, stride); break;
   }
 }
 
@@ -164,11 +169,18 @@ void weight_block(Kind kind, const Args& a, int o) {
 
 // Weight rows [o_begin, o_end): blocks of kWeightRows, then one at a time.
 // One input row (a single decode step) takes 8 weight rows a tile on
-// avx512 and avx2: 8 independent accumulators hide the FMA latency.
+// avx512 and avx2: 8 independent accumulators hide the FMA latency, the 8
+// rows one from each eighth of the range, so that the memory sees 8
+// streams a core. On a 2-core Zen 3 one stream a core read 31-36 GB/s, 8
+// adjacent rows walked together 27-38 and 8 far-apart streams 50-52 (a
+// read loop, same minutes; docs/performance.md).
 void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
   int o = o_begin;
-  if (a.N == 1 && kind != Kind::kGeneric)
-    for (; o + 8 <= o_end; o += 8) tile<1, 8>(kind, a, 0, o);
+  if (a.N == 1 && kind != Kind::kGeneric) {
+    const int part = (o_end - o_begin) / 8;
+    for (int j = 0; j < part; j++) tile<1, 8>(kind, a, 0, o_begin + j, part);
+    o = o_begin + 8 * part;
+  }
   for (; o + kWeightRows <= o_end; o += kWeightRows) weight_block<kWeightRows>(kind, a, o);
   for (; o < o_end; o++) weight_block<1>(kind, a, o);
 }

@@ -17,6 +17,7 @@
 // rows is unpacked once for the R rows. One row (a decode step) takes 4
 // weight rows at a time; more rows take 2.
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -302,49 +303,74 @@ TESSERA_TARGET_VNNI512 void x16_vnni(const Operands& p, int i0, int g) {
 // of H = 1 read every line on the first and computed alone on the second),
 // 4 rows one (their 8 accumulators a half in registers). Each output's
 // sums are the same, in the same order, either way.
+// Block b (at y) of halves h0 .. h0 + H - 1 for R rows from i0, into acc.
+template <int R, int H>
+TESSERA_TARGET_AVX2 inline void x16_avx2_block(const Operands& p, int i0, int h0, const uint8_t* y, int b,
+                                               __m256 (*acc)[R]) {
+  const int nb = p.C / 32;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int e = 0; e < H; e++) {
+    const int h = h0 + e;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
+    __m256i w[8];
+    for (int q = 0; q < 4; q++) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 + 64 * q + 32 * h));
+      w[q] = _mm256_and_si256(raw, low);
+      w[q + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+    for (int r = 0; r < R; r++) {
+      const int64_t i = i0 + r;
+      const int8_t* a = p.a + i * p.C + b * 32;
+      __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load32(a)));
+      for (int q = 1; q < 8; q++) {
+        const __m256i av = _mm256_set1_epi32(load32(a + (q < 4 ? 4 * q : 16 + 4 * (q - 4))));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[q], av));
+      }
+      const __m256i sum = _mm256_add_epi32(_mm256_set1_epi32(-8 * p.sums[i * nb + b]), _mm256_madd_epi16(pairs, ones));
+      acc[e][r] =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(p.xs[i * nb + b])), acc[e][r]);
+    }
+  }
+}
+
+// Halves h0 .. h0 + H - 1 of group g's outputs for R rows from i0, plus the bias.
+template <int R, int H>
+TESSERA_TARGET_AVX2 inline void x16_avx2_store(const Operands& p, int i0, int h0, int g, __m256 (*acc)[R]) {
+  for (int e = 0; e < H; e++) {
+    const int h = h0 + e;
+    const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
+    for (int r = 0; r < R; r++)
+      _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h, _mm256_add_ps(acc[e][r], bias));
+  }
+}
+
 template <int R, int H = (R == 1 ? 2 : 1)>
 TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
   const int nb = p.C / 32;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16Bytes;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int h0 = 0; h0 < 2; h0 += H) {
     __m256 acc[H][R];
     for (int e = 0; e < H; e++)
       for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-      const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
-      for (int e = 0; e < H; e++) {
-        const int h = h0 + e;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16 * h)));
-        __m256i w[8];
-        for (int q = 0; q < 4; q++) {
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + 32 + 64 * q + 32 * h));
-          w[q] = _mm256_and_si256(raw, low);
-          w[q + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-        }
-        for (int r = 0; r < R; r++) {
-          const int64_t i = i0 + r;
-          const int8_t* a = p.a + i * p.C + b * 32;
-          __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(load32(a)));
-          for (int q = 1; q < 8; q++) {
-            const __m256i av = _mm256_set1_epi32(load32(a + (q < 4 ? 4 * q : 16 + 4 * (q - 4))));
-            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w[q], av));
-          }
-          const __m256i sum =
-              _mm256_add_epi32(_mm256_set1_epi32(-8 * p.sums[i * nb + b]), _mm256_madd_epi16(pairs, ones));
-          acc[e][r] =
-              _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(p.xs[i * nb + b])), acc[e][r]);
-        }
-      }
-    }
-    for (int e = 0; e < H; e++) {
-      const int h = h0 + e;
-      const __m256 bias = p.bias ? _mm256_loadu_ps(p.bias + g * 16 + 8 * h) : _mm256_setzero_ps();
-      for (int r = 0; r < R; r++)
-        _mm256_storeu_ps(p.out + (i0 + r) * static_cast<int64_t>(p.OC) + g * 16 + 8 * h,
-                         _mm256_add_ps(acc[e][r], bias));
-    }
+    for (int b = 0; b < nb; b++) x16_avx2_block<R, H>(p, i0, h0, base + static_cast<int64_t>(b) * kX16Bytes, b, acc);
+    x16_avx2_store<R, H>(p, i0, h0, g, acc);
   }
+}
+
+// One row (a decode step) against kGroupStreams groups far apart (each from
+// its own part of the thread's groups), block b of each in turn: the memory
+// sees kGroupStreams streams a core, not one (kStreams in matmul_int8.cc:
+// one stream a core read 31-36 GB/s on Zen 3, 8 far apart 50-52). Each
+// group's sums are x16_avx2<1>'s, in its order.
+constexpr int kGroupStreams = 4;
+TESSERA_TARGET_AVX2 void x16_avx2_streams(const Operands& p, int i, const int* groups) {
+  const int nb = p.C / 32;
+  __m256 acc[kGroupStreams][2][1];
+  for (auto& a : acc) a[0][0] = a[1][0] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++)
+    for (int k = 0; k < kGroupStreams; k++)
+      x16_avx2_block<1, 2>(p, i, 0, p.wq + (static_cast<int64_t>(groups[k]) * nb + b) * kX16Bytes, b, acc[k]);
+  for (int k = 0; k < kGroupStreams; k++) x16_avx2_store<1, 2>(p, i, 0, groups[k], acc[k]);
 }
 
 // ---- Q4_Kx16 (q4::pack_x16): a super-block of 16 rows at a time. The
@@ -569,41 +595,55 @@ TESSERA_TARGET_AVX2 void x16k_avx2(const Operands& p, int i0, int g) {
 // same loop order for 4 rows was slower, 600 -> 745 us at 32 rows, so the
 // tile keeps its own). The int16 and int32 sums are the same integers in
 // any order; the fp32 steps are the tile's, in its order.
+// Super-block b (at y) of both halves for row i, into acc (a half each).
+TESSERA_TARGET_AVX2 inline void x16k_avx2_row_block(const Operands& p, int i, const uint8_t* y, int b, __m256* acc) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  // Sub-block j's scales of each half, in both int16 halves of each lane.
+  __m256i sc[2][8];
+  for (int h = 0; h < 2; h++) {
+    const ScalesMins256 sm = scales_mins_256(y + 64, h);
+    for (int j = 0; j < 8; j++) {
+      const __m256i sc1 = byte_256(sm.sc[j / 4], j);
+      sc[h][j] = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
+    }
+  }
+  __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) {
+    const uint8_t* chunks = y + 256 + 512 * (j / 2);
+    const int8_t* a = p.a + static_cast<int64_t>(i) * p.C + 256 * b + 32 * j;
+    __m256i pairs[2];
+    for (int c = 0; c < 8; c++) {
+      const __m256i av = _mm256_set1_epi32(load32(a + 4 * c));
+      for (int h = 0; h < 2; h++) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c + 32 * h));
+        const __m256i m = _mm256_maddubs_epi16(_mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low), av);
+        pairs[h] = c == 0 ? m : _mm256_add_epi16(pairs[h], m);
+      }
+    }
+    for (int h = 0; h < 2; h++) isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(pairs[h], sc[h][j]));
+  }
+  for (int h = 0; h < 2; h++) x16k_avx2_super_block<1>(p, y, scales_mins_256(y + 64, h), h, i, b, &isum[h], &acc[h]);
+}
+
 TESSERA_TARGET_AVX2 void x16k_avx2_row(const Operands& p, int i, int g) {
   const int nb = p.C / 256;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;
-  const __m256i low = _mm256_set1_epi8(0x0F);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // a half each
-  for (int b = 0; b < nb; b++) {
-    const uint8_t* y = base + static_cast<int64_t>(b) * kX16KBytes;
-    // Sub-block j's scales of each half, in both int16 halves of each lane.
-    __m256i sc[2][8];
-    for (int h = 0; h < 2; h++) {
-      const ScalesMins256 sm = scales_mins_256(y + 64, h);
-      for (int j = 0; j < 8; j++) {
-        const __m256i sc1 = byte_256(sm.sc[j / 4], j);
-        sc[h][j] = _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16));
-      }
-    }
-    __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; j++) {
-      const uint8_t* chunks = y + 256 + 512 * (j / 2);
-      const int8_t* a = p.a + static_cast<int64_t>(i) * p.C + 256 * b + 32 * j;
-      __m256i pairs[2];
-      for (int c = 0; c < 8; c++) {
-        const __m256i av = _mm256_set1_epi32(load32(a + 4 * c));
-        for (int h = 0; h < 2; h++) {
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + 64 * c + 32 * h));
-          const __m256i m = _mm256_maddubs_epi16(_mm256_and_si256(j % 2 ? _mm256_srli_epi16(raw, 4) : raw, low), av);
-          pairs[h] = c == 0 ? m : _mm256_add_epi16(pairs[h], m);
-        }
-      }
-      for (int h = 0; h < 2; h++) isum[h] = _mm256_add_epi32(isum[h], _mm256_madd_epi16(pairs[h], sc[h][j]));
-    }
-    for (int h = 0; h < 2; h++) x16k_avx2_super_block<1>(p, y, scales_mins_256(y + 64, h), h, i, b, &isum[h], &acc[h]);
-  }
+  for (int b = 0; b < nb; b++) x16k_avx2_row_block(p, i, base + static_cast<int64_t>(b) * kX16KBytes, b, acc);
   for (int h = 0; h < 2; h++) x16k_avx2_store<1>(p, g, h, i, &acc[h]);
+}
+
+// x16_avx2_streams for Q4_Kx16: super-block b of each group in turn.
+TESSERA_TARGET_AVX2 void x16k_avx2_streams(const Operands& p, int i, const int* groups) {
+  const int nb = p.C / 256;
+  __m256 acc[kGroupStreams][2];
+  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++)
+    for (int k = 0; k < kGroupStreams; k++)
+      x16k_avx2_row_block(p, i, p.wq + (static_cast<int64_t>(groups[k]) * nb + b) * kX16KBytes, b, acc[k]);
+  for (int k = 0; k < kGroupStreams; k++)
+    for (int h = 0; h < 2; h++) x16k_avx2_store<1>(p, groups[k], h, i, &acc[k][h]);
 }
 
 enum class X16Kind { kGeneric, kAvx2, kVnni512 };
@@ -764,6 +804,26 @@ void matmul_q4_forward(float* out, const float* inp, const uint8_t* wq, q4::Type
       if (groups % 2)
         for (int rb = 0; rb < rblocks; rb++)
           x16_rows(kind, type, p, rb * kRowBlock, std::min(N, (rb + 1) * kRowBlock), groups - 1);
+      return;
+    }
+    if (kind == X16Kind::kAvx2 && N == 1) {
+      // A decode step: each thread's groups as kGroupStreams parts walked
+      // together (x16_avx2_streams).
+#pragma omp parallel if (int64_t{OC} * C > 65536)
+      {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int g0 = static_cast<int>(int64_t{groups} * t / T), g1 = static_cast<int>(int64_t{groups} * (t + 1) / T);
+        const int part = (g1 - g0) / kGroupStreams;
+        int gs[kGroupStreams];
+        for (int j = 0; j < part; j++) {
+          for (int k = 0; k < kGroupStreams; k++) gs[k] = g0 + k * part + j;
+          if (type == q4::Type::kQ4_Kx16)
+            x16k_avx2_streams(p, 0, gs);
+          else
+            x16_avx2_streams(p, 0, gs);
+        }
+        for (int g = g0 + kGroupStreams * part; g < g1; g++) x16_rows(kind, type, p, 0, 1, g);
+      }
       return;
     }
 #pragma omp parallel for collapse(2) schedule(static) if (int64_t{N} * OC * C > 65536)

@@ -108,7 +108,10 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) 
     // half as many lines in flight as avx512's (without a prefetch the GPT-2
     // head read at 42-45 GB/s, 58-60 with one, on the machine of the time);
     // into L2 rather than L1: +13-34% at one row, +30-56% at 8 rows on Zen 4.
-    if ((c & 15) == 0)
+    // Not for rows far apart (stride > 1), which are 8 streams already: on
+    // Zen 3 the prefetch held them to 0.78-0.86 of the read roof read right
+    // after, 0.94-0.97 without (BM_MatmulDecodeCold/0/*/1, two runs each).
+    if ((c & 15) == 0 && stride == 1)
       for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
     for (int r = 0; r < R; r++) {
       const __m256 xv = _mm256_loadu_ps(x + r * C + c);

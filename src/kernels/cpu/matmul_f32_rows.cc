@@ -11,8 +11,8 @@
 //   (a full tile's 16 sums in one transposing reduction), 1 x 8 at one row.
 // - avx2: tiles of up to 2 input rows x 4 weight rows, 8 ymm accumulators;
 //   1 x 8 at one row, the next tile prefetched.
-// At one row the 8 weight rows of a tile come from the 8 eighths of the
-// thread's share (weight_range), 8 streams a core.
+// A tile's weight rows come from 8 (one row) or 4 parts of the thread's
+// share, 8 or 4 streams a core (weight_range).
 // - generic: plain loops (CPUs without AVX2).
 // A width that is not a multiple of the vector length ends in masked loads
 // (avx512) or a scalar tail (avx2). Each output is one dot product summed in
@@ -62,7 +62,8 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stri
     // L1 (_MM_HINT_T0) helped short rows and cost long ones 5%, with L2
     // as the target all gain: +5-17% at one row, +34-75% at 8 rows on Zen 4
     // (BM_MatmulDecodeCold). A prefetch past the matrix's end does not fault.
-    for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
+    if (stride == 1)  // rows far apart are streams already (tile_avx2)
+      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
     for (int r = 0; r < R; r++) {
       const __m512 xv = _mm512_loadu_ps(x + r * C + c);
       for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
@@ -77,12 +78,13 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stri
       for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
     }
   }
-  if constexpr (R == 4 && K == 4) {  // stride 1 only (weight_range)
+  if constexpr (R == 4 && K == 4) {
     alignas(64) float sums[16];
     _mm512_store_ps(sums, hsum512_x16(&acc[0][0]));
     for (int r = 0; r < R; r++)
       for (int k = 0; k < K; k++)
-        a.out[(i + r) * int64_t{a.OC} + o + k] = sums[r * 4 + k] + (a.bias ? a.bias[o + k] : 0.0f);
+        a.out[(i + r) * int64_t{a.OC} + o + k * stride] =
+            sums[r * 4 + k] + (a.bias ? a.bias[o + k * stride] : 0.0f);
   } else {
     for (int r = 0; r < R; r++)
       for (int k = 0; k < K; k++)
@@ -152,37 +154,47 @@ void tile(Kind kind, const Args& a, int i, int o, int64_t stride = 1) {
   }
 }
 
-// Every input row against weight rows [o, o + K).
+// Every input row against weight rows o, o + stride, ..., o + (K - 1) * stride.
 template <int K>
-void weight_block(Kind kind, const Args& a, int o) {
+void weight_block(Kind kind, const Args& a, int o, int64_t stride = 1) {
   int i = 0;
   if (kind == Kind::kAvx512) {
-    for (; i + 4 <= a.N; i += 4) tile<4, K>(kind, a, i, o);
+    for (; i + 4 <= a.N; i += 4) tile<4, K>(kind, a, i, o, stride);
     switch (a.N - i) {
-      case 3: tile<3, K>(kind, a, i, o); break;
-      case 2: tile<2, K>(kind, a, i, o); break;
-      case 1: tile<1, K>(kind, a, i, o); break;
+      case 3: tile<3, K>(kind, a, i, o, stride); break;
+      case 2: tile<2, K>(kind, a, i, o, stride); break;
+      case 1: tile<1, K>(kind, a, i, o, stride); break;
       default: break;
     }
   } else {
-    for (; i + 2 <= a.N; i += 2) tile<2, K>(kind, a, i, o);
-    if (i < a.N) tile<1, K>(kind, a, i, o);
+    for (; i + 2 <= a.N; i += 2) tile<2, K>(kind, a, i, o, stride);
+    if (i < a.N) tile<1, K>(kind, a, i, o, stride);
   }
 }
 
 // Weight rows [o_begin, o_end): blocks of kWeightRows, then one at a time.
 // One input row (a single decode step) takes 8 weight rows a tile on
-// avx512 and avx2: 8 independent accumulators hide the FMA latency, the 8
-// rows one from each eighth of the range, so that the memory sees 8
-// streams a core. On a 2-core Zen 3 one stream a core read 31-36 GB/s, 8
-// adjacent rows walked together 27-38 and 8 far-apart streams 50-52 (a
-// read loop, same minutes; docs/performance.md).
+// avx512 and avx2: 8 independent accumulators hide the FMA latency. A tile's
+// (a block's) weight rows come one from each eighth (quarter) of the range,
+// so that the memory sees 8 (4) streams a core. On a 2-core Zen 3 one
+// stream a core read 31-36 GB/s, 8 adjacent rows walked together 27-38 and
+// 8 far-apart streams 50-52 (a read loop, same minutes; docs/performance.md).
+// More rows than one walk far-apart blocks only where a row is a multiple
+// of 4 KiB (its lines share cache sets with its neighbours' anyway): 8 rows
+// x 2048 x 11264 cold 5.3-5.4 -> 4.4-4.5 ms there, while 8 x 768 x 3072,
+// whose adjacent rows spread over the sets, went 448-467 -> 595-604 us
+// (BM_MatmulDecodeCold/0/*/8, Zen 3).
 void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
   int o = o_begin;
-  if (a.N == 1 && kind != Kind::kGeneric) {
-    const int part = (o_end - o_begin) / 8;
-    for (int j = 0; j < part; j++) tile<1, 8>(kind, a, 0, o_begin + j, part);
-    o = o_begin + 8 * part;
+  if (kind != Kind::kGeneric && (a.N == 1 || a.C % 1024 == 0)) {
+    const int K = a.N == 1 ? 8 : kWeightRows, part = (o_end - o_begin) / K;
+    for (int j = 0; j < part; j++) {
+      if (a.N == 1)
+        tile<1, 8>(kind, a, 0, o_begin + j, part);
+      else
+        weight_block<kWeightRows>(kind, a, o_begin + j, part);
+    }
+    o = o_begin + K * part;
   }
   for (; o + kWeightRows <= o_end; o += kWeightRows) weight_block<kWeightRows>(kind, a, o);
   for (; o < o_end; o++) weight_block<1>(kind, a, o);

@@ -9,7 +9,8 @@
 // also reads its keys and values: of_roof counts those bytes too (the
 // roofline of the whole step). Bandwidth is the read roof measured here
 // (perf::read_gb_per_s: all threads streaming a 256 MB buffer, reads only,
-// best of 20) before the model is loaded; the STREAM triad is printed
+// as 8, 1 or 4 streams a thread in turn, best of 20) before the model is
+// loaded; the STREAM triad is printed
 // beside it. The host's roof moves from minute to minute (33-66 GB/s on
 // a shared 2-vCPU Zen 4), so when the weights are 4 x the
 // last-level cache the roof is measured again right after each batch's

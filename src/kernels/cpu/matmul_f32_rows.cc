@@ -45,7 +45,7 @@ constexpr int kWeightRows = 4;  // weight rows a tile
 
 template <int R, int K>
 TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stride) {
-  const int64_t C = a.C, S = stride * C, next = (stride == 1 ? K : 1) * C;
+  const int64_t C = a.C, S = stride * C;
   const float* x = a.x + i * C;
   const float* w = a.w + o * C;
   __m512 acc[R][K];
@@ -63,7 +63,7 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stri
     // as the target all gain: +5-17% at one row, +34-75% at 8 rows on Zen 4
     // (BM_MatmulDecodeCold). A prefetch past the matrix's end does not fault.
     if (stride == 1)  // rows far apart are streams already (tile_avx2)
-      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
+      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * C + c), _MM_HINT_T1);
     for (int r = 0; r < R; r++) {
       const __m512 xv = _mm512_loadu_ps(x + r * C + c);
       for (int k = 0; k < K; k++) acc[r][k] = _mm512_fmadd_ps(xv, wv[k], acc[r][k]);
@@ -95,7 +95,7 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stri
 
 template <int R, int K>
 TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) {
-  const int64_t C = a.C, S = stride * C, next = (stride == 1 ? K : 1) * C;
+  const int64_t C = a.C, S = stride * C;
   const float* x = a.x + i * C;
   const float* w = a.w + o * C;
   __m256 acc[R][K];
@@ -114,7 +114,7 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) 
     // Zen 3 the prefetch held them to 0.78-0.86 of the read roof read right
     // after, 0.94-0.97 without (BM_MatmulDecodeCold/0/*/1, two runs each).
     if ((c & 15) == 0 && stride == 1)
-      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + k * S + next + c), _MM_HINT_T1);
+      for (int k = 0; k < K; k++) _mm_prefetch(reinterpret_cast<const char*>(w + (K + k) * C + c), _MM_HINT_T1);
     for (int r = 0; r < R; r++) {
       const __m256 xv = _mm256_loadu_ps(x + r * C + c);
       for (int k = 0; k < K; k++) acc[r][k] = _mm256_fmadd_ps(xv, wv[k], acc[r][k]);

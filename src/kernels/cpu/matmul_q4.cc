@@ -298,11 +298,6 @@ TESSERA_TARGET_VNNI512 void x16_vnni(const Operands& p, int i0, int g) {
 // 8 of a block (its 32 inputs) add in int16 exactly (|sum| <= 30720), and
 // one vpmaddwd by ones widens them to int32: the same integers as widening
 // each pair sum, with 7 adds in place of 8 vpmaddwd and 8 adds.
-// H halves a walk over the group's blocks: one row takes both (each line
-// of the group's blocks read once, in address order; the half-line walks
-// of H = 1 read every line on the first and computed alone on the second),
-// 4 rows one (their 8 accumulators a half in registers). Each output's
-// sums are the same, in the same order, either way.
 // Block b (at y) of halves h0 .. h0 + H - 1 for R rows from i0, into acc.
 template <int R, int H>
 TESSERA_TARGET_AVX2 inline void x16_avx2_block(const Operands& p, int i0, int h0, const uint8_t* y, int b,
@@ -344,6 +339,12 @@ TESSERA_TARGET_AVX2 inline void x16_avx2_store(const Operands& p, int i0, int h0
   }
 }
 
+// R rows from i0 against group g. H halves a walk over the group's blocks:
+// one row takes both (each line of the group's blocks read once, in
+// address order; the half-line walks of H = 1 read every line on the first
+// and computed alone on the second), 4 rows one (their 8 accumulators a
+// half in registers). Each output's sums are the same, in the same order,
+// either way.
 template <int R, int H = (R == 1 ? 2 : 1)>
 TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
   const int nb = p.C / 32;
@@ -626,6 +627,7 @@ TESSERA_TARGET_AVX2 inline void x16k_avx2_row_block(const Operands& p, int i, co
   for (int h = 0; h < 2; h++) x16k_avx2_super_block<1>(p, y, scales_mins_256(y + 64, h), h, i, b, &isum[h], &acc[h]);
 }
 
+// Group g for row i: x16k_avx2_row_block over its super-blocks.
 TESSERA_TARGET_AVX2 void x16k_avx2_row(const Operands& p, int i, int g) {
   const int nb = p.C / 256;
   const uint8_t* base = p.wq + static_cast<int64_t>(g) * nb * kX16KBytes;

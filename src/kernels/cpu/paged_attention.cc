@@ -1,35 +1,42 @@
 // The ragged-batch kernels of ops.inc on the CPU: the encoder with explicit
 // positions, the KV-cache write, and attention over a paged cache.
 //
-// Attention: one item per OpenMP iteration, dealt round-robin (a row's work
-// grows with its position): a row's heads, whole, or in as many pieces as
-// it takes to give every thread one when the rows are fewer than the
-// threads (a decode step). Each item walks its sequence's blocks in
-// position order, reading its heads' slice of each key row at once (a
-// block's rows are contiguous, stride KV * hs). Scores live in a
-// per-thread buffer that grows to the longest sequence seen and is then
-// reused (decode steps allocate nothing).
+// Attention walks each row's blocks in position order, once (flash
+// decoding): a block's scores for the heads at hand, their exponentials
+// against the block's own largest score, the block's weighted values, and
+// the block joined to each head's running softmax (combine), every path in
+// the same order, so a row's bits do not depend on the threads or on the
+// other rows. Two ways to share the work:
+// - Rows at least as many as the threads (prefill, decode of many
+//   sequences): one item per OpenMP iteration, dealt round-robin (a row's
+//   work grows with its position), a row's heads whole, or in pieces when
+//   the rows and their blocks are both fewer than the threads.
+// - Fewer rows than threads with enough blocks (a decode step):
+//   attention_split, the threads split the blocks, every head of them, and
+//   join each head's blocks after meeting.
+// Scratch lives in per-thread buffers that grow and are then reused
+// (decode steps allocate nothing).
 //
 // A decode step finds its cache in memory (the weights' stream has evicted
-// it since the last step), and an item's slices, a few hundred bytes a
-// row, a row apart, are a pattern the hardware prefetcher does not follow
-// far enough: while a head reads a block, the same head's slice of the next
-// block (after the last key block, the first value block) is prefetched
-// into L2, one line for each line read, so the requests spread over the
-// block's work. BM_PagedAttentionDecode on Zen 4 (2 threads, the cache from
-// memory): GPT-2's shape 24.5-25 -> 27.6-28.6 GB/s, TinyLlama's 8.6-9.0 ->
-// 10.3-10.7.
-// (All of a next block's lines at once, at a block's start, did not help:
-// the requests queue behind each other.)
+// it since the last step). Split by heads, a thread read a slice of every
+// row (GPT-2, 2 threads: 768 of each 1536 bytes), which Zen 2's prefetchers
+// follow at 11-14 GB/s against 26-31 for runs of whole rows; a block's rows
+// are contiguous, so split by blocks a thread reads runs of whole rows, and
+// scores_rows_avx2 reads each key row from its start. While a block's keys
+// are read its values are prefetched into L2, and while its values are
+// read the next block's keys, one line for each line read, so the requests
+// spread over the block's work. (All of a next block's lines at once, at a
+// block's start, did not help: the requests queue behind each other.)
+// BM_PagedAttentionDecode, fp16 cache, Zen 2, 2 threads, interleaved with
+// the three-pass head-split code it replaced (docs/performance.md): GPT-2's
+// shape 1.2-1.3x, TinyLlama's 1.4-1.5x.
 //
 // Grouped-query attention (more query heads than key/value heads: 8 a
 // key/value head in TinyLlama) made the per-head kernels compute-bound, a
 // key row loaded, converted and reduced once for each query head: an item
-// with 2 or more query heads a key/value head now takes the group kernels,
+// with 2 or more query heads a key/value head takes the group kernels,
 // which convert and transpose a block's keys once and load its values once
 // for all of them, with the same bits (scores_group_avx512).
-// BM_PagedAttentionDecode, TinyLlama's shape, 512 positions, Zen 4: 2 ->
-// 1.3 ms (fp32 cache), 1.9 -> 1.5 (fp16); one thread 1.5-1.6x.
 //
 // The cache holds fp32 or fp16 (KvDtype::kF16): every kernel below is a
 // template on the element type, whose loads convert fp16 to fp32 exactly,
@@ -52,61 +59,42 @@ namespace tessera::cpu {
 namespace {
 
 // One item: heads g + r * KV for g in [g0, g1), r in [r0, r1) of one row
-// (q: the row's queries, head h at h * hs; out: its output, the same
-// layout). kcache/vcache rows hold KV * hs floats; position t sits at pool
-// row blocks[t / bs] * bs + t % bs. For each head, out (hs) = softmax(scale
-// q.k) v over keys 0..n_keys-1. scores: (r1 - r0) * (g1 - g0) * n_keys floats
-// of scratch.
+// (q: the row's queries, head h at h * hs) over the row's blocks [b0, b1)
+// (all of them, but where the threads split a row's blocks:
+// attention_split). kcache/vcache rows hold KV * hs elements; position t
+// sits at pool row blocks[t / bs] * bs + t % bs, and the row attends to
+// positions 0..n_keys-1. The item's head e (index(g, r)) scores a block
+// into s + e * bs and adds its weighted values to p + e * hs.
 template <class T>
 struct Item {
-  float* out;
   const float* q;
   const T* kcache;
   const T* vcache;
   const int* blocks;
-  int n_keys, bs, hs, KV, g0, g1, r0, r1;
+  int n_keys, bs, hs, KV, g0, g1, r0, r1, b0, b1;
   float scale;
-  float* scores;
 
   int64_t row_floats() const { return static_cast<int64_t>(KV) * hs; }
   int heads() const { return (r1 - r0) * (g1 - g0); }
-  // Head e of the item (e = (r - r0) * (g1 - g0) + g - g0): its scores.
-  float* head_scores(int e) const { return scores + static_cast<int64_t>(e) * n_keys; }
-
-  // f(g, k, n, t0, next) for every block of the pool (kcache or vcache) in
-  // position order and every key/value head g of the item: k is head g's
-  // slice of the block's first row (row j at k + j * row_floats()), n the
-  // rows in use, t0 the block's first position; next the same slice of the
-  // block to prefetch (the next block, or after the last one the first
-  // block of `then`, the pool read next; null past that). The query heads
-  // that share g come one after the other, inside f, so the slice is read
-  // from memory once and then from L1 (TinyLlama's 8 a key/value head: +9%
-  // in BM_PagedAttentionDecode against key/value heads in the inner loop).
-  template <class F>
-  void each_block_group(const T* pool, const T* then, F&& f) const {
-    const int64_t C = row_floats();
-    for (int t0 = 0; t0 < n_keys; t0 += bs) {
-      const T* block = pool + static_cast<int64_t>(blocks[t0 / bs]) * bs * C;
-      const T* next = t0 + bs < n_keys ? pool + static_cast<int64_t>(blocks[t0 / bs + 1]) * bs * C
-                      : then           ? then + static_cast<int64_t>(blocks[0]) * bs * C
-                                       : nullptr;
-      const int n = std::min(bs, n_keys - t0);
-      for (int g = g0; g < g1; g++)
-        f(g, block + static_cast<int64_t>(g) * hs, n, t0, next ? next + static_cast<int64_t>(g) * hs : nullptr);
-    }
-  }
-  // Query head r of key/value head g: its index in the model and its scores.
+  // Query head r of key/value head g: its index in the model, in the item.
   int head(int g, int r) const { return g + r * KV; }
-  float* group_scores(int g, int r) const { return head_scores((r - r0) * (g1 - g0) + g - g0); }
+  int index(int g, int r) const { return (r - r0) * (g1 - g0) + g - g0; }
+  // Block b of a pool: its first row; b past b1: null (nothing to prefetch).
+  const T* block(const T* pool, int b) const {
+    return b < b1 ? pool + static_cast<int64_t>(blocks[b]) * bs * row_floats() : nullptr;
+  }
+  int rows(int b) const { return std::min(bs, n_keys - b * bs); }
 };
 
-// Three passes over the item's blocks, in position order: the scores of
-// every head, block by block (a block's rows are contiguous, and the item's
-// heads read their slice of each row while the block is in cache), the
-// softmax of each head, then the values, block by block. A head's sums do
-// not depend on which other heads share its item, so the result does not
-// depend on the number of threads. Three kernels of the first and last
-// pass: avx512 (16 keys a reduction), avx2 (8), and plain loops.
+// One pass over the item's blocks, in position order (a flash-decoding
+// walk): a block's scores for every head of the item (its rows are
+// contiguous, and the heads read their slice of each row while the block
+// is in cache), their exponentials against the block's own largest score,
+// the block's weighted values, and the block joined to each head's running
+// softmax (combine). A head's sums do not depend on which other heads
+// share its item, nor on which thread took which block, so the result does
+// not depend on the number of threads. Three kernels of the scores and the
+// values: avx512 (16 keys a reduction), avx2 (8), and plain loops.
 
 #define TESSERA_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TESSERA_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f")))
@@ -147,6 +135,17 @@ TESSERA_TARGET_AVX2 inline __m256 load8_first(const uint16_t* p, __m256i /*mask*
 template <class T>
 inline void prefetch_line(const T* pf, int64_t row, int64_t C, int col) {
   if (pf && (col * sizeof(T)) % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(pf + row * C + col), _MM_HINT_T1);
+}
+// The same for the lines that start in columns [col, col + n) of the
+// slice: a kernel's loads of n columns of a row, past the loop over them
+// (a branch in that loop kept GCC from holding its accumulators in
+// registers: each FMA went through the stack).
+template <class T>
+inline void prefetch_lines(const T* pf, int64_t row, int64_t C, int col, int n) {
+  if (!pf) return;
+  constexpr int kPer = 64 / sizeof(T);
+  for (int c = (col + kPer - 1) / kPer * kPer; c < col + n; c += kPer)
+    _mm_prefetch(reinterpret_cast<const char*>(pf + row * C + c), _MM_HINT_T1);
 }
 
 inline float load1(float x) { return x; }
@@ -209,6 +208,51 @@ TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const T* k,
     alignas(32) float sums[8];
     _mm256_store_ps(sums, _mm256_mul_ps(hsum256_x8(acc), _mm256_set1_ps(scale)));
     std::copy_n(sums, std::min(8, n - j0), s + j0);
+  }
+}
+
+// scores_block_avx2 for H heads side by side (key/value heads g0.. of
+// one query head each: head i's slice of row j at k + j * C + i * hs, its
+// scores to s[i]), walking each row once from its start: four rows at a
+// time, head by head, each head's 8-lane sums kept in `part` until 8 rows
+// have them, then reduced as scores_block_avx2 reduces its own, so the
+// bits are the same. A head at a time, a block's rows are read a slice (a
+// few hundred bytes) a row apart, a pattern Zen 2's prefetchers follow
+// at about 2/3 of the rate of one that reads whole rows in order. pf: the
+// next block's rows, prefetched a row for each row read. hs % 8 == 0.
+constexpr int kRowsMaxHeads = 64;
+
+template <class T>
+TESSERA_TARGET_AVX2 void scores_rows_avx2(float* const* s, const float* q, int H, const T* k, int64_t C, int n,
+                                          int hs, float scale, const T* pf) {
+  alignas(32) float part[kRowsMaxHeads * 8 * 8];  // [head][row of 8][lane]
+  const int64_t span = static_cast<int64_t>(H) * hs;
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const int m = std::min(8, n - j0);
+    for (int r0 = 0; r0 < m; r0 += 4) {
+      const T* rows[4];
+      for (int r = 0; r < 4; r++) rows[r] = k + (j0 + std::min(r0 + r, m - 1)) * C;
+      for (int h = 0; h < H; h++) {
+        const float* qh = q + static_cast<int64_t>(h) * hs;
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int d = 0; d < hs; d += 8) {
+          const __m256 qv = _mm256_loadu_ps(qh + d);
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; r++) acc[r] = _mm256_fmadd_ps(qv, load8(rows[r] + h * hs + d), acc[r]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) _mm256_store_ps(part + (h * 8 + r0 + r) * 8, acc[r]);
+      }
+      if (pf)
+        for (int r = r0; r < std::min(m, r0 + 4); r++) prefetch_lines(pf + (j0 + r) * C, 0, C, 0, static_cast<int>(span));
+    }
+    for (int h = 0; h < H; h++) {
+      __m256 acc[8];
+      for (int r = 0; r < 8; r++) acc[r] = _mm256_load_ps(part + (h * 8 + std::min(r, m - 1)) * 8);
+      alignas(32) float sums[8];
+      _mm256_store_ps(sums, _mm256_mul_ps(hsum256_x8(acc), _mm256_set1_ps(scale)));
+      std::copy_n(sums, m, s[h] + j0);
+    }
   }
 }
 
@@ -352,23 +396,128 @@ TESSERA_TARGET_AVX2 void scores_group_avx2(float* const* s, const float* const* 
   }
 }
 
-// Each head's scores -> its softmax weights, in place.
-template <class T>
-TESSERA_CPU_CLONES void softmax_heads(const Item<T>& it) {
-  for (int e = 0; e < it.heads(); e++) {
-    float* s = it.head_scores(e);
-    float maxval = -INFINITY;
-    for (int t = 0; t < it.n_keys; t++) maxval = std::max(maxval, s[t]);
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int t = 0; t < it.n_keys; t++) {
-      s[t] = exp_approx(s[t] - maxval);
-      sum += s[t];
-    }
-    const float inv_sum = 1.0f / sum;
-#pragma omp simd
-    for (int t = 0; t < it.n_keys; t++) s[t] *= inv_sum;
+// A block's n scores of one head -> exp(s - m) in place, m the largest of
+// them; *l_out: their sum. Plain loops (the generic kernels).
+void block_softmax_generic(float* s, int n, float* m_out, float* l_out) {
+  float m = -INFINITY;
+  for (int j = 0; j < n; j++) m = std::max(m, s[j]);
+  float l = 0.0f;
+  for (int j = 0; j < n; j++) {
+    s[j] = exp_approx(s[j] - m);
+    l += s[j];
   }
+  *m_out = m;
+  *l_out = l;
+}
+
+// exp_approx's steps on 8 lanes, its polynomial in FMAs (so not its bits:
+// the vector kernels' paths all take this one).
+TESSERA_TARGET_AVX2 inline __m256 exp8(__m256 x) {
+  const __m256 magic = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 t = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256 n = _mm256_sub_ps(t, magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i k = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(magic));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+  const __m256 y = _mm256_andnot_ps(low, _mm256_mul_ps(e, scale));
+  return _mm256_blendv_ps(y, x, nan);
+}
+
+// The lanes of 8 from j that are under n: all ones.
+TESSERA_TARGET_AVX2 inline __m256i lanes_under(int n, int j) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// block_softmax_generic for the vector kernels, 8 scores at a time; s has
+// room for `room` (>= n) floats. The lanes past n: -inf in the largest,
+// 0 in the sum; stored as 0 where they fit in the room (a masked store,
+// vmaskmovps, is microcoded on AMD: a fifth of this function's time on Zen
+// 2), else left alone.
+TESSERA_TARGET_AVX2 void block_softmax_avx2(float* s, int n, int room, float* m_out, float* l_out) {
+  __m256 top = _mm256_set1_ps(-INFINITY);
+  for (int j = 0; j < n; j += 8) {
+    const __m256 keep = _mm256_castsi256_ps(lanes_under(n, j));
+    const __m256 x = j + 8 <= room ? _mm256_loadu_ps(s + j) : _mm256_maskload_ps(s + j, _mm256_castps_si256(keep));
+    top = _mm256_max_ps(top, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, keep));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float m = _mm_cvtss_f32(h);
+  __m256 sum = _mm256_setzero_ps();
+  for (int j = 0; j < n; j += 8) {
+    const __m256 keep = _mm256_castsi256_ps(lanes_under(n, j));
+    const bool whole = j + 8 <= room;
+    const __m256 x = whole ? _mm256_loadu_ps(s + j) : _mm256_maskload_ps(s + j, _mm256_castps_si256(keep));
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(x, _mm256_set1_ps(m))), keep);
+    if (whole) {
+      _mm256_storeu_ps(s + j, e);
+    } else {
+      alignas(32) float part[8];
+      _mm256_store_ps(part, e);
+      std::copy_n(part, n - j, s + j);
+    }
+    sum = _mm256_add_ps(sum, e);
+  }
+  *m_out = m;
+  *l_out = hsum256_ps(sum);
+}
+
+// One head's running softmax over its blocks so far, in position order: M
+// the largest score, L the sum of exp(s - M), O (hs) the sum of exp(s - M)
+// v. A block's (m, l, P: block_softmax's and the values') joins it; the
+// first block sets it. Every path of this file goes through here in block
+// order, so their bits are the same.
+void combine_generic(float* M, float* L, float* O, float m, float l, const float* P, int hs, bool first) {
+  if (first) {
+    *M = m;
+    *L = l;
+    std::copy_n(P, hs, O);
+    return;
+  }
+  const float top = std::max(*M, m);
+  const float a = *M == top ? 1.0f : exp_approx(*M - top), c = m == top ? 1.0f : exp_approx(m - top);
+  *M = top;
+  *L = *L * a + l * c;
+  for (int d = 0; d < hs; d++) O[d] = O[d] * a + P[d] * c;
+}
+
+TESSERA_TARGET_AVX2 void combine_avx2(float* M, float* L, float* O, float m, float l, const float* P, int hs,
+                                      bool first) {
+  if (first) {
+    *M = m;
+    *L = l;
+    std::copy_n(P, hs, O);
+    return;
+  }
+  const float top = std::max(*M, m);
+  alignas(32) float ex[8];
+  _mm256_store_ps(ex, exp8(_mm256_setr_ps(*M - top, m - top, 0, 0, 0, 0, 0, 0)));
+  const float a = *M == top ? 1.0f : ex[0], c = m == top ? 1.0f : ex[1];
+  *M = top;
+  *L = std::fma(*L, a, l * c);
+  const __m256 va = _mm256_set1_ps(a), vc = _mm256_set1_ps(c);
+  int d = 0;
+  for (; d + 8 <= hs; d += 8)
+    _mm256_storeu_ps(O + d, _mm256_fmadd_ps(_mm256_loadu_ps(O + d), va, _mm256_mul_ps(_mm256_loadu_ps(P + d), vc)));
+  for (; d < hs; d++) O[d] = std::fma(O[d], a, P[d] * c);
+}
+
+// O /= L: the head's output.
+void finish(float* O, float L, int hs) {
+  const float inv = 1.0f / L;
+  for (int d = 0; d < hs; d++) O[d] *= inv;
 }
 
 // Vector u of U: the last one masked when kTail.
@@ -377,8 +526,8 @@ TESSERA_TARGET_AVX512 inline __m512 load_part(const T* p, int u, __mmask16 last)
   return kTail && u == U - 1 ? load16_first(p, __builtin_popcount(last)) : load16(p);
 }
 
-// out (U vectors of a head's output) += sum over a block's n rows of
-// w[j] * v[j], v row j at v + j * C: even and odd rows in two sets of
+// out (U vectors of a head's partial output) = sum over a block's n rows
+// of w[j] * v[j], v row j at v + j * C: even and odd rows in two sets of
 // accumulators (two FMA chains), added at the block's end. U is a template
 // argument so that the accumulators stay in registers. The last vector
 // takes the lanes of `last` when kTail (avx512; avx2 has whole vectors
@@ -386,29 +535,30 @@ TESSERA_TARGET_AVX512 inline __m512 load_part(const T* p, int u, __mmask16 last)
 template <int U, bool kTail, class T>
 TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const T* v, int64_t C, int n,
                                          __mmask16 last, const T* pf, int col) {
-  // Whole vectors load and store unmasked: a masked load of what a masked
-  // store just wrote is not forwarded from the store buffer, and out is
-  // read back at the next block.
   __m512 even[U], odd[U];
+#pragma GCC unroll 4
   for (int u = 0; u < U; u++) even[u] = odd[u] = _mm512_setzero_ps();
   int j = 0;
   for (; j + 2 <= n; j += 2) {
     const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
     const T* v0 = v + j * C;
+#pragma GCC unroll 4
     for (int u = 0; u < U; u++) {
       even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v0 + 16 * u, u, last), even[u]);
       odd[u] = _mm512_fmadd_ps(w1, load_part<U, kTail>(v0 + C + 16 * u, u, last), odd[u]);
-      prefetch_line(pf, j, C, col + 16 * u);
-      prefetch_line(pf, j + 1, C, col + 16 * u);
     }
+    prefetch_lines(pf, j, C, col, 16 * U);
+    prefetch_lines(pf, j + 1, C, col, 16 * U);
   }
   if (j < n) {
     const __m512 w0 = _mm512_set1_ps(w[j]);
+#pragma GCC unroll 4
     for (int u = 0; u < U; u++)
       even[u] = _mm512_fmadd_ps(w0, load_part<U, kTail>(v + j * C + 16 * u, u, last), even[u]);
   }
+#pragma GCC unroll 4
   for (int u = 0; u < U; u++) {
-    const __m512 sum = _mm512_add_ps(load_part<U, kTail>(out + 16 * u, u, last), _mm512_add_ps(even[u], odd[u]));
+    const __m512 sum = _mm512_add_ps(even[u], odd[u]);
     if (kTail && u == U - 1)
       _mm512_mask_storeu_ps(out + 16 * u, last, sum);
     else
@@ -416,31 +566,30 @@ TESSERA_TARGET_AVX512 void values_avx512(float* out, const float* w, const T* v,
   }
 }
 
+// values_avx512's sums with one chain a column (avx2): the block's rows in
+// order from zero. Eight vectors of columns are eight chains, enough for
+// both FMA pipes; avx512's even and odd sets (it has 32 registers for
+// them) spilled the group kernel's 2R accumulators out of AVX2's 16
+// (BM_PagedAttentionDecode, TinyLlama's shape, Zen 2: the group values
+// kernel was half of the time).
 template <int U, class T>
 TESSERA_TARGET_AVX2 void values_avx2(float* out, const float* w, const T* v, int64_t C, int n, const T* pf,
                                      int col) {
-  __m256 even[U], odd[U];
-  for (int u = 0; u < U; u++) even[u] = odd[u] = _mm256_setzero_ps();
-  int j = 0;
-  for (; j + 2 <= n; j += 2) {
-    const __m256 w0 = _mm256_set1_ps(w[j]), w1 = _mm256_set1_ps(w[j + 1]);
-    const T* v0 = v + j * C;
-    for (int u = 0; u < U; u++) {
-      even[u] = _mm256_fmadd_ps(w0, load8(v0 + 8 * u), even[u]);
-      odd[u] = _mm256_fmadd_ps(w1, load8(v0 + C + 8 * u), odd[u]);
-      prefetch_line(pf, j, C, col + 8 * u);
-      prefetch_line(pf, j + 1, C, col + 8 * u);
-    }
+  __m256 acc[U];
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++) acc[u] = _mm256_setzero_ps();
+  for (int j = 0; j < n; j++) {
+    const __m256 wj = _mm256_broadcast_ss(w + j);
+    const T* vj = v + j * C;
+#pragma GCC unroll 8
+    for (int u = 0; u < U; u++) acc[u] = _mm256_fmadd_ps(wj, load8(vj + 8 * u), acc[u]);
+    prefetch_lines(pf, j, C, col, 8 * U);
   }
-  if (j < n) {
-    const __m256 w0 = _mm256_set1_ps(w[j]);
-    for (int u = 0; u < U; u++) even[u] = _mm256_fmadd_ps(w0, load8(v + j * C + 8 * u), even[u]);
-  }
-  for (int u = 0; u < U; u++)
-    _mm256_storeu_ps(out + 8 * u, _mm256_add_ps(_mm256_loadu_ps(out + 8 * u), _mm256_add_ps(even[u], odd[u])));
+#pragma GCC unroll 8
+  for (int u = 0; u < U; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
 }
 
-// A head's whole output (hs floats) from one block: 64 columns at a time.
+// A head's partial output (hs floats) from one block, 64 columns at a time.
 // pf: the head's slice of the block to prefetch (pf + d0 is passed down
 // with d0, the lines counted from the slice's start).
 template <class T>
@@ -467,38 +616,40 @@ template <class T>
 TESSERA_TARGET_AVX2 void values_block_avx2(float* out, const float* w, const T* v, int64_t C, int n, int hs,
                                            const T* pf) {
   const int whole = hs - hs % 8;
-  for (int d0 = 0; d0 < whole; d0 += 32) {
-    switch (std::min(4, (whole - d0) / 8)) {
+  for (int d0 = 0; d0 < whole; d0 += 64) {
+    switch (std::min(8, (whole - d0) / 8)) {
       case 1: values_avx2<1, T>(out + d0, w, v + d0, C, n, pf, d0); break;
       case 2: values_avx2<2, T>(out + d0, w, v + d0, C, n, pf, d0); break;
       case 3: values_avx2<3, T>(out + d0, w, v + d0, C, n, pf, d0); break;
-      default: values_avx2<4, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      case 4: values_avx2<4, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      case 5: values_avx2<5, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      case 6: values_avx2<6, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      case 7: values_avx2<7, T>(out + d0, w, v + d0, C, n, pf, d0); break;
+      default: values_avx2<8, T>(out + d0, w, v + d0, C, n, pf, d0); break;
     }
   }
   for (int d = whole; d < hs; d++) {  // past the last whole ymm: the same sums, one column at a time
-    float even = 0.0f, odd = 0.0f;
-    int j = 0;
-    for (; j + 2 <= n; j += 2) {
-      even = std::fma(w[j], load1_f16c(v[j * C + d]), even);
-      odd = std::fma(w[j + 1], load1_f16c(v[(j + 1) * C + d]), odd);
-    }
-    if (j < n) even = std::fma(w[j], load1_f16c(v[j * C + d]), even);
-    out[d] += even + odd;
+    float acc = 0.0f;
+    for (int j = 0; j < n; j++) acc = std::fma(w[j], load1_f16c(v[j * C + d]), acc);
+    out[d] = acc;
   }
 }
 
 template <class T>
 void values_block_generic(float* out, const float* w, const T* v, int64_t C, int n, int hs) {
-  for (int j = 0; j < n; j++)
-    for (int d = 0; d < hs; d++) out[d] += w[j] * load1(v[j * C + d]);
+  for (int d = 0; d < hs; d++) {  // one column at a time (the plain loops' order is their own)
+    float acc = 0.0f;
+    for (int j = 0; j < n; j++) acc += w[j] * load1(v[j * C + d]);
+    out[d] = acc;
+  }
 }
 
 // The values of a group of query heads (R of them, at most 8) that share
 // a key/value head: a block's value rows are loaded and converted once for
 // every head (the per-head kernels above load them once a head). Each
 // head's lanes add the same products in the same order as values_avx512
-// (values_avx2): even and odd rows apart, then out + (even + odd), so the
-// bits are the same. One vector of columns at a time, 2R accumulators.
+// (values_avx2), so the bits are the same: one vector of columns at a
+// time, 2R accumulators (even and odd rows) on avx512, R on avx2.
 template <int R, class T>
 TESSERA_TARGET_AVX512 void values_group_avx512(float* const* out, const float* const* w, const T* v, int64_t C,
                                                int n, int hs, const T* pf) {
@@ -520,7 +671,7 @@ TESSERA_TARGET_AVX512 void values_group_avx512(float* const* out, const float* c
       for (int e = 0; e < R; e++) even[e] = _mm512_fmadd_ps(_mm512_set1_ps(w[e][j]), v0, even[e]);
     }
     for (int e = 0; e < R; e++)
-      _mm512_storeu_ps(out[e] + c, _mm512_add_ps(_mm512_loadu_ps(out[e] + c), _mm512_add_ps(even[e], odd[e])));
+      _mm512_storeu_ps(out[e] + c, _mm512_add_ps(even[e], odd[e]));
   }
 }
 
@@ -528,24 +679,18 @@ template <int R, class T>
 TESSERA_TARGET_AVX2 void values_group_avx2(float* const* out, const float* const* w, const T* v, int64_t C, int n,
                                            int hs, const T* pf) {
   for (int c = 0; c < hs; c += 8) {
-    __m256 even[R], odd[R];
-    for (int e = 0; e < R; e++) even[e] = odd[e] = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 2 <= n; j += 2) {
-      const __m256 v0 = load8(v + j * C + c), v1 = load8(v + (j + 1) * C + c);
+    __m256 acc[R];
+#pragma GCC unroll 8
+    for (int e = 0; e < R; e++) acc[e] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+      const __m256 vj = load8(v + j * C + c);
+#pragma GCC unroll 8
+      for (int e = 0; e < R; e++) acc[e] = _mm256_fmadd_ps(_mm256_broadcast_ss(w[e] + j), vj, acc[e]);
       prefetch_line(pf, j, C, c);
-      prefetch_line(pf, j + 1, C, c);
-      for (int e = 0; e < R; e++) {
-        even[e] = _mm256_fmadd_ps(_mm256_broadcast_ss(w[e] + j), v0, even[e]);
-        odd[e] = _mm256_fmadd_ps(_mm256_broadcast_ss(w[e] + j + 1), v1, odd[e]);
-      }
     }
-    if (j < n) {
-      const __m256 v0 = load8(v + j * C + c);
-      for (int e = 0; e < R; e++) even[e] = _mm256_fmadd_ps(_mm256_broadcast_ss(w[e] + j), v0, even[e]);
-    }
+#pragma GCC unroll 8
     for (int e = 0; e < R; e++)
-      _mm256_storeu_ps(out[e] + c, _mm256_add_ps(_mm256_loadu_ps(out[e] + c), _mm256_add_ps(even[e], odd[e])));
+      _mm256_storeu_ps(out[e] + c, acc[e]);
   }
 }
 
@@ -588,69 +733,136 @@ bool grouped(Kind kind, const Item<T>& it) {
   return kind != Kind::kGeneric && it.r1 - it.r0 >= kGroupMin && it.hs % width == 0 && it.hs <= kGroupMaxHs;
 }
 
+// Block b's scores of the item's heads into s (head e at s + e * bs),
+// prefetching the same block's values (read next).
 template <class T>
-void attend(Kind kind, const Item<T>& it) {
+void block_scores(Kind kind, const Item<T>& it, int b, float* s) {
   const int64_t C = it.row_floats();
-  const int hs = it.hs, R = it.r1 - it.r0;
+  const int hs = it.hs, R = it.r1 - it.r0, n = it.rows(b);
   const bool group = grouped(kind, it);
-  // A group's query and score (output and weight) pointers, 8 heads at a
-  // time (more share a key/value head in no model we know of).
+  const T* kb = it.block(it.kcache, b);
+  const T* next = it.block(it.vcache, b);
+  // A group's query and score pointers, 8 heads at a time (more share a
+  // key/value head in no model we know of).
   float* ps[8];
-  float* po[8];
   const float* pq[8];
-  it.each_block_group(it.kcache, it.vcache, [&](int g, const T* k, int n, int t0, const T* next) {
+  if (kind == Kind::kAvx2 && !group && R == 1 && hs % 8 == 0 && it.g1 - it.g0 <= kRowsMaxHeads) {
+    float* pr[kRowsMaxHeads];
+    for (int g = it.g0; g < it.g1; g++) pr[g - it.g0] = s + static_cast<int64_t>(it.index(g, it.r0)) * it.bs;
+    const int64_t first = static_cast<int64_t>(it.g0) * hs;
+    scores_rows_avx2(pr, it.q + static_cast<int64_t>(it.head(it.g0, it.r0)) * hs, it.g1 - it.g0, kb + first, C, n, hs,
+                     it.scale, next + first);
+    return;
+  }
+  for (int g = it.g0; g < it.g1; g++) {
+    const T* k = kb + static_cast<int64_t>(g) * hs;
+    const T* pf = next + static_cast<int64_t>(g) * hs;
     if (group) {
       for (int e0 = 0; e0 < R; e0 += 8) {
         const int m = std::min(8, R - e0);
         for (int e = 0; e < m; e++) {
           pq[e] = it.q + static_cast<int64_t>(it.head(g, it.r0 + e0 + e)) * hs;
-          ps[e] = it.group_scores(g, it.r0 + e0 + e) + t0;
+          ps[e] = s + static_cast<int64_t>(it.index(g, it.r0 + e0 + e)) * it.bs;
         }
-        const T* pf = e0 == 0 ? next : nullptr;
         if (kind == Kind::kAvx512)
-          scores_group_avx512(ps, pq, m, k, C, n, hs, it.scale, pf);
+          scores_group_avx512(ps, pq, m, k, C, n, hs, it.scale, e0 == 0 ? pf : nullptr);
         else
-          scores_group_avx2(ps, pq, m, k, C, n, hs, it.scale, pf);
+          scores_group_avx2(ps, pq, m, k, C, n, hs, it.scale, e0 == 0 ? pf : nullptr);
       }
-      return;
+      continue;
     }
     for (int r = it.r0; r < it.r1; r++) {
       const float* q = it.q + static_cast<int64_t>(it.head(g, r)) * hs;
-      float* s = it.group_scores(g, r) + t0;
-      const T* pf = r == it.r0 ? next : nullptr;
+      float* sr = s + static_cast<int64_t>(it.index(g, r)) * it.bs;
+      const T* pfr = r == it.r0 ? pf : nullptr;
       switch (kind) {
-        case Kind::kAvx512: scores_block_avx512(s, q, k, C, n, hs, it.scale, pf); break;
-        case Kind::kAvx2: scores_block_avx2(s, q, k, C, n, hs, it.scale, pf); break;
-        case Kind::kGeneric: scores_block_generic(s, q, k, C, n, hs, it.scale); break;
+        case Kind::kAvx512: scores_block_avx512(sr, q, k, C, n, hs, it.scale, pfr); break;
+        case Kind::kAvx2: scores_block_avx2(sr, q, k, C, n, hs, it.scale, pfr); break;
+        case Kind::kGeneric: scores_block_generic(sr, q, k, C, n, hs, it.scale); break;
       }
     }
-  });
-  softmax_heads(it);
-  for (int r = it.r0; r < it.r1; r++)
-    for (int g = it.g0; g < it.g1; g++) std::fill_n(it.out + static_cast<int64_t>(it.head(g, r)) * hs, hs, 0.0f);
-  it.each_block_group(it.vcache, nullptr, [&](int g, const T* v, int n, int t0, const T* next) {
+  }
+}
+
+// Block b's values weighted by w (head e's at w + e * bs), added to p (head
+// e's at p + e * hs), prefetching the next block's keys.
+template <class T>
+void block_values(Kind kind, const Item<T>& it, int b, const float* w, float* p) {
+  const int64_t C = it.row_floats();
+  const int hs = it.hs, R = it.r1 - it.r0, n = it.rows(b);
+  const bool group = grouped(kind, it);
+  const T* vb = it.block(it.vcache, b);
+  const T* next = it.block(it.kcache, b + 1);
+  float* po[8];
+  const float* pw[8];
+  for (int g = it.g0; g < it.g1; g++) {
+    const T* v = vb + static_cast<int64_t>(g) * hs;
+    const T* pf = next ? next + static_cast<int64_t>(g) * hs : nullptr;
     if (group) {
       for (int e0 = 0; e0 < R; e0 += 8) {
         const int m = std::min(8, R - e0);
         for (int e = 0; e < m; e++) {
-          po[e] = it.out + static_cast<int64_t>(it.head(g, it.r0 + e0 + e)) * hs;
-          pq[e] = it.group_scores(g, it.r0 + e0 + e) + t0;
+          const int64_t i = it.index(g, it.r0 + e0 + e);
+          po[e] = p + i * hs;
+          pw[e] = w + i * it.bs;
         }
-        values_group(kind, po, pq, m, v, C, n, hs, e0 == 0 ? next : nullptr);
+        values_group(kind, po, pw, m, v, C, n, hs, e0 == 0 ? pf : nullptr);
       }
-      return;
+      continue;
     }
     for (int r = it.r0; r < it.r1; r++) {
-      float* out = it.out + static_cast<int64_t>(it.head(g, r)) * hs;
-      const float* w = it.group_scores(g, r) + t0;
-      const T* pf = r == it.r0 ? next : nullptr;
+      const int64_t i = it.index(g, r);
+      const T* pfr = r == it.r0 ? pf : nullptr;
       switch (kind) {
-        case Kind::kAvx512: values_block_avx512(out, w, v, C, n, hs, pf); break;
-        case Kind::kAvx2: values_block_avx2(out, w, v, C, n, hs, pf); break;
-        case Kind::kGeneric: values_block_generic(out, w, v, C, n, hs); break;
+        case Kind::kAvx512: values_block_avx512(p + i * hs, w + i * it.bs, v, C, n, hs, pfr); break;
+        case Kind::kAvx2: values_block_avx2(p + i * hs, w + i * it.bs, v, C, n, hs, pfr); break;
+        case Kind::kGeneric: values_block_generic(p + i * hs, w + i * it.bs, v, C, n, hs); break;
       }
     }
-  });
+  }
+}
+
+// One block of an item: its scores, exponentials and weighted values (into
+// p); m, l: each head's block_softmax.
+template <class T>
+void attend_block(Kind kind, const Item<T>& it, int b, float* s, float* p, float* m, float* l) {
+  block_scores(kind, it, b, s);
+  const int H = it.heads(), n = it.rows(b);
+  for (int e = 0; e < H; e++) {
+    float* se = s + static_cast<int64_t>(e) * it.bs;
+    if (kind == Kind::kGeneric)
+      block_softmax_generic(se, n, m + e, l + e);
+    else
+      block_softmax_avx2(se, n, it.bs, m + e, l + e);
+  }
+  block_values(kind, it, b, s, p);
+}
+
+// Floats of attend's scratch for an item of H heads.
+int64_t attend_scratch(int H, int bs, int hs) { return static_cast<int64_t>(H) * (bs + hs + 4); }
+
+// An item whole, into out (the row's output, head h at h * hs).
+template <class T>
+void attend(Kind kind, const Item<T>& it, float* out, float* scratch) {
+  const int H = it.heads(), hs = it.hs;
+  auto* join = kind == Kind::kGeneric ? combine_generic : combine_avx2;
+  float* s = scratch;
+  float* p = s + static_cast<int64_t>(H) * it.bs;
+  float* m = p + static_cast<int64_t>(H) * hs;
+  float* l = m + H;
+  float* M = l + H;
+  float* L = M + H;
+  for (int b = it.b0; b < it.b1; b++) {
+    attend_block(kind, it, b, s, p, m, l);
+    for (int r = it.r0; r < it.r1; r++)
+      for (int g = it.g0; g < it.g1; g++) {
+        const int e = it.index(g, r);
+        join(M + e, L + e, out + static_cast<int64_t>(it.head(g, r)) * hs, m[e], l[e], p + static_cast<int64_t>(e) * hs,
+             hs, b == it.b0);
+      }
+  }
+  for (int r = it.r0; r < it.r1; r++)
+    for (int g = it.g0; g < it.g1; g++) finish(out + static_cast<int64_t>(it.head(g, r)) * hs, L[it.index(g, r)], hs);
 }
 
 // [lo, hi) of piece p of n split into parts: the first n % parts get one more.
@@ -723,36 +935,106 @@ void kv_cache_write(float* kcache, float* vcache, const float* qkv, const int* s
 
 namespace {
 
+// Fewer rows than threads (a decode step): the threads split each row's
+// blocks, not its heads. Split by heads, a thread read its heads' slice of
+// every cache row (GPT-2: 768 of 1536 bytes), a pattern that stayed at
+// 11-14 GB/s on Zen 2 (2 threads) with or without software prefetch,
+// where the same bytes read as each thread's own run of whole rows come at
+// 26-31 GB/s. Here each thread takes a run of blocks (every head of them)
+// through attend_block, keeping each block's (m, l) and partial values;
+// then, the threads met, each head's blocks join its running softmax in
+// block order, as in attend, so the bits are attend's whatever the threads.
+template <class T>
+void attention_split(Kind kind, float* out, const float* qkv, const T* kcache, const T* vcache,
+                     const int* block_table, const int* seq, const int* pos, int N, int NH, int KV, int hs, int bs,
+                     int W) {
+  const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // first[i]: row i's first block among all rows' (first[N]: the count);
+  // keys[u]: the positions in blocks before block u (keys[units]: all).
+  thread_local std::vector<int> first, keys;
+  thread_local std::vector<float> partial, stats;
+  first.assign(N + 1, 0);
+  for (int i = 0; i < N; i++) first[i + 1] = first[i] + (pos[i] + bs) / bs;
+  const int units = first[N];
+  keys.assign(units + 1, 0);
+  for (int i = 0; i < N; i++)
+    for (int u = first[i]; u < first[i + 1]; u++) keys[u + 1] = keys[u] + std::min(bs, pos[i] + 1 - (u - first[i]) * bs);
+  const int* ku = keys.data();
+  if (partial.size() < static_cast<size_t>(units) * Co) partial.resize(static_cast<size_t>(units) * Co);
+  if (stats.size() < static_cast<size_t>(units) * NH * 2) stats.resize(static_cast<size_t>(units) * NH * 2);
+  const int* fi = first.data();
+  float* pa = partial.data();
+  float* ms = stats.data();
+  float* ls = ms + static_cast<int64_t>(units) * NH;
+  auto* join = kind == Kind::kGeneric ? combine_generic : combine_avx2;
+#pragma omp parallel
+  {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<size_t>(NH) * bs) scratch.resize(static_cast<size_t>(NH) * bs);
+    // Thread t's blocks: those that start in its share of the positions
+    // (blocks alike, a row's short last block left one thread 15 of 16
+    // positions behind the other).
+    const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
+    auto start = [&](int64_t part) {
+      return static_cast<int>(std::lower_bound(ku, ku + units, static_cast<int>(ku[units] * part / team)) - ku);
+    };
+    const int lo = start(me), hi = start(me + 1);
+    for (int i = static_cast<int>(std::upper_bound(fi, fi + N + 1, lo) - fi) - 1; i < N && fi[i] < hi; i++) {
+      const Item<T> it{qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W, pos[i] + 1, bs,
+                       hs, KV, 0, KV, 0, NH / KV, std::max(lo, fi[i]) - fi[i], std::min(hi, fi[i + 1]) - fi[i],
+                       scale};
+      for (int b = it.b0; b < it.b1; b++) {
+        const int64_t u = fi[i] + b;
+        attend_block(kind, it, b, scratch.data(), pa + u * Co, ms + u * NH, ls + u * NH);
+      }
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int x = 0; x < N * NH; x++) {
+      const int i = x / NH, h = x % NH;
+      float* o = out + i * Co + static_cast<int64_t>(h) * hs;
+      float M = 0.0f, L = 0.0f;
+      for (int u = fi[i]; u < fi[i + 1]; u++)
+        join(&M, &L, o, ms[u * NH + h], ls[u * NH + h], pa + u * Co + static_cast<int64_t>(h) * hs, hs, u == fi[i]);
+      finish(o, L, hs);
+    }
+  }
+}
+
 template <class T>
 void attention_rows(Kind kind, float* out, const float* qkv, const T* kcache, const T* vcache,
                     const int* block_table, const int* seq, const int* pos, int N, int NH, int KV, int hs, int bs,
                     int W) {
   const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int threads = omp_get_max_threads();
+  int blocks = 0;
+  for (int i = 0; i < N; i++) blocks += (pos[i] + bs) / bs;
+  if (N < threads && blocks >= threads)
+    return attention_split(kind, out, qkv, kcache, vcache, block_table, seq, pos, N, NH, KV, hs, bs, W);
   // Items: a row's heads in pieces, enough for every thread when the rows
-  // are few (a decode step): first the key/value heads are split (each
-  // piece reads its own slice of the cache), then, if more pieces are
-  // wanted, the query heads that share one.
-  const int threads = omp_get_max_threads(), reps = NH / KV;
+  // are few (and their blocks fewer than the threads): first the key/value
+  // heads are split (each piece reads its own slice of the cache), then, if
+  // more pieces are wanted, the query heads that share one.
+  const int reps = NH / KV;
   const int want = std::min(NH, (threads + N - 1) / N);
   const int pg = std::min(KV, want), pr = std::min(reps, (want + pg - 1) / pg);
   const int pieces = pg * pr, items = N * pieces;
   const int Hmax = ((KV + pg - 1) / pg) * ((reps + pr - 1) / pr);
-  int longest = 0;
-  for (int i = 0; i < N; i++) longest = std::max(longest, pos[i] + 1);
 #pragma omp parallel if (items > 1)
   {
-    thread_local std::vector<float> scores;
-    const size_t need = static_cast<size_t>(Hmax) * longest;
-    if (scores.size() < need) scores.resize(need);
+    thread_local std::vector<float> scratch;
+    const size_t need = static_cast<size_t>(attend_scratch(Hmax, bs, hs));
+    if (scratch.size() < need) scratch.resize(need);
 #pragma omp for schedule(static, 1)
     for (int item = 0; item < items; item++) {
       const int i = item / pieces, p = item % pieces;
-      Item<T> it{out + i * Co, qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W,
-              pos[i] + 1, bs, hs, KV, 0, 0, 0, 0, scale, scores.data()};
+      Item<T> it{qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W, pos[i] + 1, bs, hs, KV,
+                 0, 0, 0, 0, 0, (pos[i] + bs) / bs, scale};
       split(KV, pg, p % pg, &it.g0, &it.g1);
       split(reps, pr, p / pg, &it.r0, &it.r1);
-      attend(kind, it);
+      attend(kind, it, out + i * Co, scratch.data());
     }
   }
 }

@@ -339,6 +339,26 @@ TESSERA_TARGET_AVX2 inline void x16_avx2_store(const Operands& p, int i0, int h0
   }
 }
 
+// The lines of a Q4_0x16 block (kX16Bytes = 288: 5 or 6 lines) into L1;
+// the block kPrefetchBlocks ahead of the one a walk takes (past a group's
+// end: the next group's, which a walk takes next; a prefetch never
+// faults). On the 2-core Zen 2 the x16 kernels' arithmetic alone reads
+// 45-49 GB/s (BM_MatmulDecodeHot/2), about the 50-54 of the read roof, so a
+// cold product is as fast as its reads overlap its arithmetic.
+// BM_MatmulDecodeCold/2, 3 interleaved runs against the previous binary:
+// one row 12-25% faster on every shape (GPT-2's qkv 26.9-29.1 -> 33.6-34.6
+// GB/s, TinyLlama's gate/up 32.2-33.9 -> 37.2-38.0), 8 rows 7-12%. A first
+// try that stopped at each group's end lost 10-15% on 768-wide rows (a
+// quarter of each group's blocks unprefetched). The INT8 8-stream kernel
+// gained nothing from the same, Q4_K's lost 5-10% (whole 2.3 KB
+// super-blocks ahead); both are without.
+constexpr int kPrefetchBlocks = 6;
+TESSERA_TARGET_AVX2 inline void prefetch_x16_block(const uint8_t* y) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(y);
+  for (uintptr_t line = at & ~uintptr_t{63}; line < at + kX16Bytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+}
+
 // R rows from i0 against group g. H halves a walk over the group's blocks:
 // one row takes both (each line of the group's blocks read once, in
 // address order; the half-line walks of H = 1 read every line on the first
@@ -353,7 +373,11 @@ TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
     __m256 acc[H][R];
     for (int e = 0; e < H; e++)
       for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) x16_avx2_block<R, H>(p, i0, h0, base + static_cast<int64_t>(b) * kX16Bytes, b, acc);
+    for (int b = 0; b < nb; b++) {
+      const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
+      if (h0 == 0) prefetch_x16_block(y + kPrefetchBlocks * kX16Bytes);  // the second half's walk reads cache
+      x16_avx2_block<R, H>(p, i0, h0, y, b, acc);
+    }
     x16_avx2_store<R, H>(p, i0, h0, g, acc);
   }
 }
@@ -363,18 +387,9 @@ TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
 // sees kGroupStreams streams a core, not one (kStreams in matmul_int8.cc:
 // one stream a core read 31-36 GB/s on Zen 3, 8 far apart 50-52). Each
 // group's sums are x16_avx2<1>'s, in its order.
-//
-// Each stream's block kPrefetchBlocks ahead is prefetched into L1 as its
-// block is taken. On the 2-core Zen 2 the
-// kernel's arithmetic alone reads 45-49 GB/s (BM_MatmulDecodeHot/2), about
-// the 50-54 of the read roof, so a cold product is as fast as its reads
-// overlap its arithmetic: BM_MatmulDecodeCold/2 on GPT-2's fc and
-// TinyLlama's gate/up and down (3 interleaved runs) 29.9-33.0 GB/s without,
-// 34.7-39.7 with 6 blocks ahead (2 ahead: 34.3-38.0; 4: 30.2-38.6). The
-// INT8 streams kernel (8 streams) gained nothing from the same, and Q4_K's
-// (a 2.3 KB super-block a step, whole) lost 5-10%.
+// Each stream's block kPrefetchBlocks ahead is prefetched as its block is
+// taken (prefetch_x16_block).
 constexpr int kGroupStreams = 4;
-constexpr int kPrefetchBlocks = 6;
 TESSERA_TARGET_AVX2 void x16_avx2_streams(const Operands& p, int i, const int* groups) {
   const int nb = p.C / 32;
   __m256 acc[kGroupStreams][2][1];
@@ -382,12 +397,7 @@ TESSERA_TARGET_AVX2 void x16_avx2_streams(const Operands& p, int i, const int* g
   for (int b = 0; b < nb; b++)
     for (int k = 0; k < kGroupStreams; k++) {
       const uint8_t* y = p.wq + (static_cast<int64_t>(groups[k]) * nb + b) * kX16Bytes;
-      // The lines of the block ahead (kX16Bytes = 288: 5 or 6 lines); past
-      // the group's end, the next group's, the one this stream takes next
-      // (a prefetch never faults).
-      const uintptr_t ahead = reinterpret_cast<uintptr_t>(y + kPrefetchBlocks * kX16Bytes);
-      for (uintptr_t line = ahead & ~uintptr_t{63}; line < ahead + kX16Bytes; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+      prefetch_x16_block(y + kPrefetchBlocks * kX16Bytes);
       x16_avx2_block<1, 2>(p, i, 0, y, b, acc[k]);
     }
   for (int k = 0; k < kGroupStreams; k++) x16_avx2_store<1, 2>(p, i, 0, groups[k], acc[k]);

@@ -339,10 +339,12 @@ TESSERA_TARGET_AVX2 inline void x16_avx2_store(const Operands& p, int i0, int h0
   }
 }
 
-// The lines of a Q4_0x16 block (kX16Bytes = 288: 5 or 6 lines) into L1;
-// the block kPrefetchBlocks ahead of the one a walk takes (past a group's
-// end: the next group's, which a walk takes next; a prefetch never
-// faults). On the 2-core Zen 2 the x16 kernels' arithmetic alone reads
+// The lines of a Q4_0x16 block (kX16Bytes = 288: 5 or 6 lines) into L1:
+// the block kPrefetchBlocks ahead of the one at y that a walk takes. Past
+// a group's end that is the next group's, which the one-row streams take
+// next and the row walks soon after (a 4-row tile's next walk may be the
+// same group again). The address is computed as an integer: it may lie
+// past the weights, and a prefetch never faults. On the 2-core Zen 2 the x16 kernels' arithmetic alone reads
 // 45-49 GB/s (BM_MatmulDecodeHot/2), about the 50-54 of the read roof, so a
 // cold product is as fast as its reads overlap its arithmetic.
 // BM_MatmulDecodeCold/2, 3 interleaved runs against the previous binary:
@@ -354,7 +356,7 @@ TESSERA_TARGET_AVX2 inline void x16_avx2_store(const Operands& p, int i0, int h0
 // super-blocks ahead); both are without.
 constexpr int kPrefetchBlocks = 6;
 TESSERA_TARGET_AVX2 inline void prefetch_x16_block(const uint8_t* y) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(y);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(y) + kPrefetchBlocks * kX16Bytes;
   for (uintptr_t line = at & ~uintptr_t{63}; line < at + kX16Bytes; line += 64)
     _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
 }
@@ -375,7 +377,7 @@ TESSERA_TARGET_AVX2 void x16_avx2(const Operands& p, int i0, int g) {
       for (int r = 0; r < R; r++) acc[e][r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
       const uint8_t* y = base + static_cast<int64_t>(b) * kX16Bytes;
-      if (h0 == 0) prefetch_x16_block(y + kPrefetchBlocks * kX16Bytes);  // the second half's walk reads cache
+      if (h0 == 0) prefetch_x16_block(y);  // the second half's walk reads cache
       x16_avx2_block<R, H>(p, i0, h0, y, b, acc);
     }
     x16_avx2_store<R, H>(p, i0, h0, g, acc);
@@ -397,7 +399,7 @@ TESSERA_TARGET_AVX2 void x16_avx2_streams(const Operands& p, int i, const int* g
   for (int b = 0; b < nb; b++)
     for (int k = 0; k < kGroupStreams; k++) {
       const uint8_t* y = p.wq + (static_cast<int64_t>(groups[k]) * nb + b) * kX16Bytes;
-      prefetch_x16_block(y + kPrefetchBlocks * kX16Bytes);
+      prefetch_x16_block(y);
       x16_avx2_block<1, 2>(p, i, 0, y, b, acc[k]);
     }
   for (int k = 0; k < kGroupStreams; k++) x16_avx2_store<1, 2>(p, i, 0, groups[k], acc[k]);

@@ -64,7 +64,8 @@ namespace {
 // attention_split). kcache/vcache rows hold KV * hs elements; position t
 // sits at pool row blocks[t / bs] * bs + t % bs, and the row attends to
 // positions 0..n_keys-1. The item's head e (index(g, r)) scores a block
-// into s + e * bs and adds its weighted values to p + e * hs.
+// into s + e * bs and stores its weighted values (the block's partial
+// output) at p + e * hs.
 template <class T>
 struct Item {
   const float* q;
@@ -218,8 +219,9 @@ TESSERA_TARGET_AVX2 void scores_block_avx2(float* s, const float* q, const T* k,
 // have them, then reduced as scores_block_avx2 reduces its own, so the
 // bits are the same. A head at a time, a block's rows are read a slice (a
 // few hundred bytes) a row apart, a pattern Zen 2's prefetchers follow
-// at about 2/3 of the rate of one that reads whole rows in order. pf: the
-// next block's rows, prefetched a row for each row read. hs % 8 == 0.
+// at about 2/3 of the rate of one that reads whole rows in order. pf: rows
+// to prefetch (block_scores: the same block's values, read next), a row for
+// each row read. hs % 8 == 0.
 constexpr int kRowsMaxHeads = 64;
 
 template <class T>
@@ -784,7 +786,7 @@ void block_scores(Kind kind, const Item<T>& it, int b, float* s) {
   }
 }
 
-// Block b's values weighted by w (head e's at w + e * bs), added to p (head
+// Block b's values weighted by w (head e's at w + e * bs), stored at p (head
 // e's at p + e * hs), prefetching the next block's keys.
 template <class T>
 void block_values(Kind kind, const Item<T>& it, int b, const float* w, float* p) {
@@ -1008,6 +1010,7 @@ void attention_rows(Kind kind, float* out, const float* qkv, const T* kcache, co
                     int W) {
   const int64_t Wq = static_cast<int64_t>(NH + 2 * KV) * hs, Co = static_cast<int64_t>(NH) * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  if (N <= 0) return;
   const int threads = omp_get_max_threads();
   int blocks = 0;
   for (int i = 0; i < N; i++) blocks += (pos[i] + bs) / bs;

@@ -249,9 +249,22 @@ TESSERA_INT8_ROW(row_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
 // from 24.6-27.9 to 30.1-36.4 GB/s (BM_MatmulDecodeCold/1) and GPT-2's int8
 // one-sequence decode from 180 to 210 tokens/s (docs/performance.md). int32
 // sums are exact: the row kernel's result, bit for bit.
-constexpr int kStreams = 8;
-#define TESSERA_INT8_STREAMS(NAME, TARGET, STEP)                                                                 \
+//
+// On the 2-core Zen 2 of session 28 the AVX2 kernel's arithmetic alone
+// reads 51-61 GB/s (BM_MatmulDecodeHot/1), about the 50-54 of the read
+// roof, so a cold product is as fast as its reads overlap its arithmetic:
+// 4 streams a core, each prefetching the line PF ahead of the one it reads
+// (past a row's end: the stream's next row, which it takes next), beat 8
+// streams without (BM_MatmulDecodeCold/1, every one-row shape, 3
+// interleaved runs: 26.5-39.2 -> 30.9-41.4 GB/s, each shape faster in 20
+// of 21 pairs; 8 streams with the prefetch: slower than without; 4
+// without: between). VNNI, whose arithmetic is several times faster, keeps
+// 8 streams and no prefetch (neither way measured on a VNNI host yet).
+constexpr int kStreamsAvx2 = 4, kPrefetchLinesAvx2 = 8;
+constexpr int kStreamsVnni = 8, kPrefetchLinesVnni = 0;
+#define TESSERA_INT8_STREAMS(NAME, TARGET, STEP, STREAMS, PF)                                                    \
   TARGET void NAME(const Operands& p, const int* cols) {                                                       \
+    constexpr int kStreams = STREAMS;                                                                          \
     const int C = p.C, C32 = C & ~31;                                                                          \
     [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);                                                \
     const int8_t* w[kStreams];                                                                                 \
@@ -261,6 +274,9 @@ constexpr int kStreams = 8;
       s[k] = _mm256_setzero_si256();                                                                           \
     }                                                                                                          \
     for (int c = 0; c < C32; c += 32) {                                                                        \
+      if (PF > 0 && c % 64 == 0) /* an integer address: it may lie past the weights; a prefetch never faults */ \
+        for (int k = 0; k < kStreams; k++)                                                                     \
+          _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w[k] + c) + (PF) * 64), _MM_HINT_T0); \
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.xq + c));                        \
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.xa + c));                        \
       _Pragma("GCC unroll 8") for (int k = 0; k < kStreams; k++) s[k] =                                        \
@@ -273,8 +289,8 @@ constexpr int kStreams = 8;
       dequantize(p.out + cols[k], acc + k, 1, p.xs[0], p.wscale + cols[k], p.bias ? p.bias + cols[k] : nullptr); \
   }
 
-TESSERA_INT8_STREAMS(streams_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2)
-TESSERA_INT8_STREAMS(streams_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
+TESSERA_INT8_STREAMS(streams_avx2, TESSERA_TARGET_AVX2, TESSERA_STEP_AVX2, kStreamsAvx2, kPrefetchLinesAvx2)
+TESSERA_INT8_STREAMS(streams_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI, kStreamsVnni, kPrefetchLinesVnni)
 
 template <int R, int K>
 void tile_generic(const Operands& p, int i0, int o0) {
@@ -294,6 +310,7 @@ struct GenericTile {
 };
 template <int R, int K>
 struct Avx2Tile {
+  static constexpr int kStreams = kStreamsAvx2;
   static void streams(const Operands& p, const int* cols) { streams_avx2(p, cols); }
   static void run(const Operands& p, int i, int o) {
     if constexpr (R == 1 && K > 1)
@@ -304,6 +321,7 @@ struct Avx2Tile {
 };
 template <int R, int K>
 struct VnniTile {
+  static constexpr int kStreams = kStreamsVnni;
   static void streams(const Operands& p, const int* cols) { streams_vnni(p, cols); }
   static void run(const Operands& p, int i, int o) {
     if constexpr (R == 1 && K > 1)
@@ -346,6 +364,7 @@ void ours(const Operands& p, int N) {
       {
         const int t = omp_get_thread_num(), T = omp_get_num_threads();
         const int o0 = static_cast<int>(int64_t{p.OC} * t / T), o1 = static_cast<int>(int64_t{p.OC} * (t + 1) / T);
+        constexpr int kStreams = Tile<1, 1>::kStreams;
         const int part = (o1 - o0) / kStreams;
         int cols[kStreams];
         for (int j = 0; j < part; j++) {

@@ -344,16 +344,17 @@ TESSERA_TARGET_AVX2 inline void x16_avx2_store(const Operands& p, int i0, int h0
 // a group's end that is the next group's, which the one-row streams take
 // next and the row walks soon after (a 4-row tile's next walk may be the
 // same group again). The address is computed as an integer: it may lie
-// past the weights, and a prefetch never faults. On the 2-core Zen 2 the x16 kernels' arithmetic alone reads
-// 45-49 GB/s (BM_MatmulDecodeHot/2), about the 50-54 of the read roof, so a
-// cold product is as fast as its reads overlap its arithmetic.
+// past the weights, and a prefetch never faults.
+// On the 2-core Zen 2 the x16 kernels' arithmetic alone reads 45-49 GB/s
+// (BM_MatmulDecodeHot/2), about the 50-54 of the read roof, so a cold
+// product is as fast as its reads overlap its arithmetic.
 // BM_MatmulDecodeCold/2, 3 interleaved runs against the previous binary:
 // one row 12-25% faster on every shape (GPT-2's qkv 26.9-29.1 -> 33.6-34.6
 // GB/s, TinyLlama's gate/up 32.2-33.9 -> 37.2-38.0), 8 rows 7-12%. A first
 // try that stopped at each group's end lost 10-15% on 768-wide rows (a
-// quarter of each group's blocks unprefetched). The INT8 8-stream kernel
-// gained nothing from the same, Q4_K's lost 5-10% (whole 2.3 KB
-// super-blocks ahead); both are without.
+// quarter of each group's blocks unprefetched). Q4_K's walks lost 5-10%
+// with whole 2.3 KB super-blocks ahead and have none (the int8 streams
+// have their own, matmul_int8.cc).
 constexpr int kPrefetchBlocks = 6;
 TESSERA_TARGET_AVX2 inline void prefetch_x16_block(const uint8_t* y) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(y) + kPrefetchBlocks * kX16Bytes;

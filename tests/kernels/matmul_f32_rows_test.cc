@@ -48,21 +48,32 @@ TEST(MatmulF32Rows, MatchesThePlainLoopOracle) {
 TEST(MatmulF32Rows, ThreadedShapesMatchTheOracle) {
   expect_matches_oracle(1, 768, 2304, true);
   expect_matches_oracle(8, 768, 2305, false);
+  expect_matches_oracle(8, 2053, 1001, true);  // many chunks, a tail, rows after the tiles
+  expect_matches_oracle(2, 5632, 130, false);
   expect_matches_oracle(3, 3072, 771, true);
   expect_matches_oracle(1, 100, 50257, false);
 }
 
 // Each output is one dot product whatever else is in the batch: a sequence
 // decodes the same alone and among others (the header's promise).
+// Shapes: one chunk of the many-row kernel (C = 200 at 11 rows), many
+// chunks and a scalar tail (2051 at 8 and 3 rows), a width under its
+// minimum (40); output counts that leave rows after the 6-row tiles.
 TEST(MatmulF32Rows, ARowsResultDoesNotDependOnTheOtherRows) {
-  const int C = 200, OC = 131, N = 11;
-  const Vec x = uniform(size_t(N) * C, 5), w = uniform(size_t(OC) * C, 6), b = uniform(OC, 7);
-  Vec all(size_t(N) * OC);
-  cpu::matmul_f32_rows(all.data(), x.data(), w.data(), b.data(), N, C, OC);
-  for (int i = 0; i < N; i++) {
-    Vec one(OC);
-    cpu::matmul_f32_rows(one.data(), x.data() + size_t(i) * C, w.data(), b.data(), 1, C, OC);
-    for (int o = 0; o < OC; o++) ASSERT_EQ(one[o], all[size_t(i) * OC + o]) << "row " << i << ", output " << o;
+  struct Shape {
+    int N, C, OC;
+  };
+  for (const Shape& sh : {Shape{11, 200, 131}, Shape{8, 2051, 389}, Shape{3, 2051, 50}, Shape{2, 40, 77}}) {
+    const int N = sh.N, C = sh.C, OC = sh.OC;
+    SCOPED_TRACE(::testing::Message() << "N=" << N << " C=" << C << " OC=" << OC);
+    const Vec x = uniform(size_t(N) * C, 5), w = uniform(size_t(OC) * C, 6), b = uniform(OC, 7);
+    Vec all(size_t(N) * OC);
+    cpu::matmul_f32_rows(all.data(), x.data(), w.data(), b.data(), N, C, OC);
+    for (int i = 0; i < N; i++) {
+      Vec one(OC);
+      cpu::matmul_f32_rows(one.data(), x.data() + size_t(i) * C, w.data(), b.data(), 1, C, OC);
+      for (int o = 0; o < OC; o++) ASSERT_EQ(one[o], all[size_t(i) * OC + o]) << "row " << i << ", output " << o;
+    }
   }
 }
 

@@ -9,10 +9,11 @@
 //
 // - avx512: tiles of up to 4 input rows x 4 weight rows, 16 zmm accumulators
 //   (a full tile's 16 sums in one transposing reduction), 1 x 8 at one row.
-// - avx2: tiles of up to 2 input rows x 4 weight rows, 8 ymm accumulators;
-//   1 x 8 at one row, the next tile prefetched.
-// A tile's weight rows come from 8 (one row) or 4 parts of the thread's
-// share, 8 or 4 streams a core (weight_range).
+// - avx2: 1 x 8 at one row, the next tile prefetched; from 2 rows on,
+//   tiles of 2 input rows x 6 weight rows (12 ymm accumulators) walked over
+//   the width in chunks that stay in L1 (many_rows_avx2).
+// A tile's weight rows come from 8 (one row), 6 (avx2, more rows) or 4
+// parts of the thread's share, as many streams a core (weight_range).
 // - generic: plain loops (CPUs without AVX2).
 // A width that is not a multiple of the vector length ends in masked loads
 // (avx512) or a scalar tail (avx2). Each output is one dot product summed in
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec_math.h"
@@ -93,6 +95,16 @@ TESSERA_TARGET_AVX512 void tile_avx512(const Args& a, int i, int o, int64_t stri
   }
 }
 
+// One output of the avx2 kernels: the vector sum's lanes, then the scalar
+// tail [c, C). One function for every avx2 kernel, so that an output has
+// the same bits whichever computed it.
+TESSERA_TARGET_AVX2 __attribute__((noinline)) float finish_avx2(__m256 acc, const float* x, const float* w, int64_t c,
+                                                                int64_t C) {
+  float s = hsum256_ps(acc);
+  for (; c < C; c++) s += x[c] * w[c];
+  return s;
+}
+
 template <int R, int K>
 TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) {
   const int64_t C = a.C, S = stride * C;
@@ -121,11 +133,9 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) 
     }
   }
   for (int r = 0; r < R; r++)
-    for (int k = 0; k < K; k++) {
-      float s = hsum256_ps(acc[r][k]);
-      for (int64_t t = c; t < C; t++) s += x[r * C + t] * w[k * S + t];
-      a.out[(i + r) * int64_t{a.OC} + o + k * stride] = s + (a.bias ? a.bias[o + k * stride] : 0.0f);
-    }
+    for (int k = 0; k < K; k++)
+      a.out[(i + r) * int64_t{a.OC} + o + k * stride] =
+          finish_avx2(acc[r][k], x + r * C, w + k * S, c, C) + (a.bias ? a.bias[o + k * stride] : 0.0f);
 }
 
 template <int R, int K>
@@ -139,6 +149,90 @@ void tile_generic(const Args& a, int i, int o, int64_t stride) {
       for (int64_t c = 0; c < C; c++) s += x[c] * w[c];
       a.out[(i + r) * int64_t{a.OC} + o + k * stride] = s + (a.bias ? a.bias[o + k * stride] : 0.0f);
     }
+}
+
+// ---- more rows than one on avx2 (N >= 2, C >= 64). The 2 x 4 tile over
+// whole rows that avx512 uses ran at 0.61 of a core's FMA peak with the
+// weights in L2 (8 rows x 2048, 16.4 GB/s of weights, one thread; the
+// peak: 6.7 G FMAs/s on the Zen 2 of 2026-12-07) and 21.4 GB/s from memory
+// (8 x 2048 x 11264, 2 threads): 8 accumulators cannot cover the FMA
+// latency (2 pipes x 5 cycles). Here a tile is 2 input rows x kManyK = 6
+// weight rows, 12 accumulators, walked over C in chunks: the input rows'
+// slices of a chunk (packed one after another, so rows 8 KB apart do not
+// share cache sets) and the 6 weight rows' slices stay in L1 while every
+// pair of input rows passes over them. The partial sums wait in memory
+// between chunks; each lane still adds its products in column order and
+// finish_avx2 ends every output, so its bits are the one-row kernel's.
+// The 6 weight rows come one from each sixth of the thread's share: 6
+// streams a core, each walking its sixth from start to end.
+// With whole rows instead of chunks the same tile read 16.0 GB/s in L2 and
+// 23.0 from memory; chunked 20.3 and 27.6 (0.76 of the FMA peak in L2).
+// A software prefetch of the next chunk, into L1 or L2, one or two chunks
+// ahead, with or without spreading it over the row pairs, gained nothing;
+// 4 x 3, 3 x 4 and 2 x 5 tiles ran as 2 x 6 within the noise.
+constexpr int kManyK = 6;
+constexpr int kChunkFloats = 2048;  // of all input rows' slices of a chunk: 8 KB
+
+template <int R>
+TESSERA_TARGET_AVX2 void chunk_avx2(float* acc_mem, const float* xp, int64_t xstride, const float* const* w, int len,
+                                    bool first) {
+  __m256 acc[R][kManyK];
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < kManyK; k++)
+      acc[r][k] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc_mem + (r * kManyK + k) * 8);
+  for (int c = 0; c < len; c += 8) {
+    __m256 xv[R];
+    for (int r = 0; r < R; r++) xv[r] = _mm256_loadu_ps(xp + r * xstride + c);
+    for (int k = 0; k < kManyK; k++) {
+      __m256 wv = _mm256_loadu_ps(w[k] + c);
+      // In a register: GCC folds the load into each row's FMA, two loads
+      // where one does, and then loads, not FMAs, bound the loop (the
+      // chunked tile ran at 16.4 GB/s in L2 that way, 19.8 with this).
+      if constexpr (R > 1) __asm__("" : "+x"(wv));
+      for (int r = 0; r < R; r++) acc[r][k] = _mm256_fmadd_ps(xv[r], wv, acc[r][k]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < kManyK; k++) _mm256_storeu_ps(acc_mem + (r * kManyK + k) * 8, acc[r][k]);
+}
+
+// Weight rows [o_begin, o_begin + kManyK * part) of a thread's share
+// against every input row; the caller does the rows after them.
+TESSERA_TARGET_AVX2 void many_rows_avx2(const Args& a, int o_begin, int part) {
+  const int N = a.N;
+  const int64_t C = a.C, C8 = C / 8 * 8;
+  const int64_t cc = std::clamp<int64_t>(kChunkFloats / N / 8 * 8, 64, 1024);
+  const int64_t chunks = (C8 + cc - 1) / cc;
+  thread_local std::vector<float> xp, accs;
+  xp.resize(static_cast<size_t>(chunks * N * cc));
+  accs.resize(static_cast<size_t>(N) * kManyK * 8);
+  // xp[chunk][row][column]: a chunk's slices of every row, one after the other.
+  for (int64_t ch = 0; ch < chunks; ch++) {
+    const int64_t c0 = ch * cc, len = std::min(cc, C8 - c0);
+    for (int i = 0; i < N; i++)
+      std::copy(a.x + i * C + c0, a.x + i * C + c0 + len, xp.data() + (ch * N + i) * cc);
+  }
+  for (int j = 0; j < part; j++) {
+    const float* rows[kManyK];
+    for (int k = 0; k < kManyK; k++) rows[k] = a.w + (o_begin + j + int64_t{k} * part) * C;
+    for (int64_t ch = 0; ch < chunks; ch++) {
+      const int64_t c0 = ch * cc;
+      const int len = static_cast<int>(std::min(cc, C8 - c0));
+      const float* w[kManyK];
+      for (int k = 0; k < kManyK; k++) w[k] = rows[k] + c0;
+      const float* xc = xp.data() + ch * N * cc;
+      int i = 0;
+      for (; i + 2 <= N; i += 2) chunk_avx2<2>(accs.data() + i * kManyK * 8, xc + i * cc, cc, w, len, ch == 0);
+      if (i < N) chunk_avx2<1>(accs.data() + i * kManyK * 8, xc + i * cc, cc, w, len, ch == 0);
+    }
+    for (int i = 0; i < N; i++)
+      for (int k = 0; k < kManyK; k++) {
+        const int o = o_begin + j + k * part;
+        a.out[i * int64_t{a.OC} + o] = finish_avx2(_mm256_loadu_ps(accs.data() + (i * kManyK + k) * 8),
+                                                   a.x + i * C, rows[k], C8, C) +
+                                       (a.bias ? a.bias[o] : 0.0f);
+      }
+  }
 }
 
 using Kind = Fp32Isa;
@@ -179,14 +273,18 @@ void weight_block(Kind kind, const Args& a, int o, int64_t stride = 1) {
 // so that the memory sees 8 (4) streams a core. On a 2-core Zen 3 one
 // stream a core read 31-36 GB/s, 8 adjacent rows walked together 27-38 and
 // 8 far-apart streams 50-52 (a read loop, same minutes; docs/performance.md).
-// More rows than one walk far-apart blocks only where a row is a multiple
-// of 4 KiB (its lines share cache sets with its neighbours' anyway): 8 rows
+// On avx2 more rows than one take many_rows_avx2. On avx512 they walk
+// far-apart blocks only where a row is a multiple of 4 KiB (its lines share cache sets with its neighbours' anyway): 8 rows
 // x 2048 x 11264 cold 5.3-5.4 -> 4.4-4.5 ms there, while 8 x 768 x 3072,
 // whose adjacent rows spread over the sets, went 448-467 -> 595-604 us
 // (BM_MatmulDecodeCold/0/*/8, Zen 3).
 void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
   int o = o_begin;
-  if (kind != Kind::kGeneric && (a.N == 1 || a.C % 1024 == 0)) {
+  if (kind == Kind::kAvx2 && a.N > 1 && a.C >= 64) {
+    const int part = (o_end - o_begin) / kManyK;
+    if (part > 0) many_rows_avx2(a, o_begin, part);
+    o = o_begin + kManyK * part;
+  } else if (kind != Kind::kGeneric && (a.N == 1 || a.C % 1024 == 0)) {
     const int K = a.N == 1 ? 8 : kWeightRows, part = (o_end - o_begin) / K;
     for (int j = 0; j < part; j++) {
       if (a.N == 1)

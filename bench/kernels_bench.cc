@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include <immintrin.h>
+
 #include <sys/mman.h>
 
 #include <benchmark/benchmark.h>
@@ -276,8 +278,45 @@ void BM_MatmulDecodeCold(benchmark::State& s) { decode_product_bench(s, true); }
 // kernel's own arithmetic rate, the most a cold product could reach
 // however well it overlapped its reads.
 void BM_MatmulDecodeHot(benchmark::State& s) { decode_product_bench(s, false); }
+// One core's AVX2 FMA peak, the ceiling the many-row fp32 kernels are
+// held to: 12 independent chains of vfmadd231ps (inline asm, so the
+// compiler keeps them; the FMA latency of 2 pipes x 5 cycles wants 10).
+// FMA/s: 8-lane FMA instructions a second (x 16 for FLOP/s). Skipped
+// without AVX2 and FMA.
+__attribute__((target("avx2,fma"), noinline)) void fma_chains(int64_t n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,
+         a10 = a0, a11 = a0;
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
+  for (int64_t i = 0; i < n; i++) {
+#define TESSERA_FMA(A) asm volatile("vfmadd231ps %1, %2, %0" : "+x"(A) : "x"(x), "x"(y))
+    TESSERA_FMA(a0); TESSERA_FMA(a1); TESSERA_FMA(a2); TESSERA_FMA(a3); TESSERA_FMA(a4); TESSERA_FMA(a5);
+    TESSERA_FMA(a6); TESSERA_FMA(a7); TESSERA_FMA(a8); TESSERA_FMA(a9); TESSERA_FMA(a10); TESSERA_FMA(a11);
+#undef TESSERA_FMA
+  }
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                           _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+  _mm256_storeu_ps(out, s);
+}
+void BM_FmaPeak(benchmark::State& s) {
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    s.SkipWithError("no AVX2 and FMA");
+    return;
+  }
+  constexpr int64_t kSteps = 1 << 20;
+  float out[8];
+  for (auto _ : s) {
+    fma_chains(kSteps, out);
+    benchmark::DoNotOptimize(out);
+  }
+  s.counters["FMA/s"] = benchmark::Counter(12.0 * kSteps * static_cast<double>(s.iterations()),
+                                           benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond);
+
 // GPT-2's qkv, fc, fcproj and head; TinyLlama's gate and up, down and head;
-// at 8 rows, GPT-2's fc and TinyLlama's gate and up.
+// at 8 rows, GPT-2's fc and TinyLlama's gate and up; fp32 at 2, 4 and 8
+// rows (matmul_f32_rows' many-row tiles).
 BENCHMARK(BM_MatmulDecodeCold)
     ->ArgsProduct({{0, 1, 2}, {768}, {2304, 3072, 50304}, {1}})
     ->ArgsProduct({{0, 1, 2}, {3072}, {768}, {1}})
@@ -285,6 +324,9 @@ BENCHMARK(BM_MatmulDecodeCold)
     ->ArgsProduct({{0, 1, 2, 3}, {5632}, {2048}, {1}})
     ->ArgsProduct({{0, 1, 2}, {768}, {3072}, {8}})
     ->ArgsProduct({{0, 1, 2, 3}, {2048}, {11264}, {8}})
+    ->ArgsProduct({{0}, {768}, {3072}, {2, 4}})
+    ->ArgsProduct({{0}, {2048}, {11264}, {2, 4}})
+    ->ArgsProduct({{0}, {5632}, {2048}, {2, 8}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatmulDecodeHot)
     ->ArgsProduct({{0, 1, 2, 3}, {768}, {2304, 3072}, {1}})

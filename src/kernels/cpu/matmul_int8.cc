@@ -104,17 +104,17 @@ float quantize_row(int8_t* q, const float* x, int n) { return quantize_symmetric
 
 // The oracle's dequantization, in a function compiled for plain x86-64 (no
 // FMA to contract into), called from the kernels below.
+inline float dequantize_one(int32_t acc, float xs, const float* wscale, const float* bias, int o) {
+  return static_cast<float>(acc) * xs * wscale[o] + (bias ? bias[o] : 0.0f);
+}
 __attribute__((noinline)) void dequantize(float* out, const int32_t* acc, int K, float xs, const float* wscale,
                                           const float* bias) {
-  for (int k = 0; k < K; k++) out[k] = static_cast<float>(acc[k]) * xs * wscale[k] + (bias ? bias[k] : 0.0f);
+  for (int k = 0; k < K; k++) out[k] = dequantize_one(acc[k], xs, wscale, bias, k);
 }
 // The same for the K columns cols[0..K) (a one-row stream group's).
 __attribute__((noinline)) void dequantize_cols(float* out, const int* cols, const int32_t* acc, int K, float xs,
                                                const float* wscale, const float* bias) {
-  for (int k = 0; k < K; k++) {
-    const int o = cols[k];
-    out[o] = static_cast<float>(acc[k]) * xs * wscale[o] + (bias ? bias[o] : 0.0f);
-  }
+  for (int k = 0; k < K; k++) out[cols[k]] = dequantize_one(acc[k], xs, wscale, bias, cols[k]);
 }
 
 // ---- our kernels: a tile of R rows x K columns of int32 dot products,

@@ -152,7 +152,8 @@ void tile_generic(const Args& a, int i, int o, int64_t stride) {
 }
 
 // ---- more rows than one on avx2 (N >= 2, C >= 64). The 2 x 4 tile over
-// whole rows that avx512 uses ran at 0.61 of a core's FMA peak with the
+// whole rows (tile_avx2; avx512 walks its 4 x 4 the same way) ran at 0.61
+// of a core's FMA peak with the
 // weights in L2 (8 rows x 2048, 16.4 GB/s of weights, one thread; the
 // peak: 6.7 G FMAs/s on the Zen 2 of 2026-12-07) and 21.4 GB/s from memory
 // (8 x 2048 x 11264, 2 threads): 8 accumulators cannot cover the FMA
@@ -274,8 +275,9 @@ void weight_block(Kind kind, const Args& a, int o, int64_t stride = 1) {
 // stream a core read 31-36 GB/s, 8 adjacent rows walked together 27-38 and
 // 8 far-apart streams 50-52 (a read loop, same minutes; docs/performance.md).
 // On avx2 more rows than one take many_rows_avx2. On avx512 they walk
-// far-apart blocks only where a row is a multiple of 4 KiB (its lines share cache sets with its neighbours' anyway): 8 rows
-// x 2048 x 11264 cold 5.3-5.4 -> 4.4-4.5 ms there, while 8 x 768 x 3072,
+// far-apart blocks only where a row is a multiple of 4 KiB (its lines
+// share cache sets with its neighbours' anyway): 8 rows x 2048 x 11264
+// cold 5.3-5.4 -> 4.4-4.5 ms there, while 8 x 768 x 3072,
 // whose adjacent rows spread over the sets, went 448-467 -> 595-604 us
 // (BM_MatmulDecodeCold/0/*/8, Zen 3).
 void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {

@@ -9,11 +9,12 @@
 //
 // - avx512: tiles of up to 4 input rows x 4 weight rows, 16 zmm accumulators
 //   (a full tile's 16 sums in one transposing reduction), 1 x 8 at one row.
-// - avx2: 1 x 8 at one row, the next tile prefetched; from 2 rows on,
+// - avx2: 1 x 7 at one row (a line of each of 7 streams a step); from 2 rows on,
 //   tiles of 2 input rows x 6 weight rows (12 ymm accumulators) walked over
 //   the width in chunks that stay in L1 (many_rows_avx2).
-// A tile's weight rows come from 8 (one row), 6 (avx2, more rows) or 4
-// parts of the thread's share, as many streams a core (weight_range).
+// A tile's weight rows come from 8 (avx512, one row), 7 (avx2, one row),
+// 6 (avx2, more rows) or 4 parts of the thread's share, as many streams a
+// core (weight_range).
 // - generic: plain loops (CPUs without AVX2).
 // A width that is not a multiple of the vector length ends in masked loads
 // (avx512) or a scalar tail (avx2). Each output is one dot product summed in
@@ -118,9 +119,10 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) 
     __m256 wv[K];
     for (int k = 0; k < K; k++) wv[k] = _mm256_loadu_ps(w + k * S + c);
     // The next tile's rows into L2, as avx512 does, one prefetch a 64-byte
-    // line: every other step. The one-row tile too: its half-line loads keep
-    // half as many lines in flight as avx512's (without a prefetch the GPT-2
-    // head read at 42-45 GB/s, 58-60 with one, on the machine of the time);
+    // line: every other step. The one-row tile too (now a share's last few
+    // rows; one_row_avx2 takes the rest): its half-line loads keep half as
+    // many lines in flight as avx512's (without a prefetch the GPT-2 head
+    // read at 42-45 GB/s, 58-60 with one, on the machine of the time);
     // into L2 rather than L1: +13-34% at one row, +30-56% at 8 rows on Zen 4.
     // Not for rows far apart (stride > 1), which are 8 streams already: on
     // Zen 3 the prefetch held them to 0.78-0.86 of the read roof read right
@@ -136,6 +138,34 @@ TESSERA_TARGET_AVX2 void tile_avx2(const Args& a, int i, int o, int64_t stride) 
     for (int k = 0; k < K; k++)
       a.out[(i + r) * int64_t{a.OC} + o + k * stride] =
           finish_avx2(acc[r][k], x + r * C, w + k * S, c, C) + (a.bias ? a.bias[o + k * stride] : 0.0f);
+}
+
+// One input row against K weight rows o, o + stride, ..., each a stream
+// of its own (weight_range), a whole 64-byte line of each a step: the
+// same FMAs into the same accumulators in the same order as tile_avx2<1,
+// K>, so the same bits. Why a line a step and why 7 streams: kOneRowStreams.
+template <int K>
+TESSERA_TARGET_AVX2 void one_row_avx2(const Args& a, int o, int64_t stride) {
+  const int64_t C = a.C, S = stride * C;
+  const float* x = a.x;
+  const float* w = a.w + o * C;
+  __m256 acc[K];
+  for (int k = 0; k < K; k++) acc[k] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+    for (int k = 0; k < K; k++) {
+      acc[k] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + k * S + c), acc[k]);
+      acc[k] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(w + k * S + c + 8), acc[k]);
+    }
+  }
+  if (c + 8 <= C) {
+    const __m256 x0 = _mm256_loadu_ps(x + c);
+    for (int k = 0; k < K; k++) acc[k] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w + k * S + c), acc[k]);
+    c += 8;
+  }
+  for (int k = 0; k < K; k++)
+    a.out[o + k * stride] = finish_avx2(acc[k], x, w + k * S, c, C) + (a.bias ? a.bias[o + k * stride] : 0.0f);
 }
 
 template <int R, int K>
@@ -269,9 +299,10 @@ void weight_block(Kind kind, const Args& a, int o, int64_t stride = 1) {
 
 // Weight rows [o_begin, o_end): blocks of kWeightRows, then one at a time.
 // One input row (a single decode step) takes 8 weight rows a tile on
-// avx512 and avx2: 8 independent accumulators hide the FMA latency. A tile's
-// (a block's) weight rows come one from each eighth (quarter) of the range,
-// so that the memory sees 8 (4) streams a core. On a 2-core Zen 3 one
+// avx512, 7 on avx2 (kOneRowStreams): as many independent accumulators hide
+// the FMA latency. A tile's (a block's) weight rows come one from each
+// eighth (seventh, quarter) of the range, so that the memory sees 8 (7, 4)
+// streams a core. On a 2-core Zen 3 one
 // stream a core read 31-36 GB/s, 8 adjacent rows walked together 27-38 and
 // 8 far-apart streams 50-52 (a read loop, same minutes; docs/performance.md).
 // On avx2 more rows than one take many_rows_avx2. On avx512 they walk
@@ -280,6 +311,21 @@ void weight_block(Kind kind, const Args& a, int o, int64_t stride = 1) {
 // cold 5.3-5.4 -> 4.4-4.5 ms there, while 8 x 768 x 3072,
 // whose adjacent rows spread over the sets, went 448-467 -> 595-604 us
 // (BM_MatmulDecodeCold/0/*/8, Zen 3).
+// One input row on avx2 walks 7 streams a thread, a 64-byte line of each a
+// step (one_row_avx2), not 8 (tile_avx2<1, 8>, 32 bytes a step). On the
+// 2-core Zen 2 of 2026-12-07, a bare loop of that shape over GPT-2's
+// matrices (12 layers and the head, one fork a matrix) read 0.86-0.88 of
+// what an XOR loop over the same bytes reads; 64-byte steps made it
+// 0.92-0.94, and with them 7 streams read 1.00-1.03, 5 0.99-1.02, 6 0.95-0.97
+// and 4 0.95 (TinyLlama's shapes alike). In the kernel, 8 streams with
+// 64-byte steps gained nothing, 7 with 32-byte steps most of the gain:
+// cold products 1.02-1.21x faster (BM_MatmulDecodeCold/0/*/1), GPT-2's
+// fp32 decode 0.83 -> 0.89 of the paired roof, TinyLlama's 0.85 -> 0.92
+// (docs/performance.md). Each stream is one part of the thread's share,
+// so the streams sit (share / 7) rows apart; the odd count keeps them off
+// the same L2 sets where power-of-two rows and shares line up (6 streams
+// of GPT-2's qkv share are 9 x 64 KiB apart: one set for all).
+constexpr int kOneRowStreams = 7;
 void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
   int o = o_begin;
   if (kind == Kind::kAvx2 && a.N > 1 && a.C >= 64) {
@@ -287,12 +333,15 @@ void weight_range(Kind kind, const Args& a, int o_begin, int o_end) {
     if (part > 0) many_rows_avx2(a, o_begin, part);
     o = o_begin + kManyK * part;
   } else if (kind != Kind::kGeneric && (a.N == 1 || a.C % 1024 == 0)) {
-    const int K = a.N == 1 ? 8 : kWeightRows, part = (o_end - o_begin) / K;
+    const int K = a.N > 1 ? kWeightRows : kind == Kind::kAvx2 ? kOneRowStreams : 8;
+    const int part = (o_end - o_begin) / K;
     for (int j = 0; j < part; j++) {
-      if (a.N == 1)
-        tile<1, 8>(kind, a, 0, o_begin + j, part);
-      else
+      if (a.N > 1)
         weight_block<kWeightRows>(kind, a, o_begin + j, part);
+      else if (kind == Kind::kAvx2)
+        one_row_avx2<kOneRowStreams>(a, o_begin + j, part);
+      else
+        tile<1, 8>(kind, a, 0, o_begin + j, part);
     }
     o = o_begin + K * part;
   }

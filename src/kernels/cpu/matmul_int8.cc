@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -377,6 +378,39 @@ void column_block(const Operands& p, int i_begin, int i_end, int o_begin, int o_
   }
 }
 
+// Where each of a thread's `streams` parts (of `part` weight rows of
+// row_bytes each) starts its walk: row start[k] of part k, then on to the
+// part's end and round from its start. Part k begins k * part rows into
+// the share, and where part * row_bytes is a multiple of 64 KiB (the span
+// after which the sets of a 512 KiB 8-way L2 repeat: Zen 2 and Zen 3) all
+// the streams read lines of the same sets at each step: TinyLlama's 2048-
+// byte rows make every one of its matrices so. The starts move stream k's
+// lines to about k / streams of the way through that span. On the Zen 2
+// of 2026-12-07, 4 streams: cold one-row products 1.08-1.12x faster where
+// the parts lined up (BM_MatmulDecodeCold/1: TinyLlama's 2048 x 11264 and
+// 5632 x 2048, GPT-2's 3072 x 768), the others alike, and TinyLlama's int8
+// decode 0.88 -> 0.92-0.94 of the paired roof (docs/performance.md). Each
+// output is still its own column's sum: the order of the columns changes,
+// not a bit of any. (The fp32 kernel's 7 streams, and Q4's 4 groups of 16
+// rows, gained nothing from the same starts.)
+constexpr int64_t kSetSpan = int64_t{64} << 10;
+void stream_starts(int streams, int part, int64_t row_bytes, int* start) {
+  for (int k = 0; k < streams; k++) {
+    start[k] = 0;
+    const int64_t target = kSetSpan * k / streams, base = int64_t{k} * part * row_bytes % kSetSpan;
+    const int64_t tries = std::min<int64_t>(part, kSetSpan / row_bytes + 1);
+    int64_t best = kSetSpan;
+    for (int64_t d = 0; d < tries; d++) {
+      const int64_t gap = std::abs((base + d * row_bytes) % kSetSpan - target);
+      const int64_t dist = std::min(gap, kSetSpan - gap);
+      if (dist < best) {
+        best = dist;
+        start[k] = static_cast<int>(d);
+      }
+    }
+  }
+}
+
 // Work items of kRowBlock rows (their codes stay in L2 while every column
 // block passes; a prefill of thousands of rows would otherwise stream all
 // of them from L3 once per column block) by kColumnBlock columns.
@@ -390,9 +424,13 @@ void ours(const Operands& p, int N) {
         const int o0 = static_cast<int>(int64_t{p.OC} * t / T), o1 = static_cast<int>(int64_t{p.OC} * (t + 1) / T);
         constexpr int kStreams = Tile<1, 1>::kStreams;
         const int part = (o1 - o0) / kStreams;
-        int cols[kStreams];
+        int cols[kStreams], start[kStreams];
+        stream_starts(kStreams, part, p.C, start);
         for (int j = 0; j < part; j++) {
-          for (int k = 0; k < kStreams; k++) cols[k] = o0 + k * part + j;
+          for (int k = 0; k < kStreams; k++) {
+            const int r = start[k] + j;
+            cols[k] = o0 + k * part + (r < part ? r : r - part);
+          }
           Tile<1, 1>::streams(p, cols);
         }
         if (o0 + kStreams * part < o1) column_block<Tile>(p, 0, 1, o0 + kStreams * part, o1);

@@ -319,7 +319,7 @@ void weight_block(Kind kind, const Args& a, int o, int64_t stride = 1) {
 // 0.92-0.94, and with them 7 streams read 1.00-1.03, 5 0.99-1.02, 6 0.95-0.97
 // and 4 0.95 (TinyLlama's shapes alike). In the kernel, 8 streams with
 // 64-byte steps gained nothing, 7 with 32-byte steps most of the gain:
-// cold products 1.02-1.21x faster (BM_MatmulDecodeCold/0/*/1), GPT-2's
+// cold products 1.01-1.20x faster (BM_MatmulDecodeCold/0/*/1), GPT-2's
 // fp32 decode 0.83 -> 0.89 of the paired roof, TinyLlama's 0.85 -> 0.92
 // (docs/performance.md). Each stream is one part of the thread's share,
 // so the streams sit (share / 7) rows apart; the odd count keeps them off

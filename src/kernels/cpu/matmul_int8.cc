@@ -393,21 +393,27 @@ void column_block(const Operands& p, int i_begin, int i_end, int o_begin, int o_
 // output is still its own column's sum: the order of the columns changes,
 // not a bit of any. (The fp32 kernel's 7 streams, and Q4's 4 groups of 16
 // rows, gained nothing from the same starts.)
+// Along a part, stream k's offset in the span moves row_bytes a row, so the
+// row nearest its target is one of: the part's first, the rows on either
+// side of the target, or the last within one sweep of the span.
 constexpr int64_t kSetSpan = int64_t{64} << 10;
 void stream_starts(int streams, int part, int64_t row_bytes, int* start) {
   for (int k = 0; k < streams; k++) {
     start[k] = 0;
+    if (part <= 1) continue;
     const int64_t target = kSetSpan * k / streams, base = int64_t{k} * part * row_bytes % kSetSpan;
-    const int64_t tries = std::min<int64_t>(part, kSetSpan / row_bytes + 1);
-    int64_t best = kSetSpan;
-    for (int64_t d = 0; d < tries; d++) {
+    const auto dist = [&](int64_t d) {
       const int64_t gap = std::abs((base + d * row_bytes) % kSetSpan - target);
-      const int64_t dist = std::min(gap, kSetSpan - gap);
-      if (dist < best) {
-        best = dist;
-        start[k] = static_cast<int>(d);
-      }
+      return std::min(gap, kSetSpan - gap);
+    };
+    const int64_t last = std::min<int64_t>(part - 1, kSetSpan / row_bytes);
+    const int64_t ahead = ((target - base) % kSetSpan + kSetSpan) % kSetSpan;  // bytes forward to the target
+    int64_t best = 0;
+    for (int64_t d : {ahead / row_bytes, ahead / row_bytes + 1, last}) {
+      d = std::min(d, last);
+      if (dist(d) < dist(best)) best = d;
     }
+    start[k] = static_cast<int>(best);
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "core/cpu_features.h"
 #include "core/huge_pages.h"
 
 #include "kernels/cpu/int8_kernel.h"
@@ -299,7 +300,7 @@ __attribute__((target("avx2,fma"), noinline)) void fma_chains(int64_t n, float* 
   _mm256_storeu_ps(out, s);
 }
 void BM_FmaPeak(benchmark::State& s) {
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+  if (!cpu_features().avx2 || !cpu_features().fma) {
     s.SkipWithError("no AVX2 and FMA");
     return;
   }

@@ -282,9 +282,13 @@ TESSERA_INT8_ROW(row_vnni, TESSERA_TARGET_VNNI, TESSERA_STEP_VNNI)
 // of 21 pairs; 8 streams with the prefetch: slower than without; 4
 // without: between). VNNI, whose arithmetic is several times faster, keeps
 // 8 streams and no prefetch (neither way measured on a VNNI host yet).
-constexpr int kStreamsAvx2 = 4, kPrefetchLinesAvx2 = 8;
+// 5 streams, not 4 (the Zen 2 of session 31, with stream_starts): GPT-2's
+// int8 one-sequence decode 0.733-0.736 -> 0.753-0.770 of the paired roof (6
+// interleaved pairs), TinyLlama's 0.910-0.913 -> 0.953-0.960 (2 pairs); 6
+// or 7 streams, and 5 with the prefetch 4 or 12 lines ahead, fell between
+// (docs/performance.md, "Session 31").
+constexpr int kStreamsAvx2 = 5, kPrefetchLinesAvx2 = 8;
 constexpr int kStreamsVnni = 8, kPrefetchLinesVnni = 0;
-static_assert(kStreamsAvx2 % 4 == 0 && kStreamsVnni % 4 == 0, "stream groups are reduced 4 sums at a time");
 #define TESSERA_INT8_STREAMS(NAME, TARGET, STEP, STREAMS, PF)                                                    \
   TARGET void NAME(const Operands& p, const int* cols) {                                                       \
     constexpr int kStreams = STREAMS;                                                                          \
@@ -305,9 +309,11 @@ static_assert(kStreamsAvx2 % 4 == 0 && kStreamsVnni % 4 == 0, "stream groups are
       _Pragma("GCC unroll 8") for (int k = 0; k < kStreams; k++) s[k] =                                        \
           STEP(s[k], a, x, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[k] + c)));                    \
     }                                                                                                          \
-    alignas(16) int32_t acc[kStreams];                                                                         \
-    for (int k = 0; k < kStreams; k += 4)                                                                      \
-      _mm_store_si128(reinterpret_cast<__m128i*>(acc + k), hsum4_avx2(s[k], s[k + 1], s[k + 2], s[k + 3]));   \
+    alignas(16) int32_t acc[(kStreams + 3) / 4 * 4]; /* groups of 4 reduced together, the rest one by one */   \
+    int k4 = 0;                                                                                                \
+    for (; k4 + 4 <= kStreams; k4 += 4)                                                                        \
+      _mm_store_si128(reinterpret_cast<__m128i*>(acc + k4), hsum4_avx2(s[k4], s[k4 + 1], s[k4 + 2], s[k4 + 3])); \
+    for (; k4 < kStreams; k4++) acc[k4] = hsum_avx2(s[k4]);                                                    \
     if (C32 < C)                                                                                               \
       for (int k = 0; k < kStreams; k++) acc[k] += dot_tail(p.xq, w[k], C32, C);                               \
     _mm256_zeroupper();                                                                                        \

@@ -461,7 +461,8 @@ BENCHMARK(BM_AttentionForward)->Unit(benchmark::kMillisecond);
 // the cache's dtype, 0 fp32, 1 fp16 (paged_attention_gqa_f16_forward,
 // the cache the decode benchmarks and llama.cpp use).
 // BM_PagedAttentionDecodeHot: one layer's cache, the same copy every time
-// (each thread's share in its L2 at 160 keys: fp16 245 KB, fp32 490 KB),
+// (each thread's share at 160 keys: fp16 245 KB, within a 512 KB L2; fp32
+// 490 KB, nearly all of it),
 // so the arithmetic and the kernels' own overheads are what is timed, and
 // the cold figure's excess over it is the wait for memory.
 template <class T>
@@ -503,21 +504,17 @@ void paged_attention_decode(benchmark::State& s, bool hot) {
                                                 static_cast<double>(s.iterations()),
                                             benchmark::Counter::kIsRate);
 }
-void BM_PagedAttentionDecode(benchmark::State& s) {
+void paged_attention_bench(benchmark::State& s, bool hot) {
   if (s.range(2) == 1)
-    paged_attention_decode<uint16_t>(s, false);
+    paged_attention_decode<uint16_t>(s, hot);
   else
-    paged_attention_decode<float>(s, false);
+    paged_attention_decode<float>(s, hot);
 }
+void BM_PagedAttentionDecode(benchmark::State& s) { paged_attention_bench(s, false); }
 BENCHMARK(BM_PagedAttentionDecode)
     ->ArgsProduct({{16, 160, 512, 2048}, {0, 1}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
-void BM_PagedAttentionDecodeHot(benchmark::State& s) {
-  if (s.range(2) == 1)
-    paged_attention_decode<uint16_t>(s, true);
-  else
-    paged_attention_decode<float>(s, true);
-}
+void BM_PagedAttentionDecodeHot(benchmark::State& s) { paged_attention_bench(s, true); }
 BENCHMARK(BM_PagedAttentionDecodeHot)->ArgsProduct({{16, 160, 512}, {0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 void BM_AdamW(benchmark::State& s) {

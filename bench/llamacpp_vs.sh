@@ -38,6 +38,7 @@ prompt=${3:-128}
 tokens=${4:-32}
 types=${TYPES:-f32 q8_0 q4_0}
 kv=${KV:-f16}
+ctx=$(( 8 * (prompt + tokens) > 2048 ? 8 * (prompt + tokens) : 2048 ))
 tessera=$PWD/build/release/tessera
 eval "$(bash bench/llamacpp_build.sh)"
 work=${TESSERA_LLAMACPP_DIR:-/var/tmp/tessera-llamacpp}/models
@@ -99,7 +100,10 @@ rss_mb() {
   python3 - "$work/time.json" "$work/rss.txt" <<'PY'
 import json, statistics, sys
 s = [int(x) / 1024 for x in open(sys.argv[2]).read().split()]
-print(json.load(open(sys.argv[1]))["peak_rss_mb"] / 1024, statistics.median(s[len(s) // 2:]) if s else 0.0)
+# /usr/bin/time's line is the last (a failed command's exit status comes first).
+lines = [l for l in open(sys.argv[1]).read().splitlines() if l.startswith("{")]
+peak = json.loads(lines[-1])["peak_rss_mb"] / 1024 if lines else 0.0
+print(peak, statistics.median(s[len(s) // 2:]) if s else 0.0)
 PY
 }
 for r in $(seq "$reps"); do
@@ -121,8 +125,10 @@ for line in open(sys.argv[1]):
                       "peak_rss_mb": float(sys.argv[4]), "steady_rss_mb": float(sys.argv[5])}))
 PY
     # -npl 1,8,1: batched-bench's logger may drop its last line at exit.
-    measure "$LLAMA_BATCHED_BENCH" -m "$f" -t 2 -tb 2 -c 2048 -npp "$prompt" -ntg "$tokens" -npl 1,8,1 \
-      --output-format jsonl 2>/dev/null > "$work/l.jsonl" || true
+    # Its context holds the 8 sequences' prompts and tokens at once.
+    measure "$LLAMA_BATCHED_BENCH" -m "$f" -t 2 -tb 2 -c "$ctx" -npp "$prompt" -ntg "$tokens" -npl 1,8,1 \
+      --output-format jsonl 2>"$work/llama.log" > "$work/l.jsonl" ||
+      echo "llamacpp_vs: llama-batched-bench failed on $f (log: $work/llama.log)" >&2
     read -r peak steady < <(rss_mb)
     python3 - "$work/l.jsonl" "$t" "$r" "$peak" "$steady" >> "$out" <<'PY'
 import json, sys

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/dlrm_width.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -314,10 +315,13 @@ bool wide_vectors() { return fp32_isa() == Fp32Isa::kAvx512; }
 }  // namespace
 
 void interaction_forward(float* out, const float* feat, int B, int F, int D) {
+  interaction_forward_width(out, feat, B, F, D, wide_vectors());
+}
+
+void interaction_forward_width(float* out, const float* feat, int B, int F, int D, bool wide) {
   const int P = F * (F - 1) / 2;
   if (D % 16 == 0) {
     const int Fp = (F + 15) / 16 * 16;
-    const bool wide = wide_vectors();
 #pragma omp parallel if (static_cast<int64_t>(B) * P * D > kParallelMin)
     {
       std::vector<float> xt(static_cast<size_t>(D) * Fp, 0.0f);
@@ -346,9 +350,12 @@ void interaction_forward(float* out, const float* feat, int B, int F, int D) {
 }
 
 void interaction_backward(float* dfeat, const float* dout, const float* feat, int B, int F, int D) {
+  interaction_backward_width(dfeat, dout, feat, B, F, D, wide_vectors());
+}
+
+void interaction_backward_width(float* dfeat, const float* dout, const float* feat, int B, int F, int D, bool wide) {
   const int P = F * (F - 1) / 2;
   if (D % 16 == 0) {
-    const bool wide = wide_vectors();
 #pragma omp parallel if (static_cast<int64_t>(B) * P * D > kParallelMin)
     {
       std::vector<float> s(static_cast<size_t>(F) * F, 0.0f);

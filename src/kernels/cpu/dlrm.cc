@@ -308,8 +308,9 @@ TESSERA_CPU_CLONES void interaction_backward_sample(float* dx, const float* g, c
     backward_sample<8>(dx, g, x, s, F, D);
 }
 
-// The vector width the interaction takes: 16 floats under AVX-512F (not
-// capped by DNNL_MAX_CPU_ISA, cpu_features), else 8.
+// The vector width the interaction takes: 16 floats under AVX-512F, else 8
+// (cpu_features applies the DNNL_MAX_CPU_ISA cap, so AVX2 hosts' width is
+// tested on AVX-512 ones too).
 bool wide_vectors() { return fp32_isa() == Fp32Isa::kAvx512; }
 
 }  // namespace

@@ -20,8 +20,9 @@ expect() {
   else fail "$name: exit $rc (want $code)"; cat "$tmp/out" "$tmp/err"; fi
 }
 
-# A loopback port with nothing listening: bound, read and released.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A loopback port with nothing listening, held so for the whole test.
+source "$(dirname "$0")/ports.inc"
+closed_port port
 url="http://127.0.0.1:$port"
 
 expect "no --url" 2 "needs --url"

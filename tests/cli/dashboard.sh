@@ -47,7 +47,8 @@ config ckpt 1 16 30 "every = 1"
 config live 8 128 100000 ""
 "$tessera" train --config "$tmp/healthy/cfg.toml" >"$tmp/healthy.log" 2>&1 || { cat "$tmp/healthy.log"; exit 1; }
 "$tessera" train --config "$tmp/ckpt/cfg.toml" >"$tmp/ckpt.log" 2>&1 || { cat "$tmp/ckpt.log"; exit 1; }
-mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+source "$tests/cli/ports.inc"
+mport=$(free_port)
 "$tessera" train --config "$tmp/live/cfg.toml" --metrics-port "$mport" >"$tmp/live.log" 2>&1 &
 live_pid=$!
 serve_pids+=("$live_pid")

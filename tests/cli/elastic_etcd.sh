@@ -15,7 +15,6 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n 
 trap cleanup EXIT
 source "$tests/cli/dp_common.inc"
 export OMP_NUM_THREADS=1
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 port=$(free_port); peer=$(free_port)
 etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
@@ -48,7 +47,7 @@ for i in 0 1 2; do wait "${pids[$((n - 3 + i))]}" || { echo "FAIL: agent $i exit
 [ -n "$(grep '"event":"state_transfer"' "$tmp/el.jsonl")" ] || { echo "FAIL: no state transfer"; cat "$tmp"/a*.log; exit 1; }
 elastic_losses "$tmp/ref.jsonl" "$tmp/el.jsonl" 20 1e-5 "losses through etcd"
 
-dead=$(free_port)
+closed_port dead
 if timeout 60 "$tessera" elastic --min 1 --max 1 --rdzv "etcd://127.0.0.1:$dead" --job x \
     -- train --config "$tmp/cfg.toml" >"$tmp/dead.log" 2>&1; then echo "FAIL: a dead etcd should fail"; exit 1; fi
 [ "$(grep -c "tessera: error: rendezvous store etcd://127.0.0.1:$dead unreachable" "$tmp/dead.log")" = 1 ] &&

@@ -95,7 +95,7 @@ keys=$(redis-cli -p "$port" --scan)
 [ -z "$(echo "$keys" | grep -v '^redisjob/')" ] || { echo "FAIL: keys outside the job's prefix"; echo "$keys"; exit 1; }
 
 # Nothing listens: one line naming the address, within the connect deadline.
-dead=$(free_port)
+closed_port dead
 if timeout 60 "$tessera" elastic --min 1 --max 1 --rdzv "redis://127.0.0.1:$dead" --job x \
     -- train --config "$tmp/cfg.toml" >"$tmp/dead.log" 2>&1; then echo "FAIL: a dead Redis should fail"; exit 1; fi
 [ "$(grep -c "tessera: error: rendezvous store redis://127.0.0.1:$dead unreachable" "$tmp/dead.log")" = 1 ] &&

@@ -36,6 +36,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
+using testing::ClosedPort;
 using testing::free_port;
 
 // An etcd child process for one test.
@@ -86,7 +87,9 @@ std::unique_ptr<EtcdStore> connect(int port) {
 }
 
 TEST(EtcdStore, UnreachableNamesTheAddress) {
-  const int port = free_port();
+  const ClosedPort closed;
+  const int port = closed.port();
+  ASSERT_GT(port, 0);
   auto c = EtcdStore::connect("127.0.0.1", port, milliseconds(300), milliseconds(1000));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);

@@ -35,6 +35,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
+using testing::ClosedPort;
 using testing::free_port;
 
 // A redis-server child process for one test.
@@ -118,7 +119,9 @@ TEST(StoreAddress, ParsesEveryForm) {
 }
 
 TEST(RedisStore, UnreachableNamesTheAddress) {
-  const int port = free_port();
+  const ClosedPort closed;
+  const int port = closed.port();
+  ASSERT_GT(port, 0);
   const auto t0 = std::chrono::steady_clock::now();
   auto c = RedisStore::connect("127.0.0.1", port, milliseconds(300), milliseconds(1000));
   ASSERT_FALSE(c.ok());
@@ -207,7 +210,8 @@ TEST(RedisStore, AReplicaThatCannotServeIsUnavailableNotARefusal) {
   // refused with READONLY, and reads with MASTERDOWN when stale data may not
   // be served.
   ASSERT_TRUE(admin(server.port(), {"CONFIG", "SET", "replica-serve-stale-data", "no"}));
-  ASSERT_TRUE(admin(server.port(), {"REPLICAOF", "127.0.0.1", std::to_string(free_port())}));
+  const ClosedPort gone;
+  ASSERT_TRUE(admin(server.port(), {"REPLICAOF", "127.0.0.1", std::to_string(gone.port())}));
   Status set = c->set("job/a", "2");
   EXPECT_EQ(set.code(), StatusCode::kUnavailable) << set.message();
   EXPECT_NE(set.message().find("READONLY"), std::string::npos) << set.message();

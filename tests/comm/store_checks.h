@@ -5,11 +5,6 @@
 // failure).
 #pragma once
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -22,23 +17,14 @@
 
 #include "comm/gloo/gloo_communicator.h"
 #include "comm/rendezvous/store.h"
+#include "ports.h"
 
 namespace tessera::comm::testing {
 
 using ConnectStore = std::function<std::unique_ptr<Store>()>;
 
-// A loopback port free at the time of the call (for a test's server).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  socklen_t len = sizeof sa;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
+using testing_util::ClosedPort;
+using testing_util::free_port;
 
 // Binary-safe set/get, NotFound, add (0 reads), address(), and a wait that a
 // second client's later set ends, or that names the missing key.

@@ -10,15 +10,11 @@
 #include <string>
 #include <thread>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include "obs/metrics.h"
+#include "ports.h"
 #include "serve/fake_worker.h"
 
 namespace tessera::serve::route {
@@ -80,20 +76,6 @@ class FakeWorker {
   std::atomic<bool> stopping_{false};
   fake::LoopbackServer server_;  // last: it stops (and joins) first
 };
-
-// A URL where nothing listens: a port bound and released, never listened on.
-std::string refused_url() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  close(fd);
-  return "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-}
 
 PoolOptions quick() {
   PoolOptions o;
@@ -163,7 +145,8 @@ TEST(RoutePolicy, ConnectionRefusedTakesTheWorkerOutAndRetriesElsewhere) {
   obs::Registry reg;
   // A worker that was up and then went away: it answered /health, then the
   // process died (its port refuses).
-  const std::string dead = refused_url();
+  const testing_util::ClosedPort closed;
+  const std::string dead = testing_util::url_of(closed);
   auto pool2 = std::make_unique<WorkerPool>(std::vector<RouteTier>{{"gpu", {dead, ok.url()}}}, quick(), reg);
   pool2->health_passed(*pool2->workers()[0], "fake");  // up, as if it had answered
   pool2->check(*pool2->workers()[1]);
@@ -329,7 +312,8 @@ TEST(RoutePolicy, PickPrefersTheFirstTierThenTheFewestInFlight) {
 
 TEST(RoutePolicy, NoWorkerUpWaitsThenGivesUp) {
   obs::Registry reg;
-  auto pool = make_pool({{"cpu", {refused_url()}}}, reg);
+  const testing_util::ClosedPort closed;
+  auto pool = make_pool({{"cpu", {testing_util::url_of(closed)}}}, reg);
   const auto t0 = Clock::now();
   EXPECT_EQ(pool->pick({}), nullptr);
   const double waited = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -13,7 +13,7 @@
 //   the rows and their blocks are both fewer than the threads.
 // - Fewer rows than threads with enough blocks (a decode step):
 //   attention_split, the threads split the blocks, every head of them, and
-//   join each head's blocks after meeting.
+//   pass each row's running softmax down a chain of the threads.
 // Scratch lives in per-thread buffers that grow and are then reused
 // (decode steps allocate nothing).
 //
@@ -45,8 +45,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -516,6 +519,51 @@ TESSERA_TARGET_AVX2 void combine_avx2(float* M, float* L, float* O, float m, flo
   for (; d < hs; d++) O[d] = std::fma(O[d], a, P[d] * c);
 }
 
+// combine_avx2 for one block's heads 0..H-1 together (head h: M[h], L[h],
+// O + h * hs; the block's m[h], l[h], P + h * hs): the same operations
+// lane by lane, so the same bits, with 8 heads' exponentials in each exp8
+// (a head at a time, each join waited for its own exp8's chain of
+// dependent FMAs: 25 ns a head, TinyLlama's 32 heads at 160 keys a third
+// of a layer's attention).
+TESSERA_TARGET_AVX2 void combine_heads_avx2(float* M, float* L, float* O, const float* m, const float* l,
+                                            const float* P, int H, int hs, bool first) {
+  if (first) {
+    std::copy_n(m, H, M);
+    std::copy_n(l, H, L);
+    std::copy_n(P, static_cast<int64_t>(H) * hs, O);
+    return;
+  }
+  for (int h0 = 0; h0 < H; h0 += 8) {
+    const int k = std::min(8, H - h0);
+    alignas(32) float tM[8] = {}, tm[8] = {}, tL[8] = {}, tl[8] = {}, ta[8], tc[8];
+    std::copy_n(M + h0, k, tM);
+    std::copy_n(m + h0, k, tm);
+    std::copy_n(L + h0, k, tL);
+    std::copy_n(l + h0, k, tl);
+    const __m256 Mv = _mm256_load_ps(tM), mv = _mm256_load_ps(tm);
+    // std::max(M, m): M unless M < m, NaNs included.
+    const __m256 top = _mm256_max_ps(mv, Mv);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_blendv_ps(exp8(_mm256_sub_ps(Mv, top)), one, _mm256_cmp_ps(Mv, top, _CMP_EQ_OQ));
+    const __m256 c = _mm256_blendv_ps(exp8(_mm256_sub_ps(mv, top)), one, _mm256_cmp_ps(mv, top, _CMP_EQ_OQ));
+    _mm256_store_ps(tM, top);
+    _mm256_store_ps(tL, _mm256_fmadd_ps(_mm256_load_ps(tL), a, _mm256_mul_ps(_mm256_load_ps(tl), c)));
+    _mm256_store_ps(ta, a);
+    _mm256_store_ps(tc, c);
+    std::copy_n(tM, k, M + h0);
+    std::copy_n(tL, k, L + h0);
+    for (int e = 0; e < k; e++) {
+      float* o = O + static_cast<int64_t>(h0 + e) * hs;
+      const float* pe = P + static_cast<int64_t>(h0 + e) * hs;
+      const __m256 va = _mm256_set1_ps(ta[e]), vc = _mm256_set1_ps(tc[e]);
+      int d = 0;
+      for (; d + 8 <= hs; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(_mm256_loadu_ps(o + d), va, _mm256_mul_ps(_mm256_loadu_ps(pe + d), vc)));
+      for (; d < hs; d++) o[d] = std::fma(o[d], ta[e], pe[d] * tc[e]);
+    }
+  }
+}
+
 // O /= L: the head's output.
 void finish(float* O, float L, int hs) {
   const float inv = 1.0f / L;
@@ -943,9 +991,22 @@ namespace {
 // 11-14 GB/s on Zen 2 (2 threads) with or without software prefetch,
 // where the same bytes read as each thread's own run of whole rows come at
 // 26-31 GB/s. Here each thread takes a run of blocks (every head of them)
-// through attend_block, keeping each block's (m, l) and partial values;
-// then, the threads met, each head's blocks join its running softmax in
-// block order, as in attend, so the bits are attend's whatever the threads.
+// through attend_block, and each head's blocks join its running softmax
+// in block order, as in attend, so the bits are attend's whatever the
+// threads. The joins go down a chain of the threads: a thread joins the
+// blocks of a row that starts in its run as it computes them, and keeps
+// those of the row that an earlier thread began (their partial values and
+// (m, l)) until that thread has passed it the row's running softmax, then
+// joins them and passes its own on. So each thread's partial values are
+// read by itself alone, in its own cache. (The threads met, and each then
+// joined the blocks of all of its heads, half of them from the other
+// core's cache, whose next writes to them then had to take them back:
+// GPT-2's shape at 160 keys spent 7.6 of its 21.4 us a layer so
+// (BM_PagedAttentionDecodeHot, Zen 2, 2 threads).)
+struct alignas(64) Turn {
+  std::atomic<int> done{0};
+};
+
 template <class T>
 void attention_split(Kind kind, float* out, const float* qkv, const T* kcache, const T* vcache,
                      const int* block_table, const int* seq, const int* pos, int N, int NH, int KV, int hs, int bs,
@@ -956,6 +1017,8 @@ void attention_split(Kind kind, float* out, const float* qkv, const T* kcache, c
   // keys[u]: the positions in blocks before block u (keys[units]: all).
   thread_local std::vector<int> first, keys;
   thread_local std::vector<float> partial, stats;
+  thread_local std::unique_ptr<Turn[]> turns;
+  thread_local int turns_size = 0;
   first.assign(N + 1, 0);
   for (int i = 0; i < N; i++) first[i + 1] = first[i] + (pos[i] + bs) / bs;
   const int units = first[N];
@@ -964,16 +1027,52 @@ void attention_split(Kind kind, float* out, const float* qkv, const T* kcache, c
     for (int u = first[i]; u < first[i + 1]; u++) keys[u + 1] = keys[u] + std::min(bs, pos[i] + 1 - (u - first[i]) * bs);
   const int* ku = keys.data();
   if (partial.size() < static_cast<size_t>(units) * Co) partial.resize(static_cast<size_t>(units) * Co);
-  if (stats.size() < static_cast<size_t>(units) * NH * 2) stats.resize(static_cast<size_t>(units) * NH * 2);
+  // Each block's (m, l), then each row's running (M, L) a head.
+  const size_t stats_size = (static_cast<size_t>(units) + N) * NH * 2;
+  if (stats.size() < stats_size) stats.resize(stats_size);
+  const int max_team = omp_get_max_threads();
+  if (turns_size < max_team) {
+    turns = std::make_unique<Turn[]>(max_team);
+    turns_size = max_team;
+  }
+  for (int t = 0; t < max_team; t++) turns[t].done.store(0, std::memory_order_relaxed);
   const int* fi = first.data();
   float* pa = partial.data();
   float* ms = stats.data();
   float* ls = ms + static_cast<int64_t>(units) * NH;
-  auto* join = kind == Kind::kGeneric ? combine_generic : combine_avx2;
+  float* run_m = ls + static_cast<int64_t>(units) * NH;
+  float* run_l = run_m + static_cast<int64_t>(N) * NH;
+  Turn* turn = turns.get();
+  // Block u of row i (its partial values P, head h's at P + h * hs, and
+  // its m, l) into the row's running softmax; the row's output once u is
+  // its last block.
+  auto fold = [&](int i, int u, const float* P, const float* m, const float* l) {
+    if (kind != Kind::kGeneric) {
+      float* o = out + i * Co;
+      float* L = run_l + static_cast<int64_t>(i) * NH;
+      combine_heads_avx2(run_m + static_cast<int64_t>(i) * NH, L, o, m, l, P, NH, hs, u == fi[i]);
+      if (u == fi[i + 1] - 1)
+        for (int h = 0; h < NH; h++) finish(o + static_cast<int64_t>(h) * hs, L[h], hs);
+      return;
+    }
+    for (int h = 0; h < NH; h++) {
+      float* o = out + i * Co + static_cast<int64_t>(h) * hs;
+      float* M = run_m + static_cast<int64_t>(i) * NH + h;
+      float* L = run_l + static_cast<int64_t>(i) * NH + h;
+      combine_generic(M, L, o, m[h], l[h], P + static_cast<int64_t>(h) * hs, hs, u == fi[i]);
+      if (u == fi[i + 1] - 1) finish(o, *L, hs);
+    }
+  };
 #pragma omp parallel
   {
+    // Scores (NH x bs), then a block's partial values (NH x hs) and (m, l).
     thread_local std::vector<float> scratch;
-    if (scratch.size() < static_cast<size_t>(NH) * bs) scratch.resize(static_cast<size_t>(NH) * bs);
+    const size_t need = static_cast<size_t>(NH) * (bs + hs + 2);
+    if (scratch.size() < need) scratch.resize(need);
+    float* s = scratch.data();
+    float* own_p = s + static_cast<int64_t>(NH) * bs;
+    float* own_m = own_p + Co;
+    float* own_l = own_m + NH;
     // Thread t's blocks: those that start in its share of the positions
     // (blocks alike, a row's short last block left one thread 15 of 16
     // positions behind the other).
@@ -982,25 +1081,36 @@ void attention_split(Kind kind, float* out, const float* qkv, const T* kcache, c
       return static_cast<int>(std::lower_bound(ku, ku + units, static_cast<int>(ku[units] * part / team)) - ku);
     };
     const int lo = start(me), hi = start(me + 1);
+    // Row `kept` began before this thread's run: its blocks here wait.
+    int kept = -1;
     for (int i = static_cast<int>(std::upper_bound(fi, fi + N + 1, lo) - fi) - 1; i < N && fi[i] < hi; i++) {
       const Item<T> it{qkv + i * Wq, kcache, vcache, block_table + static_cast<int64_t>(seq[i]) * W, pos[i] + 1, bs,
                        hs, KV, 0, KV, 0, NH / KV, std::max(lo, fi[i]) - fi[i], std::min(hi, fi[i + 1]) - fi[i],
                        scale};
+      if (fi[i] < lo) kept = i;
       for (int b = it.b0; b < it.b1; b++) {
-        const int64_t u = fi[i] + b;
-        attend_block(kind, it, b, scratch.data(), pa + u * Co, ms + u * NH, ls + u * NH);
+        const int u = fi[i] + b;
+        if (i == kept) {
+          attend_block(kind, it, b, s, pa + u * Co, ms + u * NH, ls + u * NH);
+        } else {
+          attend_block(kind, it, b, s, own_p, own_m, own_l);
+          fold(i, u, own_p, own_m, own_l);
+        }
       }
     }
-#pragma omp barrier
-#pragma omp for schedule(static)
-    for (int x = 0; x < N * NH; x++) {
-      const int i = x / NH, h = x % NH;
-      float* o = out + i * Co + static_cast<int64_t>(h) * hs;
-      float M = 0.0f, L = 0.0f;
-      for (int u = fi[i]; u < fi[i + 1]; u++)
-        join(&M, &L, o, ms[u * NH + h], ls[u * NH + h], pa + u * Co + static_cast<int64_t>(h) * hs, hs, u == fi[i]);
-      finish(o, L, hs);
+    // The chain: thread t - 1 has joined every block before this run (of
+    // every row) once its turn is done.
+    if (me > 0) {
+      for (int spins = 0; turn[me - 1].done.load(std::memory_order_acquire) == 0; spins++) {
+        if (spins < (1 << 14))
+          _mm_pause();
+        else
+          std::this_thread::yield();
+      }
     }
+    if (kept >= 0)
+      for (int u = lo; u < std::min(hi, fi[kept + 1]); u++) fold(kept, u, pa + u * Co, ms + u * NH, ls + u * NH);
+    turn[me].done.store(1, std::memory_order_release);
   }
 }
 

@@ -278,8 +278,12 @@ bash "$slurm" kill-node ${p}3 >/dev/null
 wait_state "$job" 90 FAILED NODE_FAIL CANCELLED COMPLETED >/dev/null || true
 took=$(( $(date +%s) - t0 ))
 st=$(field "$job" JobState)
-if [ "$st" != COMPLETED ] && [ $took -le 60 ] && grep -q "on host ${p}3" "$tmp/lost.out"; then
-  echo "ok   node ${p}3 killed: job $st after ${took} s: $(grep -m1 "on host ${p}3" "$tmp/lost.out" | cut -c1-200)"
+# The lost host named: by a rank's timeout ("... waiting on peers [5] on
+# host H"), or, when a rank's write to it failed first, by OpenMPI's TCP
+# transport ("... to: H Error: ... writev failed: Broken pipe").
+named="on host ${p}3|to: ${p}3 "
+if [ "$st" != COMPLETED ] && [ $took -le 60 ] && grep -qE "$named" "$tmp/lost.out"; then
+  echo "ok   node ${p}3 killed: job $st after ${took} s: $(grep -m1 -E "$named" "$tmp/lost.out" | cut -c1-200)"
 else fail "node loss: job $st after ${took} s"; grep -i error "$tmp/lost.out" | head -5; fi
 ck=$(cat "$tmp/lost/ck/latest" 2>/dev/null)
 cp -r "$tmp/lost/ck" "$tmp/lost_ck_copy"

@@ -90,6 +90,12 @@ Status ensure_mpi_initialised() {
   // reduce-scatter + all-gather algorithm reaches 93% there (docs/cluster.md).
   // An explicit setting in the environment still wins.
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+  // OpenMPI's TCP transport writes to its peers with plain writev: a write
+  // to a rank whose host is gone can raise SIGPIPE, and the rank then dies
+  // of it without a word (cli.slurm_train's lost node once: srun's "task 0:
+  // Broken pipe", before any rank's timeout named the host). Ignored, the
+  // write fails with EPIPE and the transport reports the peer's host.
+  ::signal(SIGPIPE, SIG_IGN);
   int provided = 0;
   TRY_MPI(MPI_Init_thread, nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
   p.we_initialised = true;

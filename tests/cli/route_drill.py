@@ -28,34 +28,12 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-
-def free_port():
-    """A port free on 127.0.0.1 now, outside the kernel's ephemeral range:
-    the servers of the tests running beside this one take --port 0, and one
-    of them could take a port that bind(0) handed out and released here
-    (tests/cli/ports.inc says the same for the shell tests)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            lo, hi = map(int, f.read().split())
-    except OSError:
-        lo, hi = 32768, 60999
-    ports = [p for p in range(20000, 32001) if p < lo or p > hi]
-    ports = ports or [p for p in range(10000, 65536) if p < lo or p > hi]
-    random.shuffle(ports)
-    for p in ports[:500]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p))
-                return p
-            except OSError:
-                pass
-    raise SystemExit("route_drill: no free port outside the ephemeral range")
+from ports import free_port  # tests/cli/ports.py: outside the ephemeral range
 
 
 TLS = None  # with --tls-dir: the ssl context that trusts its ca.pem

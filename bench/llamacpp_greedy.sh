@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The same GGUF file decodes the same greedy text in llama.cpp and in
 # Tessera (issue #31, "Verify"), and tokenizes prompts to the same ids:
-# F32 files of a GPT-2 124M (GPT-2's vocabulary) and of a small Llama (GQA,
-# untied head, Llama 2's SentencePiece vocabulary), random weights, written
-# by the project's converter. Not a CI test: it needs llama.cpp, built by
+# F32 files of a GPT-2 124M (GPT-2's vocabulary), of a small Llama (GQA,
+# untied head, Llama 2's SentencePiece vocabulary) and of the same Llama
+# with Llama 3's rotary scaling (rope_freqs.weight in the file; an original
+# context of 64, so that the prompts' positions turn the scaled frequencies
+# far from the unscaled ones), random weights, written by the project's
+# converter. Not a CI test: it needs llama.cpp, built by
 # bench/llamacpp_build.sh (12 minutes on 2 cores the first time).
 #   bench/llamacpp_greedy.sh [TOKENS=16]
 set -euo pipefail
@@ -21,9 +24,20 @@ if [ ! -f "$work/llama-small/config.json" ]; then
     --dtype fp32 --out "$work/llama-small" >&2
   cp data/raw/tokenizers/llama2/tokenizer.json data/raw/tokenizers/llama2/tokenizer_config.json "$work/llama-small/"
 fi
+if [ ! -f "$work/llama3-small/config.json" ]; then
+  rm -rf "$work/llama3-small" && cp -r "$work/llama-small" "$work/llama3-small"
+  python3 - "$work/llama3-small/config.json" <<'PY'
+import json, sys
+path = sys.argv[1]
+c = json.load(open(path))
+c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 64}
+json.dump(c, open(path, "w"), indent=2)
+PY
+fi
 prompts=("The jury said" "Once upon a time, in a land far away" "def f(x):" "1, 2, 3, 4," "Ünïcödé café")
 status=0
-for model in gpt2 llama-small; do
+for model in gpt2 llama-small llama3-small; do
   f=$work/$model-greedy-f32.gguf
   "$tessera" quantize --weights "$work/$model" --out "$f" --dtype f32 >&2
   same=0

@@ -119,6 +119,32 @@ std::vector<float> DecoderConfig::rope_inv_freq() const {
   return f;
 }
 
+std::vector<float> DecoderConfig::llama3_rope_factors() const {
+  const RopeScaling& r = rope_scaling;
+  if (r.kind != RopeScaling::Kind::kLlama3) return {};
+  DecoderConfig plain = *this;
+  plain.rope_scaling = RopeScaling{};
+  const std::vector<float> inv = plain.rope_inv_freq();
+  // The converter's float32 tensor arithmetic on its Python scalars.
+  const float factor = static_cast<float>(r.factor), low = static_cast<float>(r.low_freq_factor);
+  const float high = static_cast<float>(r.high_freq_factor), old = static_cast<float>(r.original_context);
+  const float low_wavelen = static_cast<float>(r.original_context / r.low_freq_factor);
+  const float high_wavelen = static_cast<float>(r.original_context / r.high_freq_factor);
+  std::vector<float> f(inv.size());
+  for (size_t i = 0; i < inv.size(); i++) {
+    const float wavelen = static_cast<float>(2.0 * std::numbers::pi) / inv[i];
+    if (wavelen < high_wavelen) {
+      f[i] = 1.0f;
+    } else if (wavelen > low_wavelen) {
+      f[i] = factor;
+    } else {
+      const float smooth = (old / wavelen - low) / (high - low);
+      f[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+    }
+  }
+  return f;
+}
+
 std::string DecoderConfig::str() const {
   std::string s = fmt::format("L={} NH={} C={} V={} maxT={}", layers, heads, channels, vocab, context);
   if (gpt2()) return s;

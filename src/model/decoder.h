@@ -106,6 +106,12 @@ struct DecoderConfig {
   // scaled as rope_scaling says, computed as Hugging Face does (float32
   // results of double arithmetic where HF uses float32 tensors).
   std::vector<float> rope_inv_freq() const;
+  // Llama 3's scaling as llama.cpp's converter writes it into a GGUF file
+  // (tensor rope_freqs.weight, convert_hf_to_gguf's LlamaModel): each
+  // frequency's divisor (1 for short wavelengths, factor for long ones, the
+  // smooth blend between), hs/2 of them, computed in float32 as it does.
+  // Empty unless rope_scaling is Llama 3's.
+  std::vector<float> llama3_rope_factors() const;
   // "L=12 NH=12 C=768 V=50257 maxT=1024" for GPT-2; other instances add what
   // differs ("KV=4 hs=64 F=2048 rmsnorm rope(500000) swiglu untied").
   std::string str() const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -228,6 +229,65 @@ void quantize_q8_0(const float* x, int64_t n, uint8_t* out) {
   }
 }
 
+// Llama 3's rotary scaling from a file's rope_freqs.weight (each
+// frequency's divisor, as llama.cpp's converter writes them from
+// config.json's rope_scaling, which the file does not keep). The divisors
+// depend only on the factor (the largest, on the longest wavelengths) and
+// on where the smooth part between 1 and the factor starts and ends, that
+// is on original_context / low_freq_factor and original_context /
+// high_freq_factor. With two or more divisors in the smooth part those two
+// follow from them, and are written with low_freq_factor 1; with fewer,
+// Llama 3.1's (low 1, high 4, original context 8192) are taken. Either way
+// the divisors they give must be the file's.
+Result<RopeScaling> llama3_scaling(const io::GgufFile& f, const io::GgufTensorInfo& t, const DecoderConfig& c) {
+  const int half = c.hs() / 2;
+  const std::string what = fmt::format("{}: tensor 'rope_freqs.weight'", f.path());
+  if (t.type != GgmlType::kF32 || t.shape() != std::vector<int64_t>{half})
+    return Status::InvalidArgument(fmt::format("{} is {} of shape {}: Llama 3's rotary scaling is {} F32 values (hs / 2)",
+                                               what, io::ggml_type_name(t.type), shape_str(t.shape()), half));
+  std::vector<float> got(half);
+  std::memcpy(got.data(), f.tensor_bytes(t).data(), got.size() * sizeof(float));
+  float factor = 1.0f;
+  for (int i = 0; i < half; i++) {
+    if (!std::isfinite(got[i]) || got[i] < 1.0f)
+      return Status::InvalidArgument(
+          fmt::format("{}: divisor {} is {} (Llama 3's divisors are 1 or more)", what, i, got[i]));
+    factor = std::max(factor, got[i]);
+  }
+  if (factor == 1.0f) return RopeScaling{};
+  DecoderConfig probe = c;
+  probe.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, factor, 1.0, 4.0, 8192};
+  // The smooth part: 1 / got = (1 - s) / factor + s, s = a / wavelength - b,
+  // a = original_context / (high - low), b = low / (high - low).
+  probe.rope_scaling.kind = RopeScaling::Kind::kNone;
+  const std::vector<float> inv = probe.rope_inv_freq();
+  std::vector<int> smooth;
+  for (int i = 0; i < half; i++)
+    if (got[i] > 1.0f && got[i] < factor) smooth.push_back(i);
+  probe.rope_scaling.kind = RopeScaling::Kind::kLlama3;
+  if (smooth.size() >= 2) {
+    auto s_of = [&](int i) { return (1.0 / got[i] - 1.0 / factor) / (1.0 - 1.0 / factor); };
+    auto inv_wave = [&](int i) { return inv[i] / (2.0 * std::numbers::pi); };
+    const int i = smooth.front(), j = smooth.back();
+    const double a = (s_of(i) - s_of(j)) / (inv_wave(i) - inv_wave(j)), b = a * inv_wave(i) - s_of(i);
+    if (std::isfinite(a) && std::isfinite(b) && a > 0 && b > 0 && a / b < 1e9) {
+      probe.rope_scaling.high_freq_factor = 1.0 + 1.0 / b;
+      probe.rope_scaling.original_context = static_cast<int>(std::lround(a / b));
+      // Llama 3.1's own numbers when these are they, to the rounding.
+      if (std::fabs(probe.rope_scaling.high_freq_factor - 4.0) < 1e-3 && probe.rope_scaling.original_context == 8192)
+        probe.rope_scaling.high_freq_factor = 4.0;
+    }
+  }
+  const std::vector<float> want = probe.llama3_rope_factors();
+  for (int i = 0; i < half; i++)
+    if (std::fabs(want[i] - got[i]) > 1e-4f * want[i])
+      return Status::InvalidArgument(fmt::format(
+          "{}: divisor {} is {} where Llama 3's scaling by {} (low_freq_factor 1, high_freq_factor {:g}, original "
+          "context {}) gives {}: not Llama 3's rotary scaling",
+          what, i, got[i], factor, probe.rope_scaling.high_freq_factor, probe.rope_scaling.original_context, want[i]));
+  return probe.rope_scaling;
+}
+
 }  // namespace
 
 Result<GgufWeights> parse_gguf_weights(const std::string& name) {
@@ -316,9 +376,13 @@ Result<DecoderConfig> read_gguf_config(const io::GgufFile& f) {
             fmt::format("{}: rope.scaling.type '{}' is not read (none and linear are)", f.path(), type));
       }
     }
-    if (f.find_tensor("rope_freqs.weight") != nullptr)
-      return Status::InvalidArgument(fmt::format(
-          "{}: tensor 'rope_freqs.weight' (Llama 3.1's rotary scaling) is not read yet", f.path()));
+    if (const io::GgufTensorInfo* t = f.find_tensor("rope_freqs.weight"); t != nullptr) {
+      if (c.rope_scaling.kind != RopeScaling::Kind::kNone)
+        return Status::InvalidArgument(
+            fmt::format("{}: both rope.scaling.type and tensor 'rope_freqs.weight' scale the rotary frequencies",
+                        f.path()));
+      ASSIGN_OR_RETURN(c.rope_scaling, llama3_scaling(f, *t, c));
+    }
   }
   if (Status st = c.validate(); !st.ok()) return st.With(f.path());
   return c;
@@ -374,6 +438,7 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
     for (const Entry& e : entries)  // a matrix of requantized tensors only: Q4_K, or Q4_0 where 256 does not fit
       if (e.matrix >= 0 && e.matrix < 4 * L)
         matrix_type.emplace(e.matrix, q4::fits(q4::Type::kQ4_K, e.shape[1]) ? GgmlType::kQ4_K : GgmlType::kQ4_0);
+  if (!c.gpt2()) wanted.insert("rope_freqs.weight");  // read with the config (read_gguf_config)
   for (const io::GgufTensorInfo& t : f.tensors())
     if (!wanted.count(t.name))
       return Status::InvalidArgument(fmt::format("{}: unexpected tensor '{}' (not part of {})", path, t.name, c.str()));
@@ -603,8 +668,6 @@ Status save_gguf(const GPT& model, const std::string& path, GgufWeights weights,
                      !c.qkv_bias && !c.bias))
     return Status::InvalidArgument(fmt::format(
         "save_gguf: {} is neither GPT-2 nor a bias-free Llama (GGUF's gpt2 and llama architectures)", c.str()));
-  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3)
-    return Status::InvalidArgument("save_gguf: Llama 3's rotary scaling (rope_freqs.weight) is not written yet");
   const std::string arch = c.gpt2() ? "gpt2" : "llama";
   io::GgufWriter w;
   w.set_string("general.architecture", arch);
@@ -636,6 +699,13 @@ Status save_gguf(const GPT& model, const std::string& path, GgufWeights weights,
     }
   }
   if (metadata) RETURN_IF_ERROR(metadata(w));
+  if (const std::vector<float> factors = c.llama3_rope_factors(); !factors.empty()) {
+    // As llama.cpp's converter writes Llama 3's scaling: the divisors alone,
+    // no rope.scaling metadata (llama3_scaling reads them back).
+    std::vector<uint8_t> bytes(factors.size() * sizeof(float));
+    std::memcpy(bytes.data(), factors.data(), bytes.size());
+    w.add_tensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(factors.size())}, std::move(bytes));
+  }
 
   const Arena& a = model.params();
   const int L = c.layers;

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +118,143 @@ TEST(GgufModel, LlamaF32GivesTheSameLogitsBitForBit) {
     const std::vector<int> t = some_tokens(300, 24);
     EXPECT_EQ(all_logits(*back, t), all_logits(*m, t)) << heads << " heads, " << kv << " kv";
   }
+}
+
+// Llama 3's rotary scaling travels as llama.cpp's converter writes it: the
+// divisors in tensor rope_freqs.weight, no metadata. A scaled model written
+// and read back is the same model (the same config, the same logits bit for
+// bit), and the divisors are transformers' formula's
+// (_compute_llama3_parameters, in double here).
+TEST(GgufModel, Llama3RotaryScalingTravelsAsRopeFreqs) {
+  DecoderConfig c = llama(8, 2, false);  // hs 32: 16 frequencies
+  c.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, 8.0, 1.0, 4.0, 8192};
+  auto m = random_model(c, 5);
+  const std::string path = temp_path("llama3");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
+  {
+    auto f = io::GgufFile::open(path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    const io::GgufTensorInfo* t = f->find_tensor("rope_freqs.weight");
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->type, io::GgmlType::kF32);
+    ASSERT_EQ(t->shape(), std::vector<int64_t>{16});
+    std::vector<float> got(16);
+    std::memcpy(got.data(), f->tensor_bytes(*t).data(), sizeof(float) * 16);
+    int ones = 0, factors = 0, between = 0;
+    for (int i = 0; i < 16; i++) {
+      const double wavelen = 2.0 * M_PI * std::pow(10000.0, 2.0 * i / 32.0);
+      double want = 8.0;
+      if (wavelen < 8192.0 / 4.0) {
+        want = 1.0, ones++;
+      } else if (wavelen > 8192.0) {
+        factors++;
+      } else {
+        const double smooth = (8192.0 / wavelen - 1.0) / 3.0;
+        want = 1.0 / ((1.0 - smooth) / 8.0 + smooth), between++;
+      }
+      EXPECT_NEAR(got[i], want, 1e-5 * want) << "divisor " << i;
+    }
+    EXPECT_GT(ones, 0);
+    EXPECT_GT(factors, 0);
+    EXPECT_GE(between, 2);
+    EXPECT_FALSE(f->has("llama.rope.scaling.type"));
+  }
+  auto back = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+  std::remove(path.c_str());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ((*back)->config(), c) << (*back)->config().str();
+  const std::vector<int> t = some_tokens(300, 24);
+  EXPECT_EQ(all_logits(**back, t), all_logits(*m, t));
+
+  // Other numbers of the same shape: the file's divisors give back a
+  // scaling with low_freq_factor 1 and the same divisors (here original
+  // context 4096, low 2, high 8 -> 2048, 1, 4), and the model's logits to
+  // the rounding of the frequencies.
+  DecoderConfig other = c;
+  other.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, 16.0, 2.0, 8.0, 4096};
+  auto m2 = random_model(other, 6);
+  auto back2 = round_trip(*m2, GgufWeights::kF32, "llama3_other");
+  ASSERT_NE(back2, nullptr);
+  const RopeScaling& r = back2->config().rope_scaling;
+  EXPECT_EQ(r.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(r.factor, 16.0);
+  EXPECT_EQ(r.low_freq_factor, 1.0);
+  EXPECT_NEAR(r.high_freq_factor, 4.0, 1e-3);
+  EXPECT_EQ(r.original_context, 2048);
+  const std::vector<float> a = back2->config().llama3_rope_factors(), b = other.llama3_rope_factors();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); i++) EXPECT_NEAR(a[i], b[i], 1e-5 * b[i]) << i;
+  const std::vector<float> la = all_logits(*back2, t), lb = all_logits(*m2, t);
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); i++) ASSERT_NEAR(la[i], lb[i], 1e-4f) << i;
+}
+
+// rope_freqs.weight that is not Llama 3's scaling is refused in one line
+// naming the tensor; all ones is no scaling.
+TEST(GgufModel, RopeFreqsThatAreNotLlama3sAreRefused) {
+  DecoderConfig c = llama(8, 2, false);
+  c.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, 8.0, 1.0, 4.0, 8192};
+  auto m = random_model(c, 7);
+  const std::string path = temp_path("llama3_src");
+  ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
+  auto f = io::GgufFile::open(path);
+  ASSERT_TRUE(f.ok());
+  std::vector<float> good(16);
+  std::memcpy(good.data(), f->tensor_bytes(*f->find_tensor("rope_freqs.weight")).data(), sizeof(float) * 16);
+  // The file again with rope_freqs.weight replaced: the load's result.
+  auto with = [&](const std::vector<float>& values, io::GgmlType type) {
+    io::GgufWriter w;
+    for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
+    for (const io::GgufTensorInfo& t : f->tensors()) {
+      if (t.name == "rope_freqs.weight") {
+        std::vector<uint8_t> bytes(values.size() * (type == io::GgmlType::kF32 ? 4 : 2));
+        if (type == io::GgmlType::kF32) std::memcpy(bytes.data(), values.data(), bytes.size());
+        w.add_tensor(t.name, type, {static_cast<int64_t>(values.size())}, bytes);
+      } else {
+        auto b = f->tensor_bytes(t);
+        w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
+      }
+    }
+    const std::string edited = temp_path("llama3_edited");
+    EXPECT_TRUE(w.write(edited).ok());
+    auto r = load_gguf(edited);
+    std::remove(edited.c_str());
+    return r;
+  };
+  auto expect_refused = [&](const std::vector<float>& values, io::GgmlType type, const std::string& words) {
+    auto r = with(values, type);
+    ASSERT_FALSE(r.ok()) << words;
+    EXPECT_NE(r.status().message().find("rope_freqs.weight"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status().message();
+    EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
+  };
+  std::vector<float> short_one(good.begin(), good.end() - 1), below = good, bent = good, nan = good;
+  below[3] = 0.5f;
+  nan[5] = std::nanf("");
+  int smooth = 0;
+  while (!(good[smooth] > 1.0f && good[smooth] < 8.0f)) smooth++;
+  bent[smooth] *= 1.05f;
+  expect_refused(short_one, io::GgmlType::kF32, "is 16 F32 values");
+  expect_refused(good, io::GgmlType::kF16, "F16 of shape [16]");
+  expect_refused(below, io::GgmlType::kF32, "divisor 3 is 0.5");
+  expect_refused(nan, io::GgmlType::kF32, "divisor 5 is nan");
+  expect_refused(bent, io::GgmlType::kF32, "not Llama 3's rotary scaling");
+  auto plain = with(std::vector<float>(16, 1.0f), io::GgmlType::kF32);
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ((*plain)->config().rope_scaling.kind, RopeScaling::Kind::kNone);
+  // Both a scaling type and the divisors.
+  const std::string both = temp_path("llama3_both");
+  ASSERT_TRUE(save_gguf(*m, both, GgufWeights::kF32, [](io::GgufWriter& w) {
+                w.set_string("llama.rope.scaling.type", "linear");
+                w.set_float32("llama.rope.scaling.factor", 2.0f);
+                return Status::OK();
+              }).ok());
+  auto r = load_gguf(both);
+  std::remove(both.c_str());
+  std::remove(path.c_str());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("both rope.scaling.type and tensor 'rope_freqs.weight'"), std::string::npos)
+      << r.status().message();
 }
 
 // The file's tensors are laid out as llama.cpp reads them: shapes in ggml
@@ -339,6 +478,11 @@ TEST(GgufModel, RefusalsNameWhatIsWrong) {
         w.add_tensor("blk.9.ffn_up.weight", io::GgmlType::kQ5_0, {32, 2}, std::vector<uint8_t>(2 * 22, 0));
       },
       "unexpected tensor 'blk.9.ffn_up.weight'");
+  expect_refused(
+      [](io::GgufWriter& w) {
+        w.add_tensor("rope_freqs.weight", io::GgmlType::kF32, {8}, std::vector<uint8_t>(32, 0));
+      },
+      "unexpected tensor 'rope_freqs.weight'");
   // A 4-bit file is for the CPU tier, not training.
   const std::string path = temp_path("q4_train");
   ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kQ4_0).ok());

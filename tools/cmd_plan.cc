@@ -15,6 +15,7 @@
 #include "plan/estimate.h"
 #include "plan/model.h"
 #include "plan/sbatch.h"
+#include "plan/serve.h"
 #include "nn/hf_decoder.h"
 #include "tools/cmd_plan_dlrm.h"
 #include "tools/commands.h"
@@ -35,7 +36,84 @@ struct PlanArgs {
   bool json = false, explain = false, recompute = false;
   std::string emit_sbatch, train_config = "configs/brown.toml";  // --emit-sbatch (plan/sbatch.h)
   PlanDlrmArgs dlrm;  // DLRM jobs (cmd_plan_dlrm.cc)
+  // Serving instead of training (plan/serve.h).
+  bool serve = false;
+  std::string serve_dtype;  // empty: int8 on a CPU, bf16 on a GPU
+  int serve_batch = 1, serve_prompt = 128, serve_tokens = 128;
 };
+
+// --serve: each cluster's device serving the model (plan/serve.h), one
+// replica a GPU or a CPU node.
+int run_serve(const PlanArgs& a, const plan::ModelSpec& m) {
+  plan::ServeJob job{a.serve_dtype, a.serve_batch, a.serve_prompt, a.serve_tokens};
+  struct Row {
+    plan::Cluster cluster;
+    int replicas = 1;
+    std::string dtype;
+    plan::ServeEstimate e;
+  };
+  std::vector<Row> rows;
+  for (const auto& f : a.clusters) {
+    auto c = plan::load_cluster(f, a.ranks_per_node, a.threads_per_rank);
+    if (!c.ok()) return fail(c.status());
+    const bool gpu = c->node.kind == plan::DeviceKind::kGpu;
+    const int per_node = gpu ? c->ranks_per_node : 1;
+    plan::ServeJob here = job;
+    if (here.dtype.empty()) here.dtype = gpu ? "bf16" : "int8";
+    auto e = plan::estimate_serving(m, c->node, here, c->price_per_hour / per_node);
+    if (!e.ok()) return fail(e.status().With(c->file));
+    rows.push_back({*c, c->nodes * per_node, here.dtype, *e});
+  }
+  if (a.json) {
+    nlohmann::json j = {{"schema", "tessera.plan.serve"}, {"version", 1},
+                        {"model", {{"name", m.name}, {"shape", m.shape().str()}, {"parameters", m.parameters()}}},
+                        {"job", {{"batch", job.batch}, {"prompt", job.prompt}, {"tokens", job.tokens}}}};
+    j["clusters"] = nlohmann::json::array();
+    for (const Row& r : rows) {
+      const plan::ServeEstimate& e = r.e;
+      nlohmann::json cj = {{"name", r.cluster.name}, {"file", r.cluster.file}, {"node", r.cluster.node.name},
+                           {"source", r.cluster.node.source}, {"dtype", r.dtype}, {"replicas", r.replicas}, {"fits", e.fits},
+                           {"memory_bytes", {{"weights", e.weight_bytes}, {"cache", e.memory - e.weight_bytes},
+                                             {"total", e.memory}, {"capacity", e.capacity}}},
+                           {"decode", {{"step_s", e.decode_step}, {"tokens_per_s", e.decode_tokens_per_s},
+                                       {"cluster_tokens_per_s", e.decode_tokens_per_s * r.replicas},
+                                       {"read_bytes_per_step", e.stream_bytes}, {"roof_bytes_per_s", e.roof},
+                                       {"roof_source", e.roof_source}, {"compute_bound", e.compute_bound}}},
+                           {"prefill_tokens_per_s", e.prefill_tokens_per_s}, {"usd_per_million_tokens", e.usd_per_million}};
+      if (!e.fits) cj["refusal"] = e.refusal;
+      j["clusters"].push_back(cj);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("model %s; serving %d sequence(s) together, %d-token prompts, %d tokens each\n", m.str().c_str(),
+                job.batch, job.prompt, job.tokens);
+    for (const Row& r : rows) {
+      const plan::ServeEstimate& e = r.e;
+      const char* unit = r.cluster.node.kind == plan::DeviceKind::kGpu ? "GPU" : "node";
+      std::printf("\n%s: %s\n  node: %s\n", r.cluster.name.c_str(), r.cluster.str().c_str(),
+                  r.cluster.node.source.c_str());
+      std::printf("  one replica a %s, %s weights: %.2f GB + cache %.2f GB of %.1f GB%s\n", unit, r.dtype.c_str(), e.weight_bytes / 1e9,
+                  (e.memory - e.weight_bytes) / 1e9, e.capacity / 1e9, e.fits ? "" : ": does not fit");
+      if (!e.fits) {
+        std::printf("  does not fit: %s\n", e.refusal.c_str());
+        continue;
+      }
+      std::printf("  decode: at most %.0f tokens/s (a step of %s: %.1f MB of weights and %.1f MB of cache at %.1f GB/s, %s)%s\n",
+                  e.decode_tokens_per_s, plan::duration_text(e.decode_step).c_str(), e.stream_bytes / 1e6,
+                  job.batch * (job.prompt + job.tokens / 2.0) * e.kv_bytes_per_token / 1e6, e.roof / 1e9,
+                  e.roof_source.c_str(), e.compute_bound ? "; bound by its arithmetic at the peak" : "");
+      std::printf("  prefill: %.0f tokens/s (one %d-token prompt)\n", e.prefill_tokens_per_s, job.prompt);
+      std::printf("  the cluster: %d replica(s), at most %.0f tokens/s decoding%s\n", r.replicas,
+                  e.decode_tokens_per_s * r.replicas,
+                  e.usd_per_million > 0 ? fmt::format("; ${:.3f} per million generated tokens", e.usd_per_million).c_str()
+                                        : "");
+    }
+  }
+  bool any = false;
+  for (const Row& r : rows) any = any || r.e.fits;
+  if (!any) return fail(Status::InvalidArgument(fmt::format("serving {}: fits on no cluster given ({})", m.name, rows.empty() ? "" : rows[0].e.refusal)));
+  return kExitOk;
+}
 
 nlohmann::json to_json(const plan::Estimate& e) {
   nlohmann::json j = {
@@ -110,6 +188,7 @@ int run_plan(const PlanArgs& a) {
   if (a.kv_heads) m.family.kv_heads = a.kv_heads;
   if (a.mlp_hidden) m.family.mlp_hidden = a.mlp_hidden;
   if (Status st = m.validate(); !st.ok()) return fail(st);
+  if (a.serve) return run_serve(a, m);
   auto tokens = plan::parse_count("--tokens", a.tokens, "10B, 300M, 2.5e9");
   if (!tokens.ok()) return fail(tokens.status());
   plan::Job job{m, a.dtype, *tokens, a.checkpoint_every, a.recompute, a.bucket_mb, a.attention};
@@ -299,6 +378,13 @@ void add_plan_command(CLI::App& app) {
                   "write the Slurm job script of the best layout to FILE (one --cluster; docs/cluster.md \"Slurm\")");
   cmd->add_option("--train-config", a->train_config, "--emit-sbatch: the training TOML the script runs (CONFIG's default)");
   cmd->add_flag("--explain", a->explain, "print every term of the model for the best layout");
+  // Serving (docs/planner.md, "Serving").
+  cmd->add_flag("--serve", a->serve, "price serving the model instead of training it: memory, decode and prefill a device");
+  cmd->add_option("--serve-dtype", a->serve_dtype, "--serve: the weights, fp32, bf16, int8 or int4 (int8 and int4: CPU tiers; default int8 on a CPU, bf16 on a GPU)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8", "int4"}));
+  cmd->add_option("--serve-batch", a->serve_batch, "--serve: sequences decoded together (default 1)")->check(CLI::PositiveNumber);
+  cmd->add_option("--serve-prompt", a->serve_prompt, "--serve: prompt tokens a sequence (default 128)")->check(CLI::PositiveNumber);
+  cmd->add_option("--serve-tokens", a->serve_tokens, "--serve: tokens each sequence generates (default 128)")->check(CLI::PositiveNumber);
   // DLRM jobs (docs/planner.md, "DLRM"): a train config or these flags.
   PlanDlrmArgs& d = a->dlrm;
   cmd->add_option("--config", d.config, "DLRM: a tessera train config with model.kind = \"dlrm\" (configs/dlrm_500m.toml)");
@@ -327,6 +413,10 @@ void add_plan_command(CLI::App& app) {
         exit_code() = fail(Status::InvalidArgument(fmt::format("{} is a GPT flag; this is a DLRM plan (docs/planner.md, \"DLRM\")", gpt)));
         return;
       }
+    if (a->serve) {
+      exit_code() = fail(Status::InvalidArgument("--serve prices a decoder; a DLRM is not served by Tessera"));
+      return;
+    }
     PlanDlrmArgs d = a->dlrm;
     d.global_batch = a->global_batch;
     if (cmd->count("--dtype") > 0) d.dtype = a->dtype;

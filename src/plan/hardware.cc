@@ -189,6 +189,7 @@ Result<NodeType> node_from_profile(const std::string& path) {
   }
   auto triad = fig.find("cpu.mem.triad");
   n.mem_bw = triad != fig.end() ? triad->second * 1e9 * scale : 10e9;
+  if (auto read = fig.find("cpu.mem.read"); read != fig.end() && read->second > 0) n.read_bw = read->second * 1e9 * scale;
   n.mem_efficiency = 1.0;  // measured
   n.e_max[""] = 0.8;
   n.s_half = 96;

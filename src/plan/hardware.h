@@ -44,6 +44,10 @@ struct NodeType {
   std::map<std::string, double> mfu_peak;
   double memory = 0;       // bytes per device (CPU: the node)
   double mem_bw = 0;       // bytes/s per device (CPU: the node, STREAM triad)
+  // What a decode step's reads reach (plan/serve.h): a profile's cpu.mem.read
+  // (tessera doctor: every thread streaming a buffer past the last-level
+  // cache, reads only); 0 where it is not known (mem_bw is used instead).
+  double read_bw = 0;
   // Efficiency against shape: measured points per dtype (a profile), else
   // the curve e_max * s / (s + s_half), s = cbrt(M*N*K).
   std::map<std::string, std::vector<GemmPoint>> gemm;

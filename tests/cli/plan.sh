@@ -102,7 +102,39 @@ else fail "--hf-config: $(cat "$tmp/hf.err")"; fi
 sed 's/"LlamaForCausalLM"/"FalconForCausalLM"/' "$tmp/llama3-8b.json" >"$tmp/falcon.json"
 expect_error "--hf-config unknown architecture" "FalconForCausalLM" x "$tessera" plan --hf-config "$tmp/falcon.json" --cluster "$E/a100x8-nvlink.toml"
 
-# 4. This machine's own runs, predicted from its committed profile.
+# 4. Serving (--serve): memory, decode and prefill a device, per cluster;
+# int8 on a CPU and bf16 on a GPU unless --serve-dtype says otherwise.
+if "$tessera" plan --serve --model gpt2-124m --serve-batch 8 --json --cluster "$E/this-machine.toml" \
+     --cluster "$E/h100x8.toml" >"$tmp/serve.json" 2>"$tmp/serve.err" &&
+   python3 - "$tmp/serve.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["schema"] == "tessera.plan.serve" and j["version"] == 1, j["schema"]
+assert j["job"] == {"batch": 8, "prompt": 128, "tokens": 128}, j["job"]
+cpu, gpu = j["clusters"]
+assert (cpu["dtype"], gpu["dtype"]) == ("int8", "bf16"), (cpu["dtype"], gpu["dtype"])
+assert cpu["replicas"] == 1 and gpu["replicas"] == 8, (cpu["replicas"], gpu["replicas"])
+for c in (cpu, gpu):
+    assert c["fits"], c
+    d = c["decode"]
+    assert d["tokens_per_s"] > 0 and d["step_s"] > 0 and c["prefill_tokens_per_s"] > 0, c
+    assert abs(d["tokens_per_s"] * d["step_s"] - 8) < 1e-6, d
+    assert abs(d["cluster_tokens_per_s"] - c["replicas"] * d["tokens_per_s"]) < 1e-6 * d["cluster_tokens_per_s"], d
+# bf16 weights read twice the int8 bytes a step.
+assert abs(gpu["decode"]["read_bytes_per_step"] - 2 * cpu["decode"]["read_bytes_per_step"]) < 1, (gpu, cpu)
+assert gpu["usd_per_million_tokens"] > 0 and cpu["usd_per_million_tokens"] == 0
+PY
+then echo "ok   --serve: gpt2-124m on this machine (int8) and 8 x H100 (bf16)"
+else fail "--serve --json: $(cat "$tmp/serve.err")"; fi
+if "$tessera" plan --serve --model gpt2-124m --cluster "$E/this-machine.toml" >"$tmp/serve.txt" 2>&1 &&
+   grep -q '^  decode: at most [0-9]* tokens/s' "$tmp/serve.txt" && grep -q '^  prefill: ' "$tmp/serve.txt"; then
+  echo "ok   --serve text: $(grep '^  decode' "$tmp/serve.txt")"
+else fail "--serve text:"; cat "$tmp/serve.txt"; fi
+expect_error "--serve int8 on a GPU" "int8 is a CPU tier of Tessera's" x "$tessera" plan --serve --serve-dtype int8 --model gpt2-124m --cluster "$E/h100x8.toml"
+expect_error "--serve a DLRM" "a DLRM is not served" x "$tessera" plan --serve --model dlrm-500m --cluster "$E/this-machine.toml"
+expect_error "--serve doesn't fit" "fits on no cluster given .*GB of weights" x "$tessera" plan --serve --model llama3-405b --serve-dtype fp32 --cluster "$E/this-machine.toml"
+
+# 5. This machine's own runs, predicted from its committed profile.
 if out=$(PLAN_VS=cpu bash "$root/scripts/plan-validate.sh" "$tessera" "$tests/plan/measured-dev-vm.tsv" 15 s1 s1b16 m1 g1 s_dp2 s_dp4 s_tp2 s_dp2pp2 m_tp2 2>&1); then
   echo "ok   dev-VM runs within 15%:"; echo "$out" | grep '^| [smg]'
 else fail "dev-VM runs: a prediction is off by more than 15%:"; echo "$out"; fi

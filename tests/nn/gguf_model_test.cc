@@ -79,6 +79,22 @@ std::unique_ptr<GPT> round_trip(const GPT& m, GgufWeights w, const std::string& 
   return back.ok() ? std::move(back).value() : nullptr;
 }
 
+// f's metadata and tensors again, tensor `name` replaced by (type, ne, bytes).
+io::GgufWriter copy_replacing(const io::GgufFile& f, const std::string& name, io::GgmlType type,
+                              const std::vector<int64_t>& ne, const std::vector<uint8_t>& bytes) {
+  io::GgufWriter w;
+  for (const io::GgufKv& kv : f.metadata()) w.set(kv.key, kv.value);
+  for (const io::GgufTensorInfo& t : f.tensors()) {
+    if (t.name == name) {
+      w.add_tensor(t.name, type, ne, bytes);
+      continue;
+    }
+    auto b = f.tensor_bytes(t);
+    w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
+  }
+  return w;
+}
+
 // m written to a GGUF file of `weights`, read back as the INT8 tier and as
 // the whole fp32 model quantized in memory afterwards (nullptrs, with the
 // failure recorded, when either cannot be had).
@@ -203,18 +219,9 @@ TEST(GgufModel, RopeFreqsThatAreNotLlama3sAreRefused) {
   std::memcpy(good.data(), f->tensor_bytes(*f->find_tensor("rope_freqs.weight")).data(), sizeof(float) * 16);
   // The file again with rope_freqs.weight replaced: the load's result.
   auto with = [&](const std::vector<float>& values, io::GgmlType type) {
-    io::GgufWriter w;
-    for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
-    for (const io::GgufTensorInfo& t : f->tensors()) {
-      if (t.name == "rope_freqs.weight") {
-        std::vector<uint8_t> bytes(values.size() * (type == io::GgmlType::kF32 ? 4 : 2));
-        if (type == io::GgmlType::kF32) std::memcpy(bytes.data(), values.data(), bytes.size());
-        w.add_tensor(t.name, type, {static_cast<int64_t>(values.size())}, bytes);
-      } else {
-        auto b = f->tensor_bytes(t);
-        w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
-      }
-    }
+    std::vector<uint8_t> bytes(values.size() * (type == io::GgmlType::kF32 ? 4 : 2));
+    if (type == io::GgmlType::kF32) std::memcpy(bytes.data(), values.data(), bytes.size());
+    io::GgufWriter w = copy_replacing(*f, "rope_freqs.weight", type, {static_cast<int64_t>(values.size())}, bytes);
     const std::string edited = temp_path("llama3_edited");
     EXPECT_TRUE(w.write(edited).ok());
     auto r = load_gguf(edited);
@@ -497,16 +504,10 @@ TEST(GgufModel, TypesTesseraDoesNotReadAreNamed) {
   ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
   auto f = io::GgufFile::open(path);
   ASSERT_TRUE(f.ok());
-  io::GgufWriter w;
-  for (const io::GgufKv& kv : f->metadata()) w.set(kv.key, kv.value);
-  for (const io::GgufTensorInfo& t : f->tensors()) {
-    if (t.name == "blk.0.ffn_up.weight") {
-      w.add_tensor(t.name, io::GgmlType::kIQ4_NL, t.ne, std::vector<uint8_t>(t.numel() / 32 * 18, 0));
-    } else {
-      auto b = f->tensor_bytes(t);
-      w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(b.begin(), b.end()));
-    }
-  }
+  const io::GgufTensorInfo* up = f->find_tensor("blk.0.ffn_up.weight");
+  ASSERT_NE(up, nullptr);
+  io::GgufWriter w = copy_replacing(*f, up->name, io::GgmlType::kIQ4_NL, up->ne,
+                                    std::vector<uint8_t>(up->numel() / 32 * 18, 0));
   const std::string path2 = temp_path("iq4b");
   ASSERT_TRUE(w.write(path2).ok());
   auto r = load_gguf(path2);

@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 
+#include <string>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -360,7 +362,9 @@ Status write_hf_decoder_config(const DecoderConfig& c, const std::string& path) 
   j["head_dim"] = c.hs();
   j["vocab_size"] = c.vocab;
   j["max_position_embeddings"] = c.context;
-  j["rms_norm_eps"] = c.norm_eps;
+  // The float's shortest decimal (1e-06, as config.json files spell it, not
+  // 9.999999974752427e-07): the same float when read back.
+  j["rms_norm_eps"] = std::stod(fmt::format("{}", c.norm_eps));
   j["rope_theta"] = c.rope_theta;
   const RopeScaling& r = c.rope_scaling;
   if (r.kind == RopeScaling::Kind::kLinear) {

@@ -14,9 +14,12 @@ struct Preset {
   int64_t global_batch;  // sequences
   const char* note;
   // The Llama family (0 for GPT-2's shape): key/value heads, SwiGLU width,
-  // context, and Qwen2's qkv biases with a tied head.
+  // context, and Qwen2's qkv biases with a tied head; the rotary base and
+  // the RMSNorm epsilon of their config.json files.
   int kv_heads = 0, mlp_hidden = 0, context = 0;
   bool qwen = false;
+  double rope_theta = 10000.0;
+  float norm_eps = 1e-5f;
 };
 
 // GPT-2 sizes from the GPT-2 paper (Radford et al. 2019, table 2) with
@@ -32,10 +35,10 @@ const Preset kPresets[] = {
     {"llama2-7b", 32, 32, 4096, 32000, 4096, 1024, "Llama-2-7b", 32, 11008, 4096},
     {"llama2-13b", 40, 40, 5120, 32000, 4096, 1024, "Llama-2-13b", 40, 13824, 4096},
     {"llama2-70b", 80, 64, 8192, 32000, 4096, 1024, "Llama-2-70b", 8, 28672, 4096},
-    {"llama3-8b", 32, 32, 4096, 128256, 8192, 512, "Meta-Llama-3-8B", 8, 14336, 8192},
-    {"llama3-70b", 80, 64, 8192, 128256, 8192, 512, "Meta-Llama-3-70B", 8, 28672, 8192},
-    {"llama3-405b", 126, 128, 16384, 128256, 8192, 2048, "Llama-3.1-405B", 8, 53248, 8192},
-    {"qwen2.5-0.5b", 24, 14, 896, 151936, 4096, 1024, "Qwen2.5-0.5B", 2, 4864, 32768, true},
+    {"llama3-8b", 32, 32, 4096, 128256, 8192, 512, "Meta-Llama-3-8B", 8, 14336, 8192, false, 500000.0},
+    {"llama3-70b", 80, 64, 8192, 128256, 8192, 512, "Meta-Llama-3-70B", 8, 28672, 8192, false, 500000.0},
+    {"llama3-405b", 126, 128, 16384, 128256, 8192, 2048, "Llama-3.1-405B", 8, 53248, 8192, false, 500000.0},
+    {"qwen2.5-0.5b", 24, 14, 896, 151936, 4096, 1024, "Qwen2.5-0.5B", 2, 4864, 32768, true, 1000000.0, 1e-6f},
     {"tinyllama-1.1b", 22, 32, 2048, 32000, 2048, 1024, "TinyLlama-1.1B", 4, 5632, 2048},
     {"megatron-1.7b", 24, 24, 2304, 51200, 2048, 512, "Megatron-LM 2021 table 1"},
     {"megatron-3.6b", 30, 32, 3072, 51200, 2048, 512, ""},
@@ -107,6 +110,8 @@ Result<ModelSpec> model_preset(const std::string& name) {
       f.mlp = Mlp::kSwiGLU;
       f.bias = false;
       f.qkv_bias = f.tied_head = p.qwen;
+      f.rope_theta = p.rope_theta;
+      f.norm_eps = p.norm_eps;
       m.context = p.context;
     }
     return m;

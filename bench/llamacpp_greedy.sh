@@ -6,7 +6,9 @@
 # with Llama 3's rotary scaling (rope_freqs.weight in the file; an original
 # context of 64, so that the prompts' positions turn the scaled frequencies
 # far from the unscaled ones), random weights, written by the project's
-# converter. Not a CI test: it needs llama.cpp, built by
+# converter; and a small Qwen2 (GGUF's qwen2 architecture: q, k and v
+# biases, made random here since synth model zeroes them; Qwen3's byte-level
+# vocabulary, the same as Qwen2.5's). Not a CI test: it needs llama.cpp, built by
 # bench/llamacpp_build.sh (12 minutes on 2 cores the first time).
 #   bench/llamacpp_greedy.sh [TOKENS=16]
 set -euo pipefail
@@ -35,9 +37,26 @@ c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.
 json.dump(c, open(path, "w"), indent=2)
 PY
 fi
+if [ ! -f "$work/qwen2-small/config.json" ]; then
+  "$tessera" synth model --preset qwen2.5-0.5b --layers 4 --dim 512 --heads 8 --kv-heads 2 --mlp-hidden 1024 \
+    --vocab 151669 --dtype fp32 --out "$work/qwen2-small" >&2
+  cp data/raw/tokenizers/qwen3/tokenizer.json data/raw/tokenizers/qwen3/tokenizer_config.json "$work/qwen2-small/"
+  python3 - "$work/qwen2-small/model.safetensors" <<'PY'
+import json, random, struct, sys
+random.seed(7)
+with open(sys.argv[1], "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    for name, t in header.items():
+        if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
+            begin, end = t["data_offsets"]
+            f.seek(8 + n + begin)
+            f.write(struct.pack("<%df" % ((end - begin) // 4), *[random.uniform(-1, 1) for _ in range((end - begin) // 4)]))
+PY
+fi
 prompts=("The jury said" "Once upon a time, in a land far away" "def f(x):" "1, 2, 3, 4," "Ünïcödé café")
 status=0
-for model in gpt2 llama-small llama3-small; do
+for model in gpt2 llama-small llama3-small qwen2-small; do
   f=$work/$model-greedy-f32.gguf
   "$tessera" quantize --weights "$work/$model" --out "$f" --dtype f32 >&2
   same=0

@@ -33,7 +33,9 @@ struct Entry {
   int layer = -1;  // -1: not a per-layer tensor
   // kPlain: rows at `offset` elements into the layer's slice. kQRows and
   // kKRows: a llama model's query / key rows, permuted for llama.cpp's
-  // rotary kernel (and the queries into Tessera's head order). kOCols: the
+  // rotary kernel (and the queries into Tessera's head order; a qwen2
+  // model's are in Hugging Face's order within a head, llama.cpp's NEOX
+  // rotary, and its query biases follow its query rows). kOCols: the
   // attention projection, whose columns are in Hugging Face's head order.
   enum Kind { kPlain, kQRows, kKRows, kOCols } kind = kPlain;
   int64_t offset = 0;
@@ -77,6 +79,11 @@ std::vector<Entry> entries_of(const DecoderConfig& c) {
     e.push_back({b + "attn_q.weight", {NH * hs, C}, kQkvW, l, Entry::kQRows, 0, 4 * l, 0});
     e.push_back({b + "attn_k.weight", {KV * hs, C}, kQkvW, l, Entry::kKRows, NH * hs * C, 4 * l, NH * hs});
     e.push_back({b + "attn_v.weight", {KV * hs, C}, kQkvW, l, Entry::kPlain, (NH + KV) * hs * C, 4 * l, (NH + KV) * hs});
+    if (c.qkv_bias) {  // qwen2
+      e.push_back({b + "attn_q.bias", {NH * hs}, kQkvB, l, Entry::kQRows, 0});
+      e.push_back({b + "attn_k.bias", {KV * hs}, kQkvB, l, Entry::kKRows, NH * hs});
+      e.push_back({b + "attn_v.bias", {KV * hs}, kQkvB, l, Entry::kPlain, (NH + KV) * hs});
+    }
     e.push_back({b + "attn_output.weight", {C, NH * hs}, kAttProjW, l, Entry::kOCols, 0, 4 * l + 1});
     e.push_back({b + "ffn_norm.weight", {C}, kLn2W, l});
     e.push_back({b + "ffn_gate.weight", {F, C}, kFcW, l, Entry::kPlain, 0, 4 * l + 2, 0});
@@ -96,11 +103,14 @@ int64_t hf_row_of_rope_row(int64_t e, int64_t hs) { return (e % 2) * (hs / 2) + 
 int64_t tessera_head(int64_t h, int64_t KV, int64_t G) { return (h % G) * KV + h / G; }
 
 // The row of the parameter piece (Tessera's order) that file row r fills.
+// A qwen2 model (the Llama family with q, k and v biases) keeps Hugging
+// Face's order within each head: llama.cpp rotates its halves (NEOX).
 int64_t piece_row(const DecoderConfig& c, const Entry& e, int64_t r) {
   const int64_t hs = c.hs(), KV = c.kv(), G = c.heads / KV;
+  const bool neox = c.qkv_bias;
   switch (e.kind) {
-    case Entry::kQRows: return tessera_head(r / hs, KV, G) * hs + hf_row_of_rope_row(r % hs, hs);
-    case Entry::kKRows: return (r / hs) * hs + hf_row_of_rope_row(r % hs, hs);
+    case Entry::kQRows: return tessera_head(r / hs, KV, G) * hs + (neox ? r % hs : hf_row_of_rope_row(r % hs, hs));
+    case Entry::kKRows: return neox ? r : (r / hs) * hs + hf_row_of_rope_row(r % hs, hs);
     default: return r;
   }
 }
@@ -309,9 +319,9 @@ bool is_gguf(const std::string& path) {
 
 Result<DecoderConfig> read_gguf_config(const io::GgufFile& f) {
   ASSIGN_OR_RETURN(std::string arch, f.get_string("general.architecture"));
-  if (arch != "gpt2" && arch != "llama")
+  if (arch != "gpt2" && arch != "llama" && arch != "qwen2")
     return Status::InvalidArgument(
-        fmt::format("{}: architecture '{}' is not read (gpt2 and llama are)", f.path(), arch));
+        fmt::format("{}: architecture '{}' is not read (gpt2, llama and qwen2 are)", f.path(), arch));
   const io::GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (embd == nullptr || embd->ne.size() != 2)
     return Status::InvalidArgument(fmt::format("{}: no two-dimensional tensor 'token_embd.weight'", f.path()));
@@ -340,7 +350,7 @@ Result<DecoderConfig> read_gguf_config(const io::GgufFile& f) {
     c.norm = Norm::kRMSNorm;
     c.positions = Positions::kRope;
     c.mlp = Mlp::kSwiGLU;
-    c.qkv_bias = false;
+    c.qkv_bias = arch == "qwen2";
     c.bias = false;
     c.mlp_hidden = static_cast<int>(F);
     c.tied_head = f.find_tensor("output.weight") == nullptr;
@@ -501,7 +511,9 @@ Result<std::unique_ptr<GPT>> load_gguf(const std::string& path, Backend backend,
       for (int64_t r = r0; r < r0 + n; r++) {
         float* out = dst + (vector ? 0 : piece_row(c, e, r) * cols);
         const float* row = in + (r - r0) * cols;
-        if (e.kind == Entry::kOCols) {
+        if (vector && e.kind != Entry::kPlain) {  // a qwen2 query or key bias: an element a row
+          for (int64_t i = 0; i < cols; i++) out[piece_row(c, e, i)] = row[i];
+        } else if (e.kind == Entry::kOCols) {
           for (int64_t col = 0; col < cols; col++) out[piece_col(c, e, col)] = row[col];
         } else {
           std::copy_n(row, cols, out);
@@ -664,11 +676,12 @@ Status save_gguf(const GPT& model, const std::string& path, GgufWeights weights,
     return Status::InvalidArgument(
         "save_gguf: the model's fp32 matmul weights were released or never loaded (write GGUF from the fp32 model)");
   if (model.device() != Device::kCPU) return Status::InvalidArgument("save_gguf: a model on the CPU");
-  if (!c.gpt2() && !(c.norm == Norm::kRMSNorm && c.positions == Positions::kRope && c.mlp == Mlp::kSwiGLU &&
-                     !c.qkv_bias && !c.bias))
+  if (!c.gpt2() && !(c.norm == Norm::kRMSNorm && c.positions == Positions::kRope && c.mlp == Mlp::kSwiGLU && !c.bias))
     return Status::InvalidArgument(fmt::format(
-        "save_gguf: {} is neither GPT-2 nor a bias-free Llama (GGUF's gpt2 and llama architectures)", c.str()));
-  const std::string arch = c.gpt2() ? "gpt2" : "llama";
+        "save_gguf: {} is neither GPT-2 nor a Llama without biases or with q, k and v biases only (GGUF's gpt2, "
+        "llama and qwen2 architectures)",
+        c.str()));
+  const std::string arch = c.gpt2() ? "gpt2" : c.qkv_bias ? "qwen2" : "llama";
   io::GgufWriter w;
   w.set_string("general.architecture", arch);
   w.set_string("general.name", fmt::format("tessera {}", c.str()));

@@ -136,6 +136,36 @@ TEST(GgufModel, LlamaF32GivesTheSameLogitsBitForBit) {
   }
 }
 
+// A Qwen2-shaped model (the Llama family with q, k and v biases) travels as
+// GGUF's qwen2 architecture: its query and key rows unpermuted (llama.cpp
+// rotates their halves), its biases in the heads' order. The biases are
+// made random here (init_weights zeroes them), so that a misplaced element
+// shows in the logits.
+TEST(GgufModel, Qwen2F32GivesTheSameLogitsBitForBit) {
+  for (auto [heads, kv, tied] : {std::tuple{8, 2, true}, std::tuple{8, 8, false}}) {
+    DecoderConfig c = llama(heads, kv, tied);
+    c.qkv_bias = true;
+    auto m = random_model(c, 9);
+    Tensor b = m->params().tensor(kQkvB);
+    const std::vector<float> r = testing_util::uniform(static_cast<size_t>(b.numel()), 13, -0.5f, 0.5f);
+    std::copy(r.begin(), r.end(), b.f32());
+    const std::string path = temp_path("qwen2");
+    ASSERT_TRUE(save_gguf(*m, path, GgufWeights::kF32).ok());
+    {
+      auto f = io::GgufFile::open(path);
+      ASSERT_TRUE(f.ok());
+      EXPECT_EQ(*f->get_string("general.architecture"), "qwen2");
+      EXPECT_NE(f->find_tensor("blk.1.attn_q.bias"), nullptr);
+    }
+    auto back = load_gguf(path, Backend::kCPU, ModelUse::kInference);
+    std::remove(path.c_str());
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ((*back)->config(), c) << (*back)->config().str();
+    const std::vector<int> t = some_tokens(300, 24);
+    EXPECT_EQ(all_logits(**back, t), all_logits(*m, t)) << heads << " heads, " << kv << " kv";
+  }
+}
+
 // Llama 3's rotary scaling travels as llama.cpp's converter writes it: the
 // divisors in tensor rope_freqs.weight, no metadata. A scaled model written
 // and read back is the same model (the same config, the same logits bit for

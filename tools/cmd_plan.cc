@@ -73,11 +73,12 @@ int run_serve(const PlanArgs& a, const plan::ModelSpec& m) {
       const plan::ServeEstimate& e = r.e;
       nlohmann::json cj = {{"name", r.cluster.name}, {"file", r.cluster.file}, {"node", r.cluster.node.name},
                            {"source", r.cluster.node.source}, {"dtype", r.dtype}, {"replicas", r.replicas}, {"fits", e.fits},
-                           {"memory_bytes", {{"weights", e.weight_bytes}, {"cache", e.memory - e.weight_bytes},
+                           {"memory_bytes", {{"weights", e.weight_bytes}, {"cache", e.cache_bytes},
                                              {"total", e.memory}, {"capacity", e.capacity}}},
                            {"decode", {{"step_s", e.decode_step}, {"tokens_per_s", e.decode_tokens_per_s},
                                        {"cluster_tokens_per_s", e.decode_tokens_per_s * r.replicas},
-                                       {"read_bytes_per_step", e.stream_bytes}, {"roof_bytes_per_s", e.roof},
+                                       {"read_bytes_per_step", e.stream_bytes}, {"cache_read_bytes_per_step", e.cache_read_bytes},
+                                       {"roof_bytes_per_s", e.roof},
                                        {"roof_source", e.roof_source}, {"compute_bound", e.compute_bound}}},
                            {"prefill_tokens_per_s", e.prefill_tokens_per_s}, {"usd_per_million_tokens", e.usd_per_million}};
       if (!e.fits) cj["refusal"] = e.refusal;
@@ -93,14 +94,14 @@ int run_serve(const PlanArgs& a, const plan::ModelSpec& m) {
       std::printf("\n%s: %s\n  node: %s\n", r.cluster.name.c_str(), r.cluster.str().c_str(),
                   r.cluster.node.source.c_str());
       std::printf("  one replica a %s, %s weights: %.2f GB + cache %.2f GB of %.1f GB%s\n", unit, r.dtype.c_str(), e.weight_bytes / 1e9,
-                  (e.memory - e.weight_bytes) / 1e9, e.capacity / 1e9, e.fits ? "" : ": does not fit");
+                  e.cache_bytes / 1e9, e.capacity / 1e9, e.fits ? "" : ": does not fit");
       if (!e.fits) {
         std::printf("  does not fit: %s\n", e.refusal.c_str());
         continue;
       }
       std::printf("  decode: at most %.0f tokens/s (a step of %s: %.1f MB of weights and %.1f MB of cache at %.1f GB/s, %s)%s\n",
                   e.decode_tokens_per_s, plan::duration_text(e.decode_step).c_str(), e.stream_bytes / 1e6,
-                  job.batch * (job.prompt + job.tokens / 2.0) * e.kv_bytes_per_token / 1e6, e.roof / 1e9,
+                  e.cache_read_bytes / 1e6, e.roof / 1e9,
                   e.roof_source.c_str(), e.compute_bound ? "; bound by its arithmetic at the peak" : "");
       std::printf("  prefill: %.0f tokens/s (one %d-token prompt)\n", e.prefill_tokens_per_s, job.prompt);
       std::printf("  the cluster: %d replica(s), at most %.0f tokens/s decoding%s\n", r.replicas,
@@ -403,12 +404,25 @@ void add_plan_command(CLI::App& app) {
   cmd->callback([a, cmd] {
     a->dlrm.model = a->model;
     if (!plan_is_dlrm(a->dlrm)) {
+      // A flag of the other kind of plan would be ignored: say so instead.
+      const std::vector<const char*> training = {"--tokens", "--layout", "--objective", "--top", "--checkpoint-every",
+                                                 "--bucket-mb", "--recompute", "--attention", "--emit-sbatch",
+                                                 "--train-config", "--explain", "--dtype", "--global-batch", "--seq"};
+      const std::vector<const char*> serving = {"--serve-dtype", "--serve-batch", "--serve-prompt", "--serve-tokens"};
+      for (const char* flag : a->serve ? training : serving)
+        if (cmd->count(flag) > 0) {
+          exit_code() = fail(Status::InvalidArgument(
+              a->serve ? fmt::format("{} prices training; --serve prices serving (docs/planner.md, \"Serving\")", flag)
+                       : fmt::format("{} is a --serve flag", flag)));
+          return;
+        }
       exit_code() = run_plan(*a);
       return;
     }
     for (const char* gpt : {"--layers", "--heads", "--dim", "--vocab", "--seq", "--context", "--tokens", "--layout",
                             "--hf-config", "--kv-heads", "--mlp-hidden",
-                            "--recompute", "--attention", "--checkpoint-every", "--bucket-mb"})
+                            "--recompute", "--attention", "--checkpoint-every", "--bucket-mb", "--serve-dtype",
+                            "--serve-batch", "--serve-prompt", "--serve-tokens"})
       if (cmd->count(gpt) > 0) {
         exit_code() = fail(Status::InvalidArgument(fmt::format("{} is a GPT flag; this is a DLRM plan (docs/planner.md, \"DLRM\")", gpt)));
         return;

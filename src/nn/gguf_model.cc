@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numbers>
 #include <optional>
 #include <set>
 #include <vector>
@@ -266,15 +266,14 @@ Result<RopeScaling> llama3_scaling(const io::GgufFile& f, const io::GgufTensorIn
   }
   if (factor == 1.0f) return RopeScaling{};
   DecoderConfig probe = c;
+  probe.rope_scaling = RopeScaling{};
+  const std::vector<float> inv = probe.rope_inv_freq();  // unscaled
   probe.rope_scaling = RopeScaling{RopeScaling::Kind::kLlama3, factor, 1.0, 4.0, 8192};
   // The smooth part: 1 / got = (1 - s) / factor + s, s = a / wavelength - b,
   // a = original_context / (high - low), b = low / (high - low).
-  probe.rope_scaling.kind = RopeScaling::Kind::kNone;
-  const std::vector<float> inv = probe.rope_inv_freq();
   std::vector<int> smooth;
   for (int i = 0; i < half; i++)
     if (got[i] > 1.0f && got[i] < factor) smooth.push_back(i);
-  probe.rope_scaling.kind = RopeScaling::Kind::kLlama3;
   if (smooth.size() >= 2) {
     auto s_of = [&](int i) { return (1.0 / got[i] - 1.0 / factor) / (1.0 - 1.0 / factor); };
     auto inv_wave = [&](int i) { return inv[i] / (2.0 * std::numbers::pi); };

@@ -37,12 +37,13 @@ Result<ServeEstimate> estimate_serving(const ModelSpec& model, const NodeType& n
   e.weight_bytes = static_cast<double>(c.num_parameters()) * bytes_per_weight(dt);
   e.stream_bytes = matmul_params * bytes_per_weight(dt);
   e.kv_bytes_per_token = 2.0 * c.layers * c.kv() * c.hs() * 2;  // fp16 on the CPU, bf16 on GPUs
-  e.memory = e.weight_bytes + static_cast<double>(job.batch) * (job.prompt + job.tokens) * e.kv_bytes_per_token;
+  e.cache_bytes = static_cast<double>(job.batch) * (job.prompt + job.tokens) * e.kv_bytes_per_token;
+  e.memory = e.weight_bytes + e.cache_bytes;
   e.capacity = node.memory;
   e.fits = e.capacity <= 0 || e.memory <= e.capacity;
   if (!e.fits)
     e.refusal = fmt::format("{:.1f} GB of weights and {:.1f} GB of cache need more than the {:.1f} GB of one {}",
-                            e.weight_bytes / 1e9, (e.memory - e.weight_bytes) / 1e9, e.capacity / 1e9,
+                            e.weight_bytes / 1e9, e.cache_bytes / 1e9, e.capacity / 1e9,
                             node.kind == DeviceKind::kGpu ? "GPU" : "node");
   if (node.read_bw > 0) {
     e.roof = node.read_bw;
@@ -56,7 +57,8 @@ Result<ServeEstimate> estimate_serving(const ModelSpec& model, const NodeType& n
   // cache; the products' arithmetic (2 per weight and sequence) and
   // attention's (4 x context x width a layer and sequence) at the peak.
   const double context = job.prompt + job.tokens / 2.0;
-  const double read = e.stream_bytes + job.batch * context * e.kv_bytes_per_token;
+  e.cache_read_bytes = job.batch * context * e.kv_bytes_per_token;
+  const double read = e.stream_bytes + e.cache_read_bytes;
   const std::string cdt = dt == "bf16" ? "bf16" : (dt == "fp32" ? "fp32" : "int8");
   const double peak = node.peak_of(cdt);
   const double flops = job.batch * (2.0 * matmul_params + 4.0 * c.layers * context * width);

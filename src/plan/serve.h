@@ -28,7 +28,9 @@ struct ServeEstimate {
   double weight_bytes = 0;        // resident: every parameter in the dtype
   double stream_bytes = 0;        // what a decode step reads of them: every matmul weight, the head's included
   double kv_bytes_per_token = 0;  // one position's keys and values, all layers (16-bit)
-  double memory = 0;              // weights + the batch's cache at prompt + tokens
+  double cache_bytes = 0;         // the batch's cache at prompt + tokens
+  double cache_read_bytes = 0;    // what a decode step reads of it, at the mean context
+  double memory = 0;              // weights + cache_bytes
   double capacity = 0;            // the device's memory
   bool fits = false;
   double roof = 0;                // bytes/s the decode step's reads are priced at

@@ -131,6 +131,8 @@ if "$tessera" plan --serve --model gpt2-124m --cluster "$E/this-machine.toml" >"
   echo "ok   --serve text: $(grep '^  decode' "$tmp/serve.txt")"
 else fail "--serve text:"; cat "$tmp/serve.txt"; fi
 expect_error "--serve int8 on a GPU" "int8 is a CPU tier of Tessera's" x "$tessera" plan --serve --serve-dtype int8 --model gpt2-124m --cluster "$E/h100x8.toml"
+expect_error "--serve with a training flag" "--tokens prices training; --serve prices serving" x "$tessera" plan --serve --tokens 10B --model gpt2-124m --cluster "$E/this-machine.toml"
+expect_error "a serving flag without --serve" "--serve-batch is a --serve flag" x "$tessera" plan --serve-batch 8 --model gpt2-124m --cluster "$E/this-machine.toml"
 expect_error "--serve a DLRM" "a DLRM is not served" x "$tessera" plan --serve --model dlrm-500m --cluster "$E/this-machine.toml"
 expect_error "--serve doesn't fit" "fits on no cluster given .*GB of weights" x "$tessera" plan --serve --model llama3-405b --serve-dtype fp32 --cluster "$E/this-machine.toml"
 

@@ -44,6 +44,7 @@ TEST(PlanServe, OneSequenceReadsEveryMatmulWeightAtTheRoof) {
   EXPECT_DOUBLE_EQ(e->stream_bytes, matmul);
   EXPECT_DOUBLE_EQ(e->kv_bytes_per_token, 2.0 * 12 * 768 * 2);
   const double read = matmul + (128 + 32) * e->kv_bytes_per_token;  // the mean context: prompt + tokens / 2
+  EXPECT_DOUBLE_EQ(e->cache_read_bytes, (128 + 32) * e->kv_bytes_per_token);
   EXPECT_DOUBLE_EQ(e->decode_step, read / 50e9);
   EXPECT_FALSE(e->compute_bound);
   EXPECT_DOUBLE_EQ(e->decode_tokens_per_s, 50e9 / read);
@@ -78,6 +79,7 @@ TEST(PlanServe, MemoryIsTheWeightsAndTheBatchsCache) {
   auto e = estimate_serving(m, small, ServeJob{"fp32", 4, 1000, 1000}, 0);
   ASSERT_TRUE(e.ok());
   EXPECT_DOUBLE_EQ(e->weight_bytes, 4.0 * m.parameters());
+  EXPECT_DOUBLE_EQ(e->cache_bytes, 4.0 * 2000 * e->kv_bytes_per_token);
   EXPECT_DOUBLE_EQ(e->memory, e->weight_bytes + 4.0 * 2000 * e->kv_bytes_per_token);
   EXPECT_FALSE(e->fits);
   EXPECT_NE(e->refusal.find("GB of weights"), std::string::npos) << e->refusal;

@@ -294,7 +294,7 @@ TEST(GgufModel, RopeFreqsThatAreNotLlama3sAreRefused) {
       << r.status().message();
 }
 
-// The file's tensors are laid out as llama.cpp reads them: shapes in ggml
+// The file's tensors are laid out as llama.cpp reads them (llama, then qwen2): shapes in ggml
 // order, the query rows permuted for its rotary kernel.
 TEST(GgufModel, LlamaTensorsAreInLlamaCppsLayout) {
   const DecoderConfig c = llama(8, 8, false);
@@ -315,6 +315,25 @@ TEST(GgufModel, LlamaTensorsAreInLlamaCppsLayout) {
   const float* qkv = m->layer_params(0).qkvw;
   for (int col = 0; col < 256; col++) ASSERT_EQ(qw[256 + col], qkv[16 * 256 + col]);
   EXPECT_EQ(f->find_tensor("output.weight")->ne, (std::vector<int64_t>{256, 300}));
+  std::remove(path.c_str());
+
+  // qwen2 keeps Hugging Face's rows (llama.cpp's NEOX rotary): file row 1
+  // is the model's row 1, and the query bias is in the same order.
+  DecoderConfig qc = c;
+  qc.qkv_bias = true;
+  auto qm = random_model(qc, 4);
+  Tensor qb = qm->params().tensor(kQkvB);
+  for (int64_t i = 0; i < qb.numel(); i++) qb.f32()[i] = static_cast<float>(i);
+  ASSERT_TRUE(save_gguf(*qm, path, GgufWeights::kF32).ok());
+  auto qf = io::GgufFile::open(path);
+  ASSERT_TRUE(qf.ok()) << qf.status().message();
+  EXPECT_EQ(*qf->get_string("general.architecture"), "qwen2");
+  ASSERT_TRUE(qf->read_f32("blk.0.attn_q.weight", qw).ok());
+  const float* qqkv = qm->layer_params(0).qkvw;
+  for (int col = 0; col < 256; col++) ASSERT_EQ(qw[256 + col], qqkv[256 + col]);
+  std::vector<float> bias(256);
+  ASSERT_TRUE(qf->read_f32("blk.0.attn_q.bias", bias).ok());
+  for (int i = 0; i < 256; i++) ASSERT_EQ(bias[i], static_cast<float>(i));
   std::remove(path.c_str());
 }
 
